@@ -1,0 +1,23 @@
+//! The sans-IO core of leasehold.
+//!
+//! Plain data in, plain data out: the model ([`model`]), plan validation and
+//! fingerprints ([`plan`], [`canonical`]), every transition of the design's table as
+//! a guard plus writes ([`transition`]), lease math and the configuration clamp
+//! ([`lease`]), and the worker driver ([`driver`]). Time, ids and lease tokens are
+//! arguments; nothing here reads a clock, draws a random number or does I/O.
+
+pub mod canonical;
+pub mod driver;
+pub mod ids;
+pub mod lease;
+pub mod model;
+pub mod plan;
+pub mod transition;
+
+pub use ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
+pub use model::{
+    Action, Attempt, AttemptRecord, AttemptStatus, Command, CommandStatus, Lease, Plan, PlanStatus, Receipt,
+    ReceiptStatus, Recovery, Step,
+};
+pub use plan::{PlanError, PlanSpec};
+pub use transition::{Guard, Refusal, Writes};

@@ -1,0 +1,347 @@
+//! The durable model: plans, attempts, receipts and commands, and their statuses.
+//!
+//! These are plain rows. Every change to them is computed by [`crate::transition`].
+
+use crate::ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt;
+use std::str::FromStr;
+
+macro_rules! text_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vdoc])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            /// The stored and printed text of this value.
+            pub const fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownValue;
+            fn from_str(s: &str) -> Result<Self, UnknownValue> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownValue {
+                        kind: stringify!($name),
+                        value: s.to_owned(),
+                        expected: &[$($text),+],
+                    }),
+                }
+            }
+        }
+    };
+}
+
+/// A text that names no value of an enumeration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not a valid {kind} (expected one of: {})", expected.join(", "))]
+pub struct UnknownValue {
+    /// The enumeration's name.
+    pub kind: &'static str,
+    /// The text that was given.
+    pub value: String,
+    /// The accepted texts.
+    pub expected: &'static [&'static str],
+}
+
+text_enum!(
+    /// Whether a plan accepts new attempts.
+    PlanStatus { /** Accepts attempts. */ Ready => "READY", /** Accepts none. */ Retired => "RETIRED" }
+);
+text_enum!(
+    /// How a takeover continues an attempt.
+    Recovery {
+        /// Skip succeeded steps and redeliver only the ambiguous one (durable targets).
+        Resume => "resume",
+        /// Start a fresh sandbox and replay every step (ephemeral targets).
+        Replay => "replay",
+    }
+);
+text_enum!(
+    /// What an attempt does.
+    Action {
+        /// Run the plan's steps for the first time.
+        Execute => "execute",
+        /// Run them again after a failed or aborted attempt.
+        Retry => "retry",
+        /// Undo the succeeded steps of a forward attempt, in reverse order.
+        Compensate => "compensate",
+    }
+);
+text_enum!(
+    /// Lifecycle of an attempt.
+    AttemptStatus {
+        /// Waiting for a worker.
+        Queued => "QUEUED",
+        /// Held by a worker.
+        Running => "RUNNING",
+        /// Every step succeeded.
+        Succeeded => "SUCCEEDED",
+        /// A step failed.
+        Failed => "FAILED",
+        /// An operator aborted it.
+        Aborted => "ABORTED",
+    }
+);
+text_enum!(
+    /// Lifecycle of a receipt (one step of an attempt).
+    ReceiptStatus {
+        /// Not begun (or reset by a takeover).
+        Pending => "PENDING",
+        /// Begun; its outcome is ambiguous until completed.
+        Running => "RUNNING",
+        /// Completed with evidence.
+        Succeeded => "SUCCEEDED",
+        /// The executor answered a permanent failure.
+        Failed => "FAILED",
+        /// Never to run: an earlier step failed or the attempt was aborted.
+        Aborted => "ABORTED",
+    }
+);
+text_enum!(
+    /// Lifecycle of an outbox command.
+    CommandStatus {
+        /// Claimable once `available_at` has passed.
+        Pending => "PENDING",
+        /// Held under a lease.
+        Processing => "PROCESSING",
+        /// The attempt succeeded.
+        Delivered => "DELIVERED",
+        /// The attempt failed.
+        Failed => "FAILED",
+        /// The attempt was aborted.
+        Aborted => "ABORTED",
+    }
+);
+
+impl AttemptStatus {
+    /// SUCCEEDED, FAILED or ABORTED: never changes again.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Aborted)
+    }
+}
+
+impl ReceiptStatus {
+    /// SUCCEEDED, FAILED or ABORTED.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Aborted)
+    }
+}
+
+impl CommandStatus {
+    /// DELIVERED, FAILED or ABORTED.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Delivered | Self::Failed | Self::Aborted)
+    }
+}
+
+impl Action {
+    /// `execute` and `retry` run the plan forward; `compensate` undoes.
+    pub const fn is_forward(self) -> bool {
+        !matches!(self, Self::Compensate)
+    }
+}
+
+/// One step of a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Step {
+    /// Unique within the plan.
+    pub code: String,
+    /// Names the executor that runs it, e.g. `dry-run:v1`.
+    pub executor: String,
+    /// Executor input, any JSON.
+    #[serde(default = "empty_object")]
+    pub payload: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(serde_json::Map::new())
+}
+
+/// A registered, immutable plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Its id.
+    pub id: PlanId,
+    /// Human name; several plans may share one.
+    pub name: String,
+    /// READY or RETIRED.
+    pub status: PlanStatus,
+    /// How takeovers continue.
+    pub recovery: Recovery,
+    /// Ordered steps.
+    pub steps: Vec<Step>,
+    /// Extra keys the semantic fingerprint strips.
+    pub volatile_fields: Vec<String>,
+    /// SHA-256 of the canonical JSON of everything but `id` and `status`.
+    pub fingerprint: String,
+    /// When it was registered (ledger clock).
+    pub created_at: Timestamp,
+}
+
+impl Plan {
+    /// The step with this code.
+    pub fn step(&self, code: &str) -> Option<&Step> {
+        self.steps.iter().find(|s| s.code == code)
+    }
+}
+
+/// One execution of a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Its id.
+    pub id: AttemptId,
+    /// The plan it executes.
+    pub plan_id: PlanId,
+    /// 1, 2, … per plan.
+    pub number: u32,
+    /// execute, retry or compensate.
+    pub action: Action,
+    /// Lifecycle.
+    pub status: AttemptStatus,
+    /// Enqueued at (ledger clock).
+    pub created_at: Timestamp,
+    /// First claimed at.
+    pub started_at: Option<Timestamp>,
+    /// Reached a terminal status at.
+    pub finished_at: Option<Timestamp>,
+    /// Why it failed or was aborted.
+    pub error: Option<String>,
+}
+
+/// One step of one attempt, with its evidence.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The attempt it belongs to.
+    pub attempt_id: AttemptId,
+    /// 1-based position in the attempt.
+    pub ordinal: u32,
+    /// The plan step it runs.
+    pub step_code: String,
+    /// Stable for (attempt, step): every delivery sends the same one.
+    pub idempotency_key: String,
+    /// Lifecycle.
+    pub status: ReceiptStatus,
+    /// Canonical JSON of the executor's evidence.
+    pub evidence: Option<String>,
+    /// SHA-256 of `evidence`.
+    pub evidence_sha256: Option<String>,
+    /// What the target answered (canonical JSON).
+    pub target_receipt: Option<String>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Begun at.
+    pub started_at: Option<Timestamp>,
+    /// Reached a terminal status at.
+    pub finished_at: Option<Timestamp>,
+}
+
+/// The outbox row of an attempt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    /// Its id.
+    pub id: CommandId,
+    /// The attempt it delivers (unique).
+    pub attempt_id: AttemptId,
+    /// Lifecycle.
+    pub status: CommandStatus,
+    /// Not claimable before this instant.
+    pub available_at: Timestamp,
+    /// The worker holding the lease.
+    pub lease_owner: Option<String>,
+    /// The fencing token; never serialized.
+    #[serde(skip)]
+    pub lease_token: Option<LeaseToken>,
+    /// The lease is live until this instant (ledger clock).
+    pub lease_until: Option<Timestamp>,
+    /// The last renewal.
+    pub last_heartbeat_at: Option<Timestamp>,
+    /// How many times it was claimed.
+    pub delivery_count: u32,
+    /// The last failure or takeover reason.
+    pub last_error: Option<String>,
+    /// Reached a terminal status at.
+    pub finished_at: Option<Timestamp>,
+}
+
+/// An attempt with its command and receipts (in ordinal order): the rows every
+/// transition on an attempt reads, in lock order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The attempt.
+    pub attempt: Attempt,
+    /// Its command.
+    pub command: Command,
+    /// Its receipts, by ordinal.
+    pub receipts: Vec<Receipt>,
+}
+
+impl AttemptRecord {
+    /// The receipt at this ordinal.
+    pub fn receipt(&self, ordinal: u32) -> Option<&Receipt> {
+        self.receipts.iter().find(|r| r.ordinal == ordinal)
+    }
+}
+
+/// A lease as a worker holds it: the command, its attempt and the token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The command held.
+    pub command_id: CommandId,
+    /// Its attempt.
+    pub attempt_id: AttemptId,
+    /// The fencing token.
+    pub token: LeaseToken,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_round_trip_through_text() {
+        for s in CommandStatus::ALL {
+            assert_eq!(s.as_str().parse::<CommandStatus>().unwrap(), *s);
+        }
+        let err = "bogus".parse::<Recovery>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "\"bogus\" is not a valid Recovery (expected one of: resume, replay)"
+        );
+    }
+
+    #[test]
+    fn command_json_never_contains_the_token() {
+        let c = Command {
+            id: CommandId::new("c1"),
+            attempt_id: AttemptId::new("a1"),
+            status: CommandStatus::Processing,
+            available_at: Timestamp::from_millis(0),
+            lease_owner: Some("w".into()),
+            lease_token: Some(LeaseToken::new("tok-secret")),
+            lease_until: None,
+            last_heartbeat_at: None,
+            delivery_count: 1,
+            last_error: None,
+            finished_at: None,
+        };
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(!json.contains("tok-secret") && !json.contains("lease_token"));
+    }
+}

@@ -1,0 +1,265 @@
+//! Plan files, their validation and their fingerprint.
+//!
+//! Validation happens before any durable state is written: a [`PlanSpec`] becomes a
+//! [`Plan`] only through [`PlanSpec::into_plan`], and every error names the field.
+
+use crate::canonical::fingerprint;
+use crate::ids::{AttemptId, PlanId, Timestamp};
+use crate::model::{Plan, PlanStatus, Recovery, Step};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// The largest canonical payload a step may carry.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+
+/// A plan as written in a plan file (TOML or JSON). Unknown fields are refused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSpec {
+    /// Human name.
+    pub name: String,
+    /// `resume` or `replay`, kept as text so that a bad value names the field.
+    pub recovery: String,
+    /// Extra keys the semantic fingerprint strips.
+    #[serde(default)]
+    pub volatile_fields: Vec<String>,
+    /// Ordered steps.
+    #[serde(default)]
+    pub steps: Vec<Step>,
+}
+
+/// Why a plan is invalid. Each names the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlanError {
+    /// `name` is empty.
+    #[error("name: must not be empty")]
+    EmptyName,
+    /// `recovery` is neither `resume` nor `replay`.
+    #[error("recovery: {0:?} is not a recovery mode (expected resume or replay)")]
+    BadRecovery(String),
+    /// No steps.
+    #[error("steps: a plan needs at least one step")]
+    NoSteps,
+    /// A step code is empty.
+    #[error("steps[{index}].code: must not be empty")]
+    EmptyCode {
+        /// 0-based index of the step.
+        index: usize,
+    },
+    /// Two steps share a code.
+    #[error("steps[{index}].code: {code:?} is used by an earlier step")]
+    DuplicateCode {
+        /// 0-based index of the later step.
+        index: usize,
+        /// The repeated code.
+        code: String,
+    },
+    /// The executor is not one this installation knows.
+    #[error("steps[{index}].executor: unknown executor {executor:?} (known: {known})")]
+    UnknownExecutor {
+        /// 0-based index of the step.
+        index: usize,
+        /// The executor named.
+        executor: String,
+        /// The known executors, comma-separated.
+        known: String,
+    },
+    /// The payload is too large.
+    #[error("steps[{index}].payload: {bytes} bytes exceeds the limit of {MAX_PAYLOAD_BYTES} bytes")]
+    PayloadTooLarge {
+        /// 0-based index of the step.
+        index: usize,
+        /// Its canonical size.
+        bytes: usize,
+    },
+    /// A volatile field name is empty.
+    #[error("volatile_fields[{index}]: must not be empty")]
+    EmptyVolatileField {
+        /// 0-based index.
+        index: usize,
+    },
+    /// The stored fingerprint does not match the plan's content.
+    #[error("fingerprint: stored {stored} but the content hashes to {computed}")]
+    FingerprintMismatch {
+        /// The fingerprint on record.
+        stored: String,
+        /// The fingerprint of the content.
+        computed: String,
+    },
+}
+
+impl PlanSpec {
+    /// Validates the spec against the executors this installation knows and builds
+    /// the plan, with its fingerprint. `id` and `now` come from the ledger.
+    pub fn into_plan(self, known_executors: &[&str], id: PlanId, now: Timestamp) -> Result<Plan, PlanError> {
+        if self.name.trim().is_empty() {
+            return Err(PlanError::EmptyName);
+        }
+        let recovery: Recovery = self
+            .recovery
+            .parse()
+            .map_err(|_| PlanError::BadRecovery(self.recovery.clone()))?;
+        if self.steps.is_empty() {
+            return Err(PlanError::NoSteps);
+        }
+        for (index, field) in self.volatile_fields.iter().enumerate() {
+            if field.is_empty() {
+                return Err(PlanError::EmptyVolatileField { index });
+            }
+        }
+        for (index, step) in self.steps.iter().enumerate() {
+            if step.code.trim().is_empty() {
+                return Err(PlanError::EmptyCode { index });
+            }
+            if self.steps[..index].iter().any(|s| s.code == step.code) {
+                return Err(PlanError::DuplicateCode {
+                    index,
+                    code: step.code.clone(),
+                });
+            }
+            if !known_executors.contains(&step.executor.as_str()) {
+                return Err(PlanError::UnknownExecutor {
+                    index,
+                    executor: step.executor.clone(),
+                    known: known_executors.join(", "),
+                });
+            }
+            let bytes = crate::canonical::canonical_json(&step.payload).len();
+            if bytes > MAX_PAYLOAD_BYTES {
+                return Err(PlanError::PayloadTooLarge { index, bytes });
+            }
+        }
+        let fingerprint = plan_fingerprint(&self.name, recovery, &self.steps, &self.volatile_fields);
+        Ok(Plan {
+            id,
+            name: self.name,
+            status: PlanStatus::Ready,
+            recovery,
+            steps: self.steps,
+            volatile_fields: self.volatile_fields,
+            fingerprint,
+            created_at: now,
+        })
+    }
+}
+
+/// SHA-256 of the canonical JSON of a plan's content (everything but id and status).
+pub fn plan_fingerprint(name: &str, recovery: Recovery, steps: &[Step], volatile_fields: &[String]) -> String {
+    fingerprint(&json!({
+        "name": name,
+        "recovery": recovery.as_str(),
+        "steps": steps.iter().map(|s| json!({"code": s.code, "executor": s.executor, "payload": s.payload})).collect::<Vec<Value>>(),
+        "volatile_fields": volatile_fields,
+    }))
+}
+
+/// Checks that a stored plan's fingerprint still matches its content.
+pub fn verify_fingerprint(plan: &Plan) -> Result<(), PlanError> {
+    let computed = plan_fingerprint(&plan.name, plan.recovery, &plan.steps, &plan.volatile_fields);
+    if computed == plan.fingerprint {
+        Ok(())
+    } else {
+        Err(PlanError::FingerprintMismatch {
+            stored: plan.fingerprint.clone(),
+            computed,
+        })
+    }
+}
+
+/// The idempotency key of a step of an attempt: a pure function of the attempt id,
+/// the receipt's ordinal and the step code, so every delivery and takeover of the
+/// same attempt sends the same key for the same step.
+pub fn idempotency_key(attempt: &AttemptId, ordinal: u32, step_code: &str) -> String {
+    let digest = crate::canonical::sha256_hex(format!("{attempt}\u{0}{ordinal}\u{0}{step_code}").as_bytes());
+    format!("ik-{}", &digest[..32])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KNOWN: &[&str] = &["dry-run:v1"];
+
+    fn spec(steps: Value) -> PlanSpec {
+        serde_json::from_value(json!({"name": "p", "recovery": "resume", "steps": steps})).unwrap()
+    }
+
+    fn build(s: PlanSpec) -> Result<Plan, PlanError> {
+        s.into_plan(KNOWN, PlanId::new("p1"), Timestamp::from_millis(0))
+    }
+
+    #[test]
+    fn a_valid_plan_gets_a_stable_fingerprint() {
+        let a = build(spec(
+            json!([{"code": "a", "executor": "dry-run:v1", "payload": {"x": 1, "y": 2}}]),
+        ))
+        .unwrap();
+        let b = build(spec(
+            json!([{"code": "a", "executor": "dry-run:v1", "payload": {"y": 2, "x": 1.0}}]),
+        ))
+        .unwrap();
+        assert_eq!(a.fingerprint, b.fingerprint);
+        assert_eq!(a.fingerprint.len(), 64);
+        verify_fingerprint(&a).unwrap();
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = build(spec(json!([]))).unwrap_err();
+        assert_eq!(e.to_string(), "steps: a plan needs at least one step");
+        let e = build(spec(json!([{"code": "a", "executor": "nope:v9"}]))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "steps[0].executor: unknown executor \"nope:v9\" (known: dry-run:v1)"
+        );
+        let e = build(spec(
+            json!([{"code": "a", "executor": "dry-run:v1"}, {"code": "a", "executor": "dry-run:v1"}]),
+        ))
+        .unwrap_err();
+        assert_eq!(e.to_string(), "steps[1].code: \"a\" is used by an earlier step");
+        let big = "x".repeat(MAX_PAYLOAD_BYTES);
+        let e = build(spec(
+            json!([{"code": "a", "executor": "dry-run:v1", "payload": {"blob": big}}]),
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with("steps[0].payload: 65547 bytes exceeds"),
+            "{e}"
+        );
+        let mut s = spec(json!([{"code": "a", "executor": "dry-run:v1"}]));
+        s.recovery = "rewind".into();
+        assert_eq!(
+            build(s).unwrap_err().to_string(),
+            "recovery: \"rewind\" is not a recovery mode (expected resume or replay)"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let e =
+            serde_json::from_value::<PlanSpec>(json!({"name": "p", "recovery": "resume", "stepz": []})).unwrap_err();
+        assert!(e.to_string().contains("unknown field `stepz`"), "{e}");
+    }
+
+    #[test]
+    fn tampered_plan_fails_verification() {
+        let mut p = build(spec(json!([{"code": "a", "executor": "dry-run:v1"}]))).unwrap();
+        p.steps[0].payload = json!({"evil": true});
+        assert!(matches!(
+            verify_fingerprint(&p),
+            Err(PlanError::FingerprintMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn idempotency_keys_are_stable_per_attempt_and_step() {
+        let a = AttemptId::new("att-1");
+        assert_eq!(idempotency_key(&a, 1, "x"), idempotency_key(&a, 1, "x"));
+        assert_ne!(idempotency_key(&a, 1, "x"), idempotency_key(&a, 2, "x"));
+        assert_ne!(
+            idempotency_key(&a, 1, "x"),
+            idempotency_key(&AttemptId::new("att-2"), 1, "x")
+        );
+    }
+}

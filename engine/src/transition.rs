@@ -1,0 +1,674 @@
+//! Every transition of DESIGN.md's table, as a guard plus writes.
+//!
+//! A transition reads snapshots of the rows (attempt, then command, then receipts:
+//! the lock order), decides, and answers either a typed [`Refusal`] or the
+//! [`Writes`] to apply. The writes carry a [`Guard`] on the command row: the memory
+//! ledger checks it with [`Guard::admits`], the SQL ledgers turn it into a `WHERE`
+//! clause and treat zero affected rows as a refusal. Time, owner and token arrive as
+//! arguments; nothing here reads a clock or mints anything.
+
+use crate::canonical::{canonical_json, sha256_hex};
+use crate::ids::{AttemptId, CommandId, LeaseToken, Timestamp};
+use crate::model::{
+    Action, Attempt, AttemptRecord, AttemptStatus, Command, CommandStatus, Plan, PlanStatus, Receipt, ReceiptStatus,
+    Recovery,
+};
+use crate::plan::{idempotency_key, verify_fingerprint};
+use serde_json::Value;
+
+/// Why a transition was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The command is not PROCESSING under the presented token.
+    #[error("command {command} is not held by this lease")]
+    StaleToken {
+        /// The command.
+        command: CommandId,
+    },
+    /// A live lease is never stolen.
+    #[error("command {command} has a live lease held by {owner} until {until}")]
+    LiveLease {
+        /// The command.
+        command: CommandId,
+        /// Its holder.
+        owner: String,
+        /// The lease deadline (ledger clock).
+        until: Timestamp,
+    },
+    /// Claim of a command that is not PENDING-and-available nor expired.
+    #[error("command {command} is not claimable: {reason}")]
+    NotClaimable {
+        /// The command.
+        command: CommandId,
+        /// Why.
+        reason: String,
+    },
+    /// The attempt already reached a terminal status.
+    #[error("attempt {attempt} is already {status}")]
+    Terminal {
+        /// The attempt.
+        attempt: AttemptId,
+        /// Its terminal status.
+        status: AttemptStatus,
+    },
+    /// A step transition out of order.
+    #[error("attempt {attempt} step {ordinal}: {reason}")]
+    OutOfOrder {
+        /// The attempt.
+        attempt: AttemptId,
+        /// The receipt's ordinal.
+        ordinal: u32,
+        /// Why.
+        reason: String,
+    },
+    /// An enqueue whose action guard or plan guard does not hold.
+    #[error("{action} refused: {reason}")]
+    Guard {
+        /// The action asked for.
+        action: Action,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The condition the command row must satisfy for the writes to apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guard {
+    /// A new command: the row must not exist yet.
+    Absent,
+    /// PROCESSING and holding this token (worker transitions).
+    Holds(LeaseToken),
+    /// PENDING with `available_at <= now`, or PROCESSING with `lease_until < now`.
+    Claimable(Timestamp),
+    /// Status and token exactly as read (operator transitions).
+    Unchanged {
+        /// The status read.
+        status: CommandStatus,
+        /// The token read.
+        lease_token: Option<LeaseToken>,
+    },
+}
+
+impl Guard {
+    /// Whether the command row, as it is now, satisfies the guard.
+    pub fn admits(&self, command: Option<&Command>) -> bool {
+        match (self, command) {
+            (Guard::Absent, c) => c.is_none(),
+            (_, None) => false,
+            (Guard::Holds(token), Some(c)) => {
+                c.status == CommandStatus::Processing && c.lease_token.as_ref() == Some(token)
+            }
+            (Guard::Claimable(now), Some(c)) => is_claimable(c, *now),
+            (Guard::Unchanged { status, lease_token }, Some(c)) => c.status == *status && c.lease_token == *lease_token,
+        }
+    }
+}
+
+/// PENDING and available, or PROCESSING with an expired lease.
+pub fn is_claimable(command: &Command, now: Timestamp) -> bool {
+    match command.status {
+        CommandStatus::Pending => command.available_at <= now,
+        CommandStatus::Processing => command.lease_until.is_some_and(|until| until < now),
+        _ => false,
+    }
+}
+
+/// The rows to write, each the full new image of a changed row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Writes {
+    /// Must hold on the command row, or nothing is written.
+    pub guard: Guard,
+    /// The attempt's new image, if it changed.
+    pub attempt: Option<Attempt>,
+    /// The command's new image, if it changed.
+    pub command: Option<Command>,
+    /// Changed receipts' new images.
+    pub receipts: Vec<Receipt>,
+}
+
+impl Writes {
+    fn none(guard: Guard) -> Self {
+        Self {
+            guard,
+            attempt: None,
+            command: None,
+            receipts: Vec::new(),
+        }
+    }
+
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.attempt.is_none() && self.command.is_none() && self.receipts.is_empty()
+    }
+
+    /// Applies the writes to a record in memory (the reference interpreter).
+    pub fn apply_to(&self, record: &mut AttemptRecord) {
+        if let Some(a) = &self.attempt {
+            record.attempt = a.clone();
+        }
+        if let Some(c) = &self.command {
+            record.command = c.clone();
+        }
+        for r in &self.receipts {
+            if let Some(slot) = record.receipts.iter_mut().find(|x| x.ordinal == r.ordinal) {
+                *slot = r.clone();
+            }
+        }
+    }
+}
+
+/// Fresh ids for an enqueue, minted by the ledger.
+#[derive(Debug, Clone)]
+pub struct NewIds {
+    /// The attempt's id.
+    pub attempt: AttemptId,
+    /// The command's id.
+    pub command: CommandId,
+}
+
+/// Enqueue: validates the plan and the action guard against the plan's history and
+/// answers the new attempt, its receipts and its PENDING command.
+///
+/// `history` holds every earlier attempt of the plan, any order.
+pub fn enqueue(
+    plan: &Plan,
+    history: &[AttemptRecord],
+    action: Action,
+    ids: NewIds,
+    now: Timestamp,
+) -> Result<AttemptRecord, Refusal> {
+    let refuse = |reason: String| Refusal::Guard { action, reason };
+    if plan.status != PlanStatus::Ready {
+        return Err(refuse(format!("plan {} is {}", plan.id, plan.status)));
+    }
+    verify_fingerprint(plan).map_err(|e| refuse(format!("plan {}: {e}", plan.id)))?;
+    let mut ordered: Vec<&AttemptRecord> = history.iter().collect();
+    ordered.sort_by_key(|r| r.attempt.number);
+    let latest = ordered.last().copied();
+    if let Some(open) = ordered.iter().find(|r| !r.attempt.status.is_terminal()) {
+        return Err(refuse(format!(
+            "attempt {} is still {}",
+            open.attempt.id, open.attempt.status
+        )));
+    }
+    let steps: Vec<&str> = match action {
+        Action::Execute => plan.steps.iter().map(|s| s.code.as_str()).collect(),
+        Action::Retry => match latest {
+            Some(l) if matches!(l.attempt.status, AttemptStatus::Failed | AttemptStatus::Aborted) => {
+                plan.steps.iter().map(|s| s.code.as_str()).collect()
+            }
+            Some(l) => {
+                return Err(refuse(format!(
+                    "the latest attempt {} is {}, not FAILED or ABORTED",
+                    l.attempt.id, l.attempt.status
+                )))
+            }
+            None => return Err(refuse(format!("plan {} has no attempt to retry", plan.id))),
+        },
+        Action::Compensate => {
+            let forward = ordered.iter().rev().find(|r| r.attempt.action.is_forward());
+            let Some(forward) = forward else {
+                return Err(refuse(format!("plan {} has no forward attempt to compensate", plan.id)));
+            };
+            let compensated = ordered.iter().any(|r| {
+                r.attempt.action == Action::Compensate
+                    && r.attempt.number > forward.attempt.number
+                    && r.attempt.status == AttemptStatus::Succeeded
+            });
+            if compensated {
+                return Err(refuse(format!("attempt {} is already compensated", forward.attempt.id)));
+            }
+            let done: Vec<&str> = forward
+                .receipts
+                .iter()
+                .filter(|r| r.status == ReceiptStatus::Succeeded)
+                .map(|r| r.step_code.as_str())
+                .rev()
+                .collect();
+            if done.is_empty() {
+                return Err(refuse(format!(
+                    "attempt {} has no succeeded step to compensate",
+                    forward.attempt.id
+                )));
+            }
+            done
+        }
+    };
+    let number = latest.map_or(1, |l| l.attempt.number + 1);
+    let attempt = Attempt {
+        id: ids.attempt.clone(),
+        plan_id: plan.id.clone(),
+        number,
+        action,
+        status: AttemptStatus::Queued,
+        created_at: now,
+        started_at: None,
+        finished_at: None,
+        error: None,
+    };
+    let receipts = steps
+        .iter()
+        .zip(1u32..)
+        .map(|(code, ordinal)| Receipt {
+            attempt_id: ids.attempt.clone(),
+            ordinal,
+            step_code: (*code).to_owned(),
+            idempotency_key: idempotency_key(&ids.attempt, ordinal, code),
+            status: ReceiptStatus::Pending,
+            evidence: None,
+            evidence_sha256: None,
+            target_receipt: None,
+            error: None,
+            started_at: None,
+            finished_at: None,
+        })
+        .collect();
+    let command = Command {
+        id: ids.command,
+        attempt_id: ids.attempt,
+        status: CommandStatus::Pending,
+        available_at: now,
+        lease_owner: None,
+        lease_token: None,
+        lease_until: None,
+        last_heartbeat_at: None,
+        delivery_count: 0,
+        last_error: None,
+        finished_at: None,
+    };
+    Ok(AttemptRecord {
+        attempt,
+        command,
+        receipts,
+    })
+}
+
+/// Claim: PENDING-and-available or expired PROCESSING becomes PROCESSING under a new
+/// token; the attempt RUNNING. On a takeover, `resume` puts the ambiguous RUNNING
+/// receipt back to PENDING (same key) and `replay` resets every receipt and drops
+/// its evidence.
+pub fn claim(
+    record: &AttemptRecord,
+    recovery: Recovery,
+    owner: &str,
+    token: LeaseToken,
+    lease_ms: u64,
+    now: Timestamp,
+) -> Result<Writes, Refusal> {
+    let c = &record.command;
+    if record.attempt.status.is_terminal() {
+        return Err(Refusal::Terminal {
+            attempt: record.attempt.id.clone(),
+            status: record.attempt.status,
+        });
+    }
+    match c.status {
+        CommandStatus::Pending if c.available_at > now => {
+            return Err(Refusal::NotClaimable {
+                command: c.id.clone(),
+                reason: format!("not available until {}", c.available_at),
+            })
+        }
+        CommandStatus::Processing if !is_claimable(c, now) => {
+            return Err(live_lease(c));
+        }
+        CommandStatus::Pending | CommandStatus::Processing => {}
+        status => {
+            return Err(Refusal::NotClaimable {
+                command: c.id.clone(),
+                reason: format!("it is {status}"),
+            });
+        }
+    }
+    let mut receipts = Vec::new();
+    if c.delivery_count >= 1 {
+        receipts = reset_for_takeover(&record.receipts, recovery);
+    }
+    let mut command = c.clone();
+    if c.status == CommandStatus::Processing {
+        command.last_error = Some(format!(
+            "lease of {} expired; taken over by {owner}",
+            c.lease_owner.as_deref().unwrap_or("unknown worker")
+        ));
+    }
+    command.status = CommandStatus::Processing;
+    command.lease_owner = Some(owner.to_owned());
+    command.lease_token = Some(token);
+    command.lease_until = Some(now.plus_ms(lease_ms));
+    command.last_heartbeat_at = Some(now);
+    command.delivery_count = c.delivery_count.saturating_add(1);
+    let mut attempt = record.attempt.clone();
+    attempt.status = AttemptStatus::Running;
+    attempt.started_at.get_or_insert(now);
+    Ok(Writes {
+        guard: Guard::Claimable(now),
+        attempt: Some(attempt),
+        command: Some(command),
+        receipts,
+    })
+}
+
+fn live_lease(c: &Command) -> Refusal {
+    Refusal::LiveLease {
+        command: c.id.clone(),
+        owner: c.lease_owner.clone().unwrap_or_default(),
+        until: c.lease_until.unwrap_or_default(),
+    }
+}
+
+/// Receipts a takeover changes: `resume` the ambiguous RUNNING one back to PENDING;
+/// `replay` every non-PENDING one back to PENDING with its evidence dropped.
+fn reset_for_takeover(receipts: &[Receipt], recovery: Recovery) -> Vec<Receipt> {
+    receipts
+        .iter()
+        .filter(|r| match recovery {
+            Recovery::Resume => r.status == ReceiptStatus::Running,
+            Recovery::Replay => r.status != ReceiptStatus::Pending,
+        })
+        .map(|r| {
+            let mut r = r.clone();
+            r.status = ReceiptStatus::Pending;
+            r.started_at = None;
+            if recovery == Recovery::Replay {
+                r.evidence = None;
+                r.evidence_sha256 = None;
+                r.target_receipt = None;
+                r.finished_at = None;
+                r.error = None;
+            }
+            r
+        })
+        .collect()
+}
+
+fn fence(command: &Command, token: &LeaseToken) -> Result<(), Refusal> {
+    if command.status == CommandStatus::Processing && command.lease_token.as_ref() == Some(token) {
+        Ok(())
+    } else {
+        Err(Refusal::StaleToken {
+            command: command.id.clone(),
+        })
+    }
+}
+
+fn renewed(command: &Command, lease_ms: u64, now: Timestamp) -> Command {
+    let mut c = command.clone();
+    c.lease_until = Some(now.plus_ms(lease_ms));
+    c.last_heartbeat_at = Some(now);
+    c
+}
+
+fn receipt_at<'a>(record: &'a AttemptRecord, ordinal: u32) -> Result<&'a Receipt, Refusal> {
+    record.receipt(ordinal).ok_or_else(|| Refusal::OutOfOrder {
+        attempt: record.attempt.id.clone(),
+        ordinal,
+        reason: format!("the attempt has {} steps", record.receipts.len()),
+    })
+}
+
+/// Heartbeat: renews a current lease.
+pub fn heartbeat(command: &Command, token: &LeaseToken, lease_ms: u64, now: Timestamp) -> Result<Writes, Refusal> {
+    fence(command, token)?;
+    Ok(Writes {
+        guard: Guard::Holds(token.clone()),
+        attempt: None,
+        command: Some(renewed(command, lease_ms, now)),
+        receipts: Vec::new(),
+    })
+}
+
+/// Begin step: the receipt RUNNING once every earlier one SUCCEEDED; renews the
+/// lease. Beginning a step that is already RUNNING under the same lease (a retried
+/// request whose reply was lost) only renews.
+pub fn begin_step(
+    record: &AttemptRecord,
+    ordinal: u32,
+    token: &LeaseToken,
+    lease_ms: u64,
+    now: Timestamp,
+) -> Result<Writes, Refusal> {
+    fence(&record.command, token)?;
+    let receipt = receipt_at(record, ordinal)?;
+    if let Some(blocking) = record
+        .receipts
+        .iter()
+        .find(|r| r.ordinal < ordinal && r.status != ReceiptStatus::Succeeded)
+    {
+        return Err(Refusal::OutOfOrder {
+            attempt: record.attempt.id.clone(),
+            ordinal,
+            reason: format!("step {} is {}, not SUCCEEDED", blocking.ordinal, blocking.status),
+        });
+    }
+    let mut writes = Writes::none(Guard::Holds(token.clone()));
+    writes.command = Some(renewed(&record.command, lease_ms, now));
+    match receipt.status {
+        ReceiptStatus::Pending => {
+            let mut r = receipt.clone();
+            r.status = ReceiptStatus::Running;
+            r.started_at = Some(now);
+            writes.receipts.push(r);
+            Ok(writes)
+        }
+        ReceiptStatus::Running => Ok(writes),
+        status => Err(Refusal::OutOfOrder {
+            attempt: record.attempt.id.clone(),
+            ordinal,
+            reason: format!("it is already {status}"),
+        }),
+    }
+}
+
+/// Complete step: a RUNNING receipt SUCCEEDED with its evidence (stored as canonical
+/// JSON with its SHA-256) and target receipt; renews the lease. Completing an
+/// already SUCCEEDED receipt with the same evidence (a retried request) only renews.
+pub fn complete_step(
+    record: &AttemptRecord,
+    ordinal: u32,
+    evidence: &Value,
+    target_receipt: &Value,
+    token: &LeaseToken,
+    lease_ms: u64,
+    now: Timestamp,
+) -> Result<Writes, Refusal> {
+    fence(&record.command, token)?;
+    let receipt = receipt_at(record, ordinal)?;
+    let evidence = canonical_json(evidence);
+    let sha = sha256_hex(evidence.as_bytes());
+    let mut writes = Writes::none(Guard::Holds(token.clone()));
+    writes.command = Some(renewed(&record.command, lease_ms, now));
+    match receipt.status {
+        ReceiptStatus::Running => {
+            let mut r = receipt.clone();
+            r.status = ReceiptStatus::Succeeded;
+            r.evidence = Some(evidence);
+            r.evidence_sha256 = Some(sha);
+            r.target_receipt = Some(canonical_json(target_receipt));
+            r.finished_at = Some(now);
+            writes.receipts.push(r);
+            Ok(writes)
+        }
+        ReceiptStatus::Succeeded if receipt.evidence_sha256.as_deref() == Some(sha.as_str()) => Ok(writes),
+        status => Err(Refusal::OutOfOrder {
+            attempt: record.attempt.id.clone(),
+            ordinal,
+            reason: format!("it is {status}, not RUNNING"),
+        }),
+    }
+}
+
+/// Fail: the receipt at `ordinal` (if given) FAILED, every other open receipt
+/// ABORTED, the attempt and command FAILED, the token cleared.
+pub fn fail(
+    record: &AttemptRecord,
+    ordinal: Option<u32>,
+    error: &str,
+    token: &LeaseToken,
+    now: Timestamp,
+) -> Result<Writes, Refusal> {
+    fence(&record.command, token)?;
+    if let Some(o) = ordinal {
+        receipt_at(record, o)?;
+    }
+    let receipts = record
+        .receipts
+        .iter()
+        .filter(|r| !r.status.is_terminal())
+        .map(|r| {
+            let mut r = r.clone();
+            if Some(r.ordinal) == ordinal {
+                r.status = ReceiptStatus::Failed;
+                r.error = Some(error.to_owned());
+            } else {
+                r.status = ReceiptStatus::Aborted;
+                r.error = Some(format!("not run: {}", failed_because(ordinal)));
+            }
+            r.finished_at = Some(now);
+            r
+        })
+        .collect();
+    let mut attempt = record.attempt.clone();
+    attempt.status = AttemptStatus::Failed;
+    attempt.finished_at = Some(now);
+    attempt.error = Some(error.to_owned());
+    let command = terminal_command(&record.command, CommandStatus::Failed, Some(error.to_owned()), now);
+    Ok(Writes {
+        guard: Guard::Holds(token.clone()),
+        attempt: Some(attempt),
+        command: Some(command),
+        receipts,
+    })
+}
+
+fn failed_because(ordinal: Option<u32>) -> String {
+    ordinal.map_or_else(|| "the attempt failed".to_owned(), |o| format!("step {o} failed"))
+}
+
+fn terminal_command(c: &Command, status: CommandStatus, error: Option<String>, now: Timestamp) -> Command {
+    let mut c = c.clone();
+    c.status = status;
+    c.lease_token = None;
+    c.lease_until = None;
+    c.finished_at = Some(now);
+    if error.is_some() {
+        c.last_error = error;
+    }
+    c
+}
+
+/// Finish: once every receipt SUCCEEDED, the attempt SUCCEEDED and the command
+/// DELIVERED, the token cleared.
+pub fn finish(record: &AttemptRecord, token: &LeaseToken, now: Timestamp) -> Result<Writes, Refusal> {
+    fence(&record.command, token)?;
+    if let Some(open) = record.receipts.iter().find(|r| r.status != ReceiptStatus::Succeeded) {
+        return Err(Refusal::OutOfOrder {
+            attempt: record.attempt.id.clone(),
+            ordinal: open.ordinal,
+            reason: format!("it is {}, not SUCCEEDED", open.status),
+        });
+    }
+    let mut attempt = record.attempt.clone();
+    attempt.status = AttemptStatus::Succeeded;
+    attempt.finished_at = Some(now);
+    let command = terminal_command(&record.command, CommandStatus::Delivered, None, now);
+    Ok(Writes {
+        guard: Guard::Holds(token.clone()),
+        attempt: Some(attempt),
+        command: Some(command),
+        receipts: Vec::new(),
+    })
+}
+
+/// What reconcile did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileOutcome {
+    /// The expired lease was cleared and the command is PENDING again.
+    Requeued,
+    /// Nothing needed doing (PENDING or terminal).
+    Unchanged,
+}
+
+/// Reconcile: an expired PROCESSING command goes back to PENDING with its receipts
+/// reset as a takeover would and its attempt QUEUED; a live lease is refused; PENDING
+/// and terminal commands are left unchanged.
+pub fn reconcile(
+    record: &AttemptRecord,
+    recovery: Recovery,
+    now: Timestamp,
+) -> Result<(ReconcileOutcome, Writes), Refusal> {
+    let c = &record.command;
+    let guard = Guard::Unchanged {
+        status: c.status,
+        lease_token: c.lease_token.clone(),
+    };
+    match c.status {
+        CommandStatus::Processing if !is_claimable(c, now) => Err(live_lease(c)),
+        CommandStatus::Processing => {
+            let mut command = c.clone();
+            command.status = CommandStatus::Pending;
+            command.last_error = Some(format!(
+                "lease of {} expired; requeued by reconcile",
+                c.lease_owner.as_deref().unwrap_or("unknown worker")
+            ));
+            command.lease_owner = None;
+            command.lease_token = None;
+            command.lease_until = None;
+            command.available_at = now;
+            let mut attempt = record.attempt.clone();
+            attempt.status = AttemptStatus::Queued;
+            let receipts = reset_for_takeover(&record.receipts, recovery);
+            Ok((
+                ReconcileOutcome::Requeued,
+                Writes {
+                    guard,
+                    attempt: Some(attempt),
+                    command: Some(command),
+                    receipts,
+                },
+            ))
+        }
+        _ => Ok((ReconcileOutcome::Unchanged, Writes::none(guard))),
+    }
+}
+
+/// Abort: a QUEUED or RUNNING attempt, its open receipts and its command ABORTED, the
+/// token cleared (so the active worker is fenced).
+pub fn abort(record: &AttemptRecord, reason: &str, now: Timestamp) -> Result<Writes, Refusal> {
+    let a = &record.attempt;
+    if a.status.is_terminal() {
+        return Err(Refusal::Terminal {
+            attempt: a.id.clone(),
+            status: a.status,
+        });
+    }
+    let c = &record.command;
+    let guard = Guard::Unchanged {
+        status: c.status,
+        lease_token: c.lease_token.clone(),
+    };
+    let mut attempt = a.clone();
+    attempt.status = AttemptStatus::Aborted;
+    attempt.finished_at = Some(now);
+    attempt.error = Some(reason.to_owned());
+    let receipts = record
+        .receipts
+        .iter()
+        .filter(|r| !r.status.is_terminal())
+        .map(|r| {
+            let mut r = r.clone();
+            r.status = ReceiptStatus::Aborted;
+            r.error = Some(reason.to_owned());
+            r.finished_at = Some(now);
+            r
+        })
+        .collect();
+    let mut command = terminal_command(c, CommandStatus::Aborted, Some(reason.to_owned()), now);
+    command.lease_owner = c.lease_owner.clone();
+    Ok(Writes {
+        guard,
+        attempt: Some(attempt),
+        command: Some(command),
+        receipts,
+    })
+}
