@@ -1,0 +1,220 @@
+//! Ledgers: where plans, attempts, receipts and commands live.
+//!
+//! Every implementation applies the engine's transitions ([`leasehold_engine::transition`])
+//! one transaction per transition: it reads the rows in lock order (attempt, command,
+//! receipts), lets the engine decide, and writes the new images under the engine's
+//! [`leasehold_engine::Guard`], treating a guard that no longer holds as a refusal.
+//! Lease decisions use the ledger's own clock; ids and tokens come from its entropy.
+//!
+//! Implementations: [`memory::MemoryLedger`] (the reference) and
+//! [`sqlite::SqliteLedger`]. [`open`] picks one from a database URL.
+
+pub mod memory;
+pub mod sqlite;
+
+use leasehold_engine::plan::PlanError;
+use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Refusal, Timestamp};
+use serde_json::Value;
+use std::future::Future;
+
+/// Why a ledger call did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LedgerError {
+    /// The engine refused the transition; nothing was written.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The plan is invalid; nothing was written.
+    #[error("invalid plan: {0}")]
+    InvalidPlan(#[from] PlanError),
+    /// No such plan or attempt.
+    #[error("{kind} {id} not found")]
+    NotFound {
+        /// `plan`, `attempt` or `command`.
+        kind: &'static str,
+        /// The id or name that was looked up.
+        id: String,
+    },
+    /// Malformed input other than a plan (a URL, an argument).
+    #[error("{0}")]
+    BadInput(String),
+    /// The ledger could not be reached, or was busy; nothing was written. Retry.
+    #[error("ledger unavailable: {0}")]
+    Unavailable(String),
+    /// The request may or may not have been applied (the connection was lost).
+    #[error("outcome unknown: {0}")]
+    Ambiguous(String),
+    /// Stored data is inconsistent (a bad row, a schema from the future).
+    #[error("ledger integrity: {0}")]
+    Integrity(String),
+    /// A bug or an unexpected database error.
+    #[error("internal ledger error: {0}")]
+    Internal(String),
+}
+
+impl LedgerError {
+    /// Whether retrying the same request may succeed (unavailable or ambiguous).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Ambiguous(_))
+    }
+}
+
+/// A command claimed under a fresh lease, with what the worker needs to deliver it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claimed {
+    /// The lease: command, attempt and token.
+    pub lease: Lease,
+    /// The plan the attempt executes.
+    pub plan: Plan,
+    /// The attempt's rows as the claim left them.
+    pub record: AttemptRecord,
+}
+
+/// The operations of a ledger. Each transition is atomic; reads are consistent
+/// snapshots. Worker transitions take the lease and the lease length to grant.
+pub trait Ledger: Send + Sync + 'static {
+    /// Applies pending schema migrations; answers the versions applied now (empty
+    /// when up to date).
+    fn migrate(&self) -> impl Future<Output = Result<Vec<u32>, LedgerError>> + Send;
+
+    /// Validates and registers a plan. Registering content that a READY plan already
+    /// has (same fingerprint) answers that plan.
+    fn register_plan(
+        &self,
+        spec: PlanSpec,
+        known_executors: &[&str],
+    ) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
+
+    /// A plan by id.
+    fn plan(&self, id: &PlanId) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
+
+    /// Every plan, oldest first.
+    fn list_plans(&self) -> impl Future<Output = Result<Vec<Plan>, LedgerError>> + Send;
+
+    /// Marks a plan RETIRED: it accepts no new attempts.
+    fn retire_plan(&self, id: &PlanId) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
+
+    /// Enqueues an attempt: attempt, receipts and command in one transaction.
+    fn enqueue(&self, plan: &PlanId, action: Action) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+
+    /// Claims up to `batch` claimable commands for `owner` with a lease of `lease_ms`.
+    fn claim(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease_ms: u64,
+    ) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send;
+
+    /// Renews a lease; answers the new deadline (ledger clock).
+    fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> impl Future<Output = Result<Timestamp, LedgerError>> + Send;
+
+    /// Begins a step.
+    fn begin_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        lease_ms: u64,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// Completes a step with its evidence and target receipt.
+    fn complete_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// Fails the attempt (at a step, if given).
+    fn fail(
+        &self,
+        lease: &Lease,
+        ordinal: Option<u32>,
+        error: &str,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// Finishes the attempt: SUCCEEDED and DELIVERED.
+    fn finish(&self, lease: &Lease) -> impl Future<Output = Result<(), LedgerError>> + Send;
+
+    /// Requeues an attempt whose lease expired; refuses a live lease.
+    fn reconcile(
+        &self,
+        attempt: &AttemptId,
+    ) -> impl Future<Output = Result<(ReconcileOutcome, AttemptRecord), LedgerError>> + Send;
+
+    /// Aborts a QUEUED or RUNNING attempt, fencing its worker.
+    fn abort(&self, attempt: &AttemptId, reason: &str) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+
+    /// An attempt with its command and receipts.
+    fn attempt(&self, attempt: &AttemptId) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+
+    /// Every attempt of a plan, by number.
+    fn history(&self, plan: &PlanId) -> impl Future<Output = Result<Vec<AttemptRecord>, LedgerError>> + Send;
+
+    /// How many attempts are QUEUED or RUNNING.
+    fn open_attempts(&self) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+}
+
+/// Finds a plan by id, or else by name (the newest READY plan of that name, or the
+/// newest of any status).
+pub async fn find_plan<L: Ledger>(ledger: &L, reference: &str) -> Result<Plan, LedgerError> {
+    match ledger.plan(&PlanId::new(reference)).await {
+        Err(LedgerError::NotFound { .. }) => {}
+        other => return other,
+    }
+    let plans = ledger.list_plans().await?;
+    let named: Vec<&Plan> = plans.iter().filter(|p| p.name == reference).collect();
+    named
+        .iter()
+        .rev()
+        .find(|p| p.status == leasehold_engine::PlanStatus::Ready)
+        .or(named.last())
+        .map(|p| (*p).clone())
+        .ok_or_else(|| LedgerError::NotFound { kind: "plan", id: reference.to_owned() })
+}
+
+/// A parsed database URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbUrl {
+    /// `sqlite://PATH` (relative or absolute) or `sqlite::memory:`.
+    Sqlite(String),
+}
+
+impl DbUrl {
+    /// Parses a database URL; the error names the URL's scheme or shape, never its
+    /// credentials.
+    pub fn parse(url: &str) -> Result<Self, LedgerError> {
+        if url == "sqlite::memory:" {
+            return Ok(DbUrl::Sqlite(":memory:".to_owned()));
+        }
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(LedgerError::BadInput("--db: sqlite URL has no path (expected sqlite://FILE)".into()));
+            }
+            return Ok(DbUrl::Sqlite(path.to_owned()));
+        }
+        let scheme = url.split_once("://").map(|(s, _)| s);
+        Err(LedgerError::BadInput(match scheme {
+            Some(s) if !s.is_empty() => format!("--db: unsupported scheme {s:?} (expected sqlite://FILE)"),
+            _ => "--db: not a database URL (expected sqlite://FILE)".to_owned(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_or_name_what_is_wrong() {
+        assert_eq!(DbUrl::parse("sqlite://x.db").unwrap(), DbUrl::Sqlite("x.db".into()));
+        assert_eq!(DbUrl::parse("sqlite:///tmp/x.db").unwrap(), DbUrl::Sqlite("/tmp/x.db".into()));
+        assert_eq!(DbUrl::parse("sqlite::memory:").unwrap(), DbUrl::Sqlite(":memory:".into()));
+        let e = DbUrl::parse("postgres://u:secret@h/db").unwrap_err().to_string();
+        assert!(e.contains("unsupported scheme \"postgres\"") && !e.contains("secret"), "{e}");
+        assert!(DbUrl::parse("nonsense").unwrap_err().to_string().contains("not a database URL"));
+        assert!(DbUrl::parse("sqlite://").is_err());
+    }
+}

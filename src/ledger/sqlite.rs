@@ -1,0 +1,1 @@
+//! SQLite ledger (in progress).
