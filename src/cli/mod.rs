@@ -1,0 +1,408 @@
+//! Argument parsing and dispatch for the `leasehold` binary.
+
+mod render;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use leasehold::clock::SystemClock;
+use leasehold::entropy::OsEntropy;
+use leasehold::executor::{Executors, KNOWN_EXECUTORS};
+use leasehold::ledger::sqlite::SqliteLedger;
+use leasehold::ledger::{find_plan, DbUrl, Ledger, LedgerError};
+use leasehold::worker::{RunOptions, Worker, WorkerEvent};
+use leasehold_engine::lease::WorkerConfig;
+use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::{Action, AttemptId, PlanSpec};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+/// The rehearsal plan shipped with leasehold, used by `demo`.
+const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml");
+
+#[derive(Parser, Debug)]
+#[command(name = "leasehold", version, about = "A durable, lease-fenced outbox for multi-step deliveries")]
+#[command(after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused.")]
+struct Cli {
+    /// Database URL: sqlite://FILE (relative or absolute path) or sqlite::memory:.
+    #[arg(long, global = true, env = "LEASEHOLD_DB", default_value = "sqlite://leasehold.db", hide_env_values = true)]
+    db: String,
+    /// Print reads as JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create or upgrade the database schema (idempotent).
+    Migrate,
+    /// Register, list, show and retire plans.
+    #[command(subcommand)]
+    Plan(PlanCommand),
+    /// Enqueue an attempt of a plan; prints the attempt id.
+    Enqueue {
+        /// Plan id or name.
+        plan: String,
+        /// What the attempt does.
+        #[arg(long, value_enum, default_value_t = ActionArg::Execute)]
+        action: ActionArg,
+    },
+    /// Claim and deliver commands until stopped (SIGINT/SIGTERM) or idle.
+    Worker {
+        /// Lease owner name recorded on claimed commands.
+        #[arg(long)]
+        id: Option<String>,
+        /// Lease length in seconds (clamped to 1..=86400).
+        #[arg(long, default_value_t = 60)]
+        lease_secs: u64,
+        /// Seconds between polls when idle (clamped to 1..=3600).
+        #[arg(long, default_value_t = 5)]
+        poll_secs: u64,
+        /// Commands claimed per poll (clamped to 1..=256).
+        #[arg(long, default_value_t = 5)]
+        batch: u32,
+        /// Exit once no attempt is QUEUED or RUNNING.
+        #[arg(long)]
+        until_idle: bool,
+        /// Seconds in-flight deliveries get to finish after SIGINT/SIGTERM.
+        #[arg(long, default_value_t = 30)]
+        grace_secs: u64,
+    },
+    /// Show an attempt: its command, lease and receipts (never the lease token).
+    Status {
+        /// Attempt id.
+        attempt: String,
+    },
+    /// List every attempt of a plan.
+    History {
+        /// Plan id or name.
+        plan: String,
+    },
+    /// Requeue an attempt whose lease expired (refused while the lease is live).
+    Reconcile {
+        /// Attempt id.
+        attempt: String,
+    },
+    /// Abort a QUEUED or RUNNING attempt, fencing its worker.
+    Abort {
+        /// Attempt id.
+        attempt: String,
+        /// Reason recorded on the attempt.
+        #[arg(long, default_value = "aborted by operator")]
+        reason: String,
+    },
+    /// Run the rehearsal plan twice on an embedded SQLite file and show the outcome.
+    Demo,
+}
+
+#[derive(Subcommand, Debug)]
+enum PlanCommand {
+    /// Register a plan from a TOML or JSON file; prints its id and fingerprint.
+    Add {
+        /// The plan file (.toml or .json).
+        file: PathBuf,
+    },
+    /// List plans.
+    List,
+    /// Show a plan with its steps.
+    Show {
+        /// Plan id or name.
+        plan: String,
+    },
+    /// Retire a plan: it accepts no new attempts.
+    Retire {
+        /// Plan id or name.
+        plan: String,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ActionArg {
+    Execute,
+    Retry,
+    Compensate,
+}
+
+impl From<ActionArg> for Action {
+    fn from(a: ActionArg) -> Self {
+        match a {
+            ActionArg::Execute => Action::Execute,
+            ActionArg::Retry => Action::Retry,
+            ActionArg::Compensate => Action::Compensate,
+        }
+    }
+}
+
+/// A command-line failure with its exit code.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn bad_input(message: impl Into<String>) -> Self {
+        Self { code: 2, message: message.into() }
+    }
+}
+
+impl From<LedgerError> for Failure {
+    fn from(e: LedgerError) -> Self {
+        let code = match &e {
+            LedgerError::Refused(_) => 3,
+            LedgerError::InvalidPlan(_) | LedgerError::NotFound { .. } | LedgerError::BadInput(_) => 2,
+            _ => 1,
+        };
+        Self { code, message: e.to_string() }
+    }
+}
+
+type Outcome = Result<(), Failure>;
+
+/// Parses arguments, runs the command, prints a one-line error on failure.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("error: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Outcome {
+    match DbUrl::parse(&cli.db)? {
+        DbUrl::Sqlite(path) => {
+            let ledger = SqliteLedger::open(&path, Arc::new(SystemClock), Arc::new(OsEntropy))?;
+            run(Arc::new(ledger), cli.command, cli.json).await
+        }
+    }
+}
+
+async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome {
+    match command {
+        Command::Migrate => {
+            let applied = ledger.migrate().await?;
+            if applied.is_empty() {
+                println!("schema is up to date");
+            } else {
+                let list: Vec<String> = applied.iter().map(u32::to_string).collect();
+                println!("applied migrations: {}", list.join(", "));
+            }
+            Ok(())
+        }
+        Command::Plan(PlanCommand::Add { file }) => {
+            let spec = read_plan_file(&file)?;
+            let plan = ledger.register_plan(spec, KNOWN_EXECUTORS).await.map_err(|e| match e {
+                LedgerError::InvalidPlan(p) => Failure::bad_input(format!("plan file {}: {p}", file.display())),
+                other => other.into(),
+            })?;
+            if json {
+                render::print_json(&plan);
+            } else {
+                println!("{} {}", plan.id, plan.fingerprint);
+            }
+            Ok(())
+        }
+        Command::Plan(PlanCommand::List) => {
+            let plans = ledger.list_plans().await?;
+            if json {
+                render::print_json(&plans);
+            } else {
+                print!("{}", render::plan_list(&plans));
+            }
+            Ok(())
+        }
+        Command::Plan(PlanCommand::Show { plan }) => {
+            let plan = find_plan(ledger.as_ref(), &plan).await?;
+            if json {
+                render::print_json(&plan);
+            } else {
+                print!("{}", render::plan(&plan));
+            }
+            Ok(())
+        }
+        Command::Plan(PlanCommand::Retire { plan }) => {
+            let plan = find_plan(ledger.as_ref(), &plan).await?;
+            let plan = ledger.retire_plan(&plan.id).await?;
+            if json {
+                render::print_json(&plan);
+            } else {
+                println!("plan {} is {}", plan.id, plan.status);
+            }
+            Ok(())
+        }
+        Command::Enqueue { plan, action } => {
+            let plan = find_plan(ledger.as_ref(), &plan).await?;
+            let record = ledger.enqueue(&plan.id, action.into()).await?;
+            if json {
+                render::print_json(&record);
+            } else {
+                println!("{}", record.attempt.id);
+            }
+            Ok(())
+        }
+        Command::Worker { id, lease_secs, poll_secs, batch, until_idle, grace_secs } => {
+            let config = WorkerConfig::clamped(
+                true,
+                poll_secs.clamp(1, 3_600) * 1_000,
+                batch,
+                lease_secs.clamp(1, 86_400) * 1_000,
+            );
+            let id = id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
+            let report = run_worker(ledger, &id, config, until_idle, grace_secs * 1_000, stop_signal()).await;
+            println!(
+                "[{id}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
+                report.claimed, report.delivered, report.failed, report.refused, report.abandoned
+            );
+            Ok(())
+        }
+        Command::Status { attempt } => {
+            let record = ledger.attempt(&AttemptId::new(attempt)).await?;
+            if json {
+                render::print_json(&record);
+            } else {
+                print!("{}", render::status(&record));
+            }
+            Ok(())
+        }
+        Command::History { plan } => {
+            let plan = find_plan(ledger.as_ref(), &plan).await?;
+            let records = ledger.history(&plan.id).await?;
+            if json {
+                render::print_json(&records);
+            } else {
+                print!("{}", render::history(&plan, &records));
+            }
+            Ok(())
+        }
+        Command::Reconcile { attempt } => {
+            let (outcome, record) = ledger.reconcile(&AttemptId::new(attempt)).await?;
+            if json {
+                render::print_json(&serde_json::json!({
+                    "outcome": match outcome { ReconcileOutcome::Requeued => "requeued", ReconcileOutcome::Unchanged => "unchanged" },
+                    "record": record,
+                }));
+            } else {
+                match outcome {
+                    ReconcileOutcome::Requeued => {
+                        println!("requeued attempt {}: its expired lease was cleared", record.attempt.id)
+                    }
+                    ReconcileOutcome::Unchanged => println!(
+                        "left attempt {} unchanged: its command is {}",
+                        record.attempt.id, record.command.status
+                    ),
+                }
+            }
+            Ok(())
+        }
+        Command::Abort { attempt, reason } => {
+            let record = ledger.abort(&AttemptId::new(attempt), &reason).await?;
+            if json {
+                render::print_json(&record);
+            } else {
+                println!("aborted attempt {}", record.attempt.id);
+            }
+            Ok(())
+        }
+        Command::Demo => demo(ledger).await,
+    }
+}
+
+async fn run_worker<L: Ledger>(
+    ledger: Arc<L>,
+    id: &str,
+    config: WorkerConfig,
+    until_idle: bool,
+    grace_ms: u64,
+    stop: impl std::future::Future<Output = ()>,
+) -> leasehold::worker::WorkerReport {
+    let prefix = id.to_owned();
+    let worker = Worker::new(id, ledger, Arc::new(Executors::new()), Arc::new(SystemClock), config)
+        .on_event(move |event: &WorkerEvent| println!("[{prefix}] {event}"));
+    worker.run(stop, RunOptions { until_idle, grace_ms }).await
+}
+
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn read_plan_file(path: &Path) -> Result<PlanSpec, Failure> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| Failure::bad_input(format!("plan file {name}: {e}")))?;
+    parse_plan(&text, path.extension().and_then(|e| e.to_str()) == Some("json"))
+        .map_err(|e| Failure::bad_input(format!("plan file {name}: {e}")))
+}
+
+/// Parses plan text as JSON or TOML; the error is one line with its position.
+fn parse_plan(text: &str, json: bool) -> Result<PlanSpec, String> {
+    if json {
+        return serde_json::from_str(text).map_err(|e| e.to_string());
+    }
+    toml::from_str(text).map_err(|e| {
+        let message = e.message().trim().replace('\n', " ");
+        match e.span() {
+            Some(span) => {
+                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                format!("line {line}: {message}")
+            }
+            None => message,
+        }
+    })
+}
+
+async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
+    let applied = ledger.migrate().await?;
+    if !applied.is_empty() {
+        println!("migrated the database schema");
+    }
+    let spec = parse_plan(REHEARSAL_PLAN, false).map_err(|e| Failure { code: 1, message: format!("built-in rehearsal plan: {e}") })?;
+    let plan = ledger.register_plan(spec, KNOWN_EXECUTORS).await?;
+    println!("plan {} ({}, {} steps, recovery {})", plan.id, plan.name, plan.steps.len(), plan.recovery);
+    println!("fingerprint {}", plan.fingerprint);
+    let config = WorkerConfig::clamped(true, 50, 5, 30_000);
+    let mut attempts = Vec::new();
+    for n in 1..=2 {
+        let record = ledger.enqueue(&plan.id, Action::Execute).await?;
+        println!("\nenqueued attempt {} (#{}) — running it with an in-process worker", record.attempt.id, record.attempt.number);
+        let stop = std::future::pending::<()>();
+        let report = run_worker(Arc::clone(&ledger), &format!("demo-worker-{n}"), config, true, 0, stop).await;
+        if report.delivered == 0 {
+            return Err(Failure { code: 1, message: format!("attempt {} was not delivered", record.attempt.id) });
+        }
+        attempts.push(record.attempt.id);
+    }
+    println!();
+    for id in &attempts {
+        let record = ledger.attempt(id).await?;
+        print!("{}", render::outcome(&record));
+    }
+    Ok(())
+}

@@ -1,0 +1,352 @@
+//! End-to-end tests of the `leasehold` binary: the demo, crashes (SIGKILL), pauses
+//! (SIGSTOP) past the lease, and one-line errors with their exit codes.
+//!
+//! Processes are synchronised on what they print (a line read from a pipe), never on
+//! sleeps; timeouts only bound how long a test may hang before it fails.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Db {
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Db {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let db = Db { _dir: dir, url };
+        let out = db.run(&["migrate"]);
+        assert!(out.status.success(), "migrate failed: {}", String::from_utf8_lossy(&out.stderr));
+        db
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--db").arg(&self.url).args(args).env_remove("LEASEHOLD_DB");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "leasehold {args:?} failed ({:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        serde_json::from_str(&self.ok(&all)).unwrap()
+    }
+
+    fn add_plan(&self, file: &str) -> String {
+        let out = self.ok(&["plan", "add", fixture(file).to_str().unwrap()]);
+        out.split_whitespace().next().unwrap().to_owned()
+    }
+
+    fn worker(&self, id: &str, extra: &[&str]) -> Worker {
+        let mut args = vec!["worker", "--id", id, "--lease-secs", "2", "--poll-secs", "1"];
+        args.extend_from_slice(extra);
+        let mut child = self.cmd(&args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Worker { child, lines: rx, seen: Vec::new() }
+    }
+}
+
+struct Worker {
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Worker {
+    /// Reads the worker's output until a line contains `needle`.
+    fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!("no line containing {needle:?}; saw:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit and returns everything it printed.
+    fn finish(mut self) -> Vec<String> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+                    self.seen.push(line);
+                }
+                let _ = status;
+                return self.seen;
+            }
+            assert!(Instant::now() < deadline, "worker did not exit; saw:\n{}", self.seen.join("\n"));
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                self.seen.push(line);
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/plans").join(name)
+}
+
+fn receipts(status: &Value) -> &Vec<Value> {
+    status["receipts"].as_array().unwrap()
+}
+
+#[test]
+fn demo_delivers_both_attempts_with_six_succeeded_receipts() {
+    let db = Db::new();
+    let out = db.ok(&["demo"]);
+    let attempts: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("enqueued attempt "))
+        .map(|l| l.split_whitespace().next().unwrap().to_owned())
+        .collect();
+    assert_eq!(attempts.len(), 2, "{out}");
+    assert!(out.contains("step 6/6 verify-integrity: succeeded"), "{out}");
+    for id in &attempts {
+        let status = db.json(&["status", id]);
+        assert_eq!(status["attempt"]["status"], "SUCCEEDED");
+        assert_eq!(status["command"]["status"], "DELIVERED");
+        assert_eq!(receipts(&status).len(), 6);
+        assert!(receipts(&status).iter().all(|r| r["status"] == "SUCCEEDED"));
+    }
+}
+
+#[test]
+fn sigkill_mid_attempt_then_another_worker_resumes_with_the_same_key() {
+    let db = Db::new();
+    let plan = db.add_plan("dry-run.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    let mut first = db.worker("first", &[]);
+    first.wait_for("step 2/5 reserve-capacity: running");
+    first.signal("KILL");
+    drop(first);
+    let before = db.json(&["status", &attempt]);
+    assert_eq!(before["receipts"][0]["status"], "SUCCEEDED");
+    assert_eq!(before["receipts"][1]["status"], "RUNNING");
+
+    let mut second = db.worker("second", &["--until-idle"]);
+    let claimed = second.wait_for("claimed attempt");
+    assert!(claimed.contains("delivery 2") && claimed.contains("1 already succeeded"), "{claimed}");
+    second.finish();
+
+    let after = db.json(&["status", &attempt]);
+    assert_eq!(after["attempt"]["status"], "SUCCEEDED");
+    assert_eq!(after["command"]["status"], "DELIVERED");
+    assert_eq!(after["command"]["delivery_count"], 2);
+    assert_eq!(after["command"]["lease_owner"], "second");
+    // The finished step keeps its receipt; the ambiguous one is redelivered with its key.
+    assert_eq!(after["receipts"][0]["evidence_sha256"], before["receipts"][0]["evidence_sha256"]);
+    assert_eq!(after["receipts"][0]["finished_at"], before["receipts"][0]["finished_at"]);
+    for i in 0..5 {
+        assert_eq!(after["receipts"][i]["idempotency_key"], before["receipts"][i]["idempotency_key"]);
+        assert_eq!(after["receipts"][i]["status"], "SUCCEEDED");
+    }
+    let key = before["receipts"][1]["idempotency_key"].as_str().unwrap();
+    assert!(after["receipts"][1]["target_receipt"].as_str().unwrap().contains(key));
+}
+
+#[test]
+fn sigkill_mid_replay_attempt_replays_every_step_into_a_new_sandbox() {
+    let db = Db::new();
+    let plan = db.add_plan("rehearsal.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    let mut first = db.worker("first", &[]);
+    first.wait_for("step 3/6");
+    first.signal("KILL");
+    drop(first);
+    let before = db.json(&["status", &attempt]);
+    assert_eq!(before["receipts"][0]["status"], "SUCCEEDED");
+
+    let mut second = db.worker("second", &["--until-idle"]);
+    let claimed = second.wait_for("claimed attempt");
+    assert!(claimed.contains("delivery 2") && !claimed.contains("already succeeded"), "{claimed}");
+    let lines = second.finish();
+    let replayed = lines.iter().filter(|l| l.contains(": succeeded") && l.contains(&attempt)).count();
+    assert_eq!(replayed, 6, "all six steps replayed:\n{}", lines.join("\n"));
+
+    let after = db.json(&["status", &attempt]);
+    assert_eq!(after["attempt"]["status"], "SUCCEEDED");
+    assert_eq!(after["command"]["delivery_count"], 2);
+    let old_sandbox = before["receipts"][0]["evidence"].as_str().unwrap().to_owned();
+    for r in receipts(&after) {
+        assert_eq!(r["status"], "SUCCEEDED");
+        let evidence: Value = serde_json::from_str(r["evidence"].as_str().unwrap()).unwrap();
+        let sandbox = evidence["sandbox_id"].as_str().unwrap();
+        assert!(sandbox.ends_with("d2"), "step replayed in the second delivery's sandbox: {sandbox}");
+        assert!(!old_sandbox.contains(sandbox));
+    }
+}
+
+#[test]
+fn a_paused_worker_past_its_lease_writes_nothing_after_a_takeover() {
+    let db = Db::new();
+    let plan = db.add_plan("dry-run.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    let mut paused = db.worker("paused", &[]);
+    paused.wait_for("step 2/5 reserve-capacity: running");
+    paused.signal("STOP");
+
+    let mut taker = db.worker("taker", &["--until-idle"]);
+    taker.wait_for("claimed attempt");
+    taker.finish();
+    let delivered = db.json(&["status", &attempt]);
+    assert_eq!(delivered["command"]["status"], "DELIVERED");
+    assert_eq!(delivered["command"]["lease_owner"], "taker");
+
+    paused.signal("CONT");
+    let refused = paused.wait_for("write refused");
+    assert!(refused.contains(&attempt), "{refused}");
+    paused.signal("TERM");
+    paused.finish();
+
+    let after = db.json(&["status", &attempt]);
+    assert_eq!(after, delivered, "the paused worker changed nothing");
+}
+
+fn expect_error(out: &Output, code: i32, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
+}
+
+#[test]
+fn bad_plan_files_are_refused_by_name_and_write_nothing() {
+    let db = Db::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("unknown-exec.toml", "name = \"p\"\nrecovery = \"resume\"\n[[steps]]\ncode = \"a\"\nexecutor = \"nope:v1\"\n", "steps[0].executor: unknown executor \"nope:v1\""),
+        ("no-steps.json", r#"{"name": "p", "recovery": "resume", "steps": []}"#, "steps: a plan needs at least one step"),
+        ("extra.json", r#"{"name": "p", "recovery": "resume", "stepz": []}"#, "unknown field `stepz`"),
+        ("recovery.toml", "name = \"p\"\nrecovery = \"rewind\"\n[[steps]]\ncode = \"a\"\nexecutor = \"dry-run:v1\"\n", "recovery: \"rewind\" is not a recovery mode"),
+        ("broken.toml", "name = \"p\"\nrecovery = \n", "line 2"),
+    ];
+    for (name, text, needle) in cases {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = db.run(&["plan", "add", path.to_str().unwrap()]);
+        expect_error(&out, 2, needle);
+        assert!(String::from_utf8_lossy(&out.stderr).contains(name));
+    }
+    let out = db.run(&["plan", "add", dir.path().join("missing.toml").to_str().unwrap()]);
+    expect_error(&out, 2, "missing.toml");
+    assert_eq!(db.json(&["plan", "list"]), serde_json::json!([]));
+}
+
+#[test]
+fn unknown_ids_and_bad_urls_get_one_line_errors() {
+    let db = Db::new();
+    expect_error(&db.run(&["status", "att-nope"]), 2, "attempt att-nope not found");
+    expect_error(&db.run(&["history", "no-such-plan"]), 2, "plan no-such-plan not found");
+    expect_error(&db.run(&["enqueue", "no-such-plan"]), 2, "plan no-such-plan not found");
+    expect_error(&db.run(&["abort", "att-nope"]), 2, "attempt att-nope not found");
+    expect_error(&db.run(&["reconcile", "att-nope"]), 2, "attempt att-nope not found");
+    let out = Command::new(BIN).args(["--db", "postgres://u:hunter2@h/db", "plan", "list"]).output().unwrap();
+    expect_error(&out, 2, "unsupported scheme \"postgres\"");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+    let out = Command::new(BIN).args(["--db", "not a url", "plan", "list"]).output().unwrap();
+    expect_error(&out, 2, "--db");
+}
+
+#[test]
+fn refusals_exit_3_and_change_nothing() {
+    let db = Db::new();
+    let plan = db.add_plan("dry-run.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    expect_error(&db.run(&["enqueue", &plan]), 3, "is still QUEUED");
+    expect_error(&db.run(&["enqueue", &plan, "--action", "retry"]), 3, "retry refused");
+
+    let mut worker = db.worker("holder", &[]);
+    worker.wait_for("step 1/5");
+    let before = db.json(&["status", &attempt]);
+    expect_error(&db.run(&["reconcile", &attempt]), 3, "has a live lease held by holder");
+    worker.signal("KILL");
+    drop(worker);
+
+    let aborted = db.ok(&["abort", &attempt]);
+    assert!(aborted.contains("aborted attempt"), "{aborted}");
+    let after_abort = db.json(&["status", &attempt]);
+    assert_eq!(after_abort["attempt"]["status"], "ABORTED");
+    assert_ne!(before, after_abort);
+    expect_error(&db.run(&["abort", &attempt]), 3, "is already ABORTED");
+    let unchanged = db.ok(&["reconcile", &attempt]);
+    assert!(unchanged.contains("left attempt") && unchanged.contains("ABORTED"), "{unchanged}");
+    assert_eq!(db.json(&["status", &attempt]), after_abort);
+}
+
+#[test]
+fn reconcile_requeues_an_expired_lease() {
+    let db = Db::new();
+    let plan = db.add_plan("dry-run.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    let mut worker = db.worker("crashed", &[]);
+    worker.wait_for("step 1/5");
+    worker.signal("KILL");
+    drop(worker);
+    // Poll the ledger until the 2 s lease has expired by its own clock.
+    let deadline = Instant::now() + WAIT;
+    let out = loop {
+        let out = db.run(&["reconcile", &attempt]);
+        if out.status.code() != Some(3) {
+            break out;
+        }
+        assert!(Instant::now() < deadline, "lease never expired");
+        std::thread::park_timeout(Duration::from_millis(200));
+    };
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("requeued attempt"));
+    let status = db.json(&["status", &attempt]);
+    assert_eq!(status["attempt"]["status"], "QUEUED");
+    assert_eq!(status["command"]["status"], "PENDING");
+}
