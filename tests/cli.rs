@@ -117,7 +117,7 @@ impl Worker {
                     self.seen.push(line);
                 }
                 let _ = status;
-                return self.seen;
+                return std::mem::take(&mut self.seen);
             }
             assert!(Instant::now() < deadline, "worker did not exit; saw:\n{}", self.seen.join("\n"));
             if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(100)) {
