@@ -17,7 +17,7 @@ use crate::executor::{ExecRequest, Executor, ExecutorResult};
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::driver::{Driver, DriverAction, Outcome};
 use leasehold_engine::lease::WorkerConfig;
-use leasehold_engine::{AttemptId, Lease, Refusal};
+use leasehold_engine::{AttemptId, Lease, Refusal, Timestamp};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -193,13 +193,16 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             let mut wait_ms = self.config.poll_interval_ms;
             let capacity = (self.config.batch_size as usize).saturating_sub(tasks.len());
             if grace_until.is_none() && self.config.polling && capacity > 0 {
+                // The lease estimate starts before the claim is sent: conservative by
+                // the claim's round trip.
+                let sent_at = self.clock.now();
                 match self.ledger.claim(&self.id, capacity as u32, self.config.lease_ms).await {
                     Ok(claimed) => {
                         backoff_ms = 0;
                         let full = claimed.len() == capacity;
                         for c in claimed {
                             report.claimed += 1;
-                            tasks.spawn(self.deliver(c));
+                            tasks.spawn(self.deliver(c, sent_at));
                         }
                         if full {
                             wait_ms = 0;
@@ -256,7 +259,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     }
 
     /// Delivers one claimed command to its end (for this worker).
-    fn deliver(&self, claimed: Claimed) -> impl Future<Output = Outcome> + Send + 'static {
+    fn deliver(&self, claimed: Claimed, claimed_at: Timestamp) -> impl Future<Output = Outcome> + Send + 'static {
         let delivery = Delivery {
             ledger: Arc::clone(&self.ledger),
             executor: Arc::clone(&self.executor),
@@ -264,6 +267,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             observer: Arc::clone(&self.observer),
             lease_ms: self.config.lease_ms,
             claimed,
+            claimed_at,
         };
         delivery.run()
     }
@@ -285,6 +289,7 @@ struct Delivery<L, E, C> {
     observer: Observer,
     lease_ms: u64,
     claimed: Claimed,
+    claimed_at: Timestamp,
 }
 
 impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
@@ -302,7 +307,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             steps,
             skipped: skipped as u32,
         });
-        let mut driver = Driver::new(&statuses, self.lease_ms, self.clock.now());
+        let mut driver = Driver::new(&statuses, self.lease_ms, self.claimed_at);
         let mut ledger_call: Option<(DriverAction, Boxed<Result<(), LedgerError>>)> = None;
         let mut executor_call: Option<(u32, Boxed<ExecutorResult>)> = None;
         let outcome = loop {

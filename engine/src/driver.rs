@@ -202,8 +202,11 @@ impl Driver {
         if self.outcome.is_some() || self.in_flight.is_some() || self.ledger_retry_at.is_some() {
             return None;
         }
-        let phase_ready = !matches!(self.phase, Phase::Executing(_))
-            && !(matches!(self.phase, Phase::Execute(_)) && self.executor_retry_at.is_some());
+        let phase_ready = match self.phase {
+            Phase::Executing(_) => false,
+            Phase::Execute(_) => self.executor_retry_at.is_none(),
+            _ => true,
+        };
         if phase_ready {
             let (request, action) = match &self.phase {
                 Phase::Begin(o) => (Request::Begin(*o), DriverAction::BeginStep { ordinal: *o }),

@@ -399,7 +399,7 @@ fn renewed(command: &Command, lease_ms: u64, now: Timestamp) -> Command {
     c
 }
 
-fn receipt_at<'a>(record: &'a AttemptRecord, ordinal: u32) -> Result<&'a Receipt, Refusal> {
+fn receipt_at(record: &AttemptRecord, ordinal: u32) -> Result<&Receipt, Refusal> {
     record.receipt(ordinal).ok_or_else(|| Refusal::OutOfOrder {
         attempt: record.attempt.id.clone(),
         ordinal,

@@ -1,0 +1,303 @@
+//! Enqueue: the plan guard, the action guards, and the rows an accepted enqueue writes.
+
+mod common;
+
+use common::*;
+use leasehold_engine::transition::{self, enqueue};
+use leasehold_engine::{
+    Action, Attempt, AttemptRecord, AttemptStatus, Command, CommandStatus, PlanStatus, Receipt, ReceiptStatus, Refusal,
+};
+
+fn pending_receipt(attempt: u32, ordinal: u32, code: &str) -> Receipt {
+    Receipt {
+        attempt_id: attempt_id(attempt),
+        ordinal,
+        step_code: code.to_owned(),
+        idempotency_key: key(attempt, ordinal, code),
+        status: ReceiptStatus::Pending,
+        evidence: None,
+        evidence_sha256: None,
+        target_receipt: None,
+        error: None,
+        started_at: None,
+        finished_at: None,
+    }
+}
+
+fn guard_reason(refusal: Refusal, expected_action: Action) -> String {
+    match refusal {
+        Refusal::Guard { action, reason } => {
+            assert_eq!(action, expected_action);
+            reason
+        }
+        other => panic!("expected an action guard refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn execute_writes_a_queued_attempt_pending_receipts_in_step_order_and_a_pending_command() {
+    let plan = resume_plan();
+    let record = allowed(enqueue(&plan, &[], Action::Execute, ids(1), at(ENQUEUED_MS)));
+    let expected = AttemptRecord {
+        attempt: Attempt {
+            id: attempt_id(1),
+            plan_id: plan.id.clone(),
+            number: 1,
+            action: Action::Execute,
+            status: AttemptStatus::Queued,
+            created_at: at(ENQUEUED_MS),
+            started_at: None,
+            finished_at: None,
+            error: None,
+        },
+        command: Command {
+            id: command_id(1),
+            attempt_id: attempt_id(1),
+            status: CommandStatus::Pending,
+            available_at: at(ENQUEUED_MS),
+            lease_owner: None,
+            lease_token: None,
+            lease_until: None,
+            last_heartbeat_at: None,
+            delivery_count: 0,
+            last_error: None,
+            finished_at: None,
+        },
+        receipts: vec![
+            pending_receipt(1, 1, "create-schema"),
+            pending_receipt(1, 2, "load"),
+            pending_receipt(1, 3, "migrate"),
+            pending_receipt(1, 4, "notify"),
+        ],
+    };
+    assert_eq!(record, expected);
+}
+
+#[test]
+fn every_step_of_an_attempt_gets_its_own_idempotency_key() {
+    let record = enqueued(&resume_plan());
+    let mut keys: Vec<&str> = record.receipts.iter().map(|r| r.idempotency_key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), record.receipts.len());
+}
+
+#[test]
+fn execute_after_terminal_attempts_is_accepted_and_numbered_after_the_latest() {
+    let plan = resume_plan();
+    let history = [delivered(&plan)];
+    let record = allowed(enqueue(&plan, &history, Action::Execute, ids(2), at(90_000)));
+    assert_eq!(record.attempt.number, 2);
+    assert_eq!(record.attempt.action, Action::Execute);
+    assert_eq!(record.receipts.len(), 4);
+}
+
+#[test]
+fn execute_with_an_open_attempt_is_refused() {
+    let plan = resume_plan();
+    for open in [enqueued(&plan), claimed(&plan), in_progress(&plan, 2, true)] {
+        let status = open.attempt.status;
+        let reason = guard_reason(
+            refused(enqueue(&plan, &[open], Action::Execute, ids(2), at(90_000))),
+            Action::Execute,
+        );
+        assert_eq!(reason, format!("attempt att-1 is still {status}"));
+    }
+}
+
+#[test]
+fn retry_and_compensate_with_an_open_attempt_are_refused_too() {
+    let plan = resume_plan();
+    let history = [failed_at(&plan, 3), {
+        let mut open = enqueued(&plan);
+        open.attempt.id = attempt_id(2);
+        open.attempt.number = 2;
+        open
+    }];
+    for action in [Action::Retry, Action::Compensate] {
+        let refusal = refused(enqueue(&plan, &history, action, ids(3), at(90_000)));
+        assert_eq!(
+            refusal.to_string(),
+            format!("{action} refused: attempt att-2 is still QUEUED")
+        );
+    }
+}
+
+#[test]
+fn retry_after_a_failed_attempt_enqueues_every_step_again() {
+    let plan = resume_plan();
+    let history = [failed_at(&plan, 3)];
+    let record = allowed(enqueue(&plan, &history, Action::Retry, ids(2), at(90_000)));
+    assert_eq!(record.attempt.number, 2);
+    assert_eq!(record.attempt.action, Action::Retry);
+    assert_eq!(record.attempt.status, AttemptStatus::Queued);
+    assert_eq!(
+        record.receipts,
+        vec![
+            pending_receipt(2, 1, "create-schema"),
+            pending_receipt(2, 2, "load"),
+            pending_receipt(2, 3, "migrate"),
+            pending_receipt(2, 4, "notify"),
+        ]
+    );
+    assert_eq!(record.command.status, CommandStatus::Pending);
+    assert_eq!(record.command.available_at, at(90_000));
+}
+
+#[test]
+fn retry_after_an_aborted_attempt_is_accepted() {
+    let plan = resume_plan();
+    let history = [aborted_while_running(&plan, 2)];
+    let record = allowed(enqueue(&plan, &history, Action::Retry, ids(2), at(90_000)));
+    assert_eq!((record.attempt.number, record.attempt.action), (2, Action::Retry));
+}
+
+#[test]
+fn retry_with_no_attempt_is_refused() {
+    let plan = resume_plan();
+    let reason = guard_reason(
+        refused(enqueue(&plan, &[], Action::Retry, ids(1), at(90_000))),
+        Action::Retry,
+    );
+    assert_eq!(reason, "plan plan-1 has no attempt to retry");
+}
+
+#[test]
+fn retry_after_a_succeeded_latest_attempt_is_refused() {
+    let plan = resume_plan();
+    // An older failure does not matter: only the latest attempt does.
+    let mut older = failed_at(&plan, 3);
+    older.attempt.id = attempt_id(0);
+    older.attempt.number = 0;
+    let history = [delivered(&plan), older];
+    let reason = guard_reason(
+        refused(enqueue(&plan, &history, Action::Retry, ids(2), at(90_000))),
+        Action::Retry,
+    );
+    assert_eq!(reason, "the latest attempt att-1 is SUCCEEDED, not FAILED or ABORTED");
+}
+
+#[test]
+fn compensate_enqueues_the_succeeded_steps_reversed() {
+    let plan = resume_plan();
+    let history = [failed_at(&plan, 3)];
+    let record = allowed(enqueue(&plan, &history, Action::Compensate, ids(2), at(90_000)));
+    assert_eq!(record.attempt.number, 2);
+    assert_eq!(record.attempt.action, Action::Compensate);
+    assert_eq!(record.attempt.status, AttemptStatus::Queued);
+    assert_eq!(
+        record.receipts,
+        vec![pending_receipt(2, 1, "load"), pending_receipt(2, 2, "create-schema")]
+    );
+    assert_eq!(record.command.status, CommandStatus::Pending);
+}
+
+#[test]
+fn compensate_of_a_delivered_attempt_undoes_every_step_in_reverse() {
+    let plan = resume_plan();
+    let history = [delivered(&plan)];
+    let record = allowed(enqueue(&plan, &history, Action::Compensate, ids(2), at(90_000)));
+    let codes: Vec<&str> = record.receipts.iter().map(|r| r.step_code.as_str()).collect();
+    assert_eq!(codes, ["notify", "migrate", "load", "create-schema"]);
+    let ordinals: Vec<u32> = record.receipts.iter().map(|r| r.ordinal).collect();
+    assert_eq!(ordinals, [1, 2, 3, 4]);
+}
+
+#[test]
+fn compensate_with_no_forward_attempt_is_refused() {
+    let plan = resume_plan();
+    let reason = guard_reason(
+        refused(enqueue(&plan, &[], Action::Compensate, ids(1), at(90_000))),
+        Action::Compensate,
+    );
+    assert_eq!(reason, "plan plan-1 has no forward attempt to compensate");
+}
+
+#[test]
+fn compensate_with_no_succeeded_steps_is_refused() {
+    let plan = resume_plan();
+    let history = [failed_at(&plan, 1)];
+    let reason = guard_reason(
+        refused(enqueue(&plan, &history, Action::Compensate, ids(2), at(90_000))),
+        Action::Compensate,
+    );
+    assert_eq!(reason, "attempt att-1 has no succeeded step to compensate");
+}
+
+#[test]
+fn compensate_of_an_already_compensated_attempt_is_refused() {
+    let plan = resume_plan();
+    let forward = failed_at(&plan, 3);
+    let compensation = allowed(enqueue(
+        &plan,
+        std::slice::from_ref(&forward),
+        Action::Compensate,
+        ids(2),
+        at(90_000),
+    ));
+    let compensation = claimed_by(&compensation, &plan, OWNER_A, token_a(), 91_000);
+    let compensation = run_to_delivery(&compensation, &token_a(), 92_000);
+    assert_eq!(compensation.attempt.status, AttemptStatus::Succeeded);
+    let history = [forward, compensation];
+    let reason = guard_reason(
+        refused(enqueue(&plan, &history, Action::Compensate, ids(3), at(99_000))),
+        Action::Compensate,
+    );
+    assert_eq!(reason, "attempt att-1 is already compensated");
+}
+
+#[test]
+fn compensate_after_a_failed_compensation_is_accepted() {
+    let plan = resume_plan();
+    let forward = failed_at(&plan, 3);
+    let compensation = allowed(enqueue(
+        &plan,
+        std::slice::from_ref(&forward),
+        Action::Compensate,
+        ids(2),
+        at(90_000),
+    ));
+    let compensation = claimed_by(&compensation, &plan, OWNER_A, token_a(), 91_000);
+    let compensation = applied(
+        &compensation,
+        &allowed(transition::fail(
+            &compensation,
+            None,
+            "undo failed",
+            &token_a(),
+            at(92_000),
+        )),
+    );
+    let history = [forward, compensation];
+    let record = allowed(enqueue(&plan, &history, Action::Compensate, ids(3), at(99_000)));
+    assert_eq!(record.attempt.number, 3);
+    assert_eq!(record.receipts.len(), 2);
+}
+
+#[test]
+fn enqueue_on_a_retired_plan_is_refused() {
+    let mut plan = resume_plan();
+    plan.status = PlanStatus::Retired;
+    for action in [Action::Execute, Action::Retry, Action::Compensate] {
+        let reason = guard_reason(refused(enqueue(&plan, &[], action, ids(1), at(90_000))), action);
+        assert_eq!(reason, "plan plan-1 is RETIRED");
+    }
+}
+
+#[test]
+fn enqueue_with_a_tampered_plan_fingerprint_is_refused() {
+    let mut plan = resume_plan();
+    plan.steps[1].payload = serde_json::json!({"n": 2, "drop": "everything"});
+    let reason = guard_reason(
+        refused(enqueue(&plan, &[], Action::Execute, ids(1), at(90_000))),
+        Action::Execute,
+    );
+    assert!(reason.starts_with("plan plan-1: fingerprint: stored "), "{reason}");
+
+    let mut plan = resume_plan();
+    plan.fingerprint = "0".repeat(64);
+    assert!(matches!(
+        refused(enqueue(&plan, &[], Action::Execute, ids(1), at(90_000))),
+        Refusal::Guard { .. }
+    ));
+}
