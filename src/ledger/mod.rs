@@ -7,9 +7,10 @@
 //! Lease decisions use the ledger's own clock; ids and tokens come from its entropy.
 //!
 //! Implementations: [`memory::MemoryLedger`] (the reference) and
-//! [`sqlite::SqliteLedger`]. [`open`] picks one from a database URL.
+//! [`sqlite::SqliteLedger`]. [`DbUrl`] parses the URL that picks one.
 
 pub mod memory;
+pub mod migrate;
 pub mod sqlite;
 
 use leasehold_engine::plan::PlanError;

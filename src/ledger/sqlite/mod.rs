@@ -1,0 +1,230 @@
+//! The SQLite ledger.
+//!
+//! Contract: every transition is one `BEGIN IMMEDIATE` transaction that reads the rows
+//! in lock order (attempt, command, receipts by ordinal), lets the engine
+//! ([`leasehold_engine::transition`]) decide at the ledger clock's `now` (read inside
+//! the transaction), and writes the engine's row images with conditional `UPDATE`s:
+//! the command row's `UPDATE` carries the engine's [`leasehold_engine::Guard`] as its
+//! `WHERE` clause, and zero affected rows is a refusal
+//! ([`leasehold_engine::Refusal::StaleToken`]) that leaves every row as it was. Reads
+//! are consistent snapshots (one deferred transaction each). The semantics are those
+//! of the reference [`super::memory::MemoryLedger`], call for call, including the order
+//! in which ids and tokens are drawn from the entropy.
+//!
+//! Errors: SQLite busy or locked (after a 5 s busy timeout) is
+//! [`LedgerError::Unavailable`]; a row that does not parse is
+//! [`LedgerError::Integrity`]; anything else from SQLite is
+//! [`LedgerError::Internal`]. Lease tokens are bound as parameters and never appear in
+//! SQL text, errors or logs.
+//!
+//! Two faces: [`SqliteCore`] is synchronous over one connection (for the simulator's
+//! single-threaded hosts); [`SqliteLedger`] is the async [`Ledger`] for production,
+//! running each call on `spawn_blocking` over a small pool of cores. The schema lives
+//! in `migrations/sqlite/` and is applied by `migrate()` ([`super::migrate`]), never by
+//! opening.
+
+mod connection;
+mod rows;
+#[cfg(test)]
+mod tests;
+
+pub use connection::{SqliteCore, BUSY_TIMEOUT};
+
+use super::{Claimed, Ledger, LedgerError};
+use crate::clock::Clock;
+use crate::entropy::Entropy;
+use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
+use serde_json::Value;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Idle connections a file-backed [`SqliteLedger`] keeps open for reuse.
+const POOL_IDLE_MAX: usize = 4;
+
+/// Where a [`SqliteLedger`]'s connections come from.
+enum Pool {
+    /// A private in-memory database exists only inside its one connection, so every
+    /// call must use that same connection.
+    Private(Mutex<SqliteCore>),
+    /// A file: idle connections, taken one per call and opened on demand.
+    File(Mutex<Vec<SqliteCore>>),
+}
+
+struct Shared {
+    path: String,
+    clock: Arc<dyn Clock>,
+    entropy: Arc<dyn Entropy>,
+    pool: Pool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while a core was in use rolled its transaction back on unwind; the
+    // core and the pool are still sound.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn with_core<T>(&self, f: impl FnOnce(&SqliteCore) -> Result<T, LedgerError>) -> Result<T, LedgerError> {
+        match &self.pool {
+            Pool::Private(core) => f(&lock(core)),
+            Pool::File(idle) => {
+                let taken = lock(idle).pop();
+                let core = match taken {
+                    Some(core) => core,
+                    None => SqliteCore::open(&self.path, self.clock.clone(), self.entropy.clone())?,
+                };
+                let out = f(&core);
+                let mut idle = lock(idle);
+                if idle.len() < POOL_IDLE_MAX {
+                    idle.push(core);
+                }
+                out
+            }
+        }
+    }
+}
+
+/// The production SQLite ledger: an async [`Ledger`] over a small pool of
+/// [`SqliteCore`] connections, each call on `tokio::task::spawn_blocking`.
+///
+/// Clones share the pool. Several ledgers (or processes) may open the same file;
+/// `BEGIN IMMEDIATE` and the busy timeout serialize their transitions.
+#[derive(Clone)]
+pub struct SqliteLedger {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SqliteLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteLedger").finish_non_exhaustive()
+    }
+}
+
+impl SqliteLedger {
+    /// Opens the database at `path` (`":memory:"` for a private in-memory one, served
+    /// by a single connection) without creating any table: call
+    /// [`Ledger::migrate`] for that.
+    pub fn open(path: &str, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
+        let first = SqliteCore::open(path, clock.clone(), entropy.clone())?;
+        let pool = if connection::is_private(path) {
+            Pool::Private(Mutex::new(first))
+        } else {
+            Pool::File(Mutex::new(vec![first]))
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                path: path.to_owned(),
+                clock,
+                entropy,
+                pool,
+            }),
+        })
+    }
+
+    /// Runs `f` on a pooled core on tokio's blocking pool.
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&SqliteCore) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || shared.with_core(f))
+            .await
+            .map_err(|e| LedgerError::Internal(format!("sqlite task did not complete: {e}")))?
+    }
+}
+
+impl Ledger for SqliteLedger {
+    async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
+        self.run(|core| core.migrate()).await
+    }
+
+    async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
+        let known: Vec<String> = known_executors.iter().map(|s| (*s).to_owned()).collect();
+        self.run(move |core| {
+            let known: Vec<&str> = known.iter().map(String::as_str).collect();
+            core.register_plan(spec, &known)
+        })
+        .await
+    }
+
+    async fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        let id = id.clone();
+        self.run(move |core| core.plan(&id)).await
+    }
+
+    async fn list_plans(&self) -> Result<Vec<Plan>, LedgerError> {
+        self.run(|core| core.list_plans()).await
+    }
+
+    async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        let id = id.clone();
+        self.run(move |core| core.retire_plan(&id)).await
+    }
+
+    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+        let plan = plan.clone();
+        self.run(move |core| core.enqueue(&plan, action)).await
+    }
+
+    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        let owner = owner.to_owned();
+        self.run(move |core| core.claim(&owner, batch, lease_ms)).await
+    }
+
+    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
+        let lease = lease.clone();
+        self.run(move |core| core.heartbeat(&lease, lease_ms)).await
+    }
+
+    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
+        let lease = lease.clone();
+        self.run(move |core| core.begin_step(&lease, ordinal, lease_ms)).await
+    }
+
+    async fn complete_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<(), LedgerError> {
+        let (lease, evidence, target_receipt) = (lease.clone(), evidence.clone(), target_receipt.clone());
+        self.run(move |core| core.complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms))
+            .await
+    }
+
+    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
+        let (lease, error) = (lease.clone(), error.to_owned());
+        self.run(move |core| core.fail(&lease, ordinal, &error)).await
+    }
+
+    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
+        let lease = lease.clone();
+        self.run(move |core| core.finish(&lease)).await
+    }
+
+    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        let attempt = attempt.clone();
+        self.run(move |core| core.reconcile(&attempt)).await
+    }
+
+    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
+        let (attempt, reason) = (attempt.clone(), reason.to_owned());
+        self.run(move |core| core.abort(&attempt, &reason)).await
+    }
+
+    async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
+        let attempt = attempt.clone();
+        self.run(move |core| core.attempt(&attempt)).await
+    }
+
+    async fn history(&self, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let plan = plan.clone();
+        self.run(move |core| core.history(&plan)).await
+    }
+
+    async fn open_attempts(&self) -> Result<u64, LedgerError> {
+        self.run(|core| core.open_attempts()).await
+    }
+}

@@ -1,0 +1,656 @@
+//! Unit tests of the SQLite ledger: migrations, transitions, the guard's `WHERE`
+//! clause, evidence integrity, strict row parsing, and agreement with the memory
+//! ledger call for call.
+
+use super::rows::{self, SqlResult};
+use super::{SqliteCore, SqliteLedger};
+use crate::clock::{Clock, ManualClock};
+use crate::entropy::{Entropy, SeededEntropy};
+use crate::ledger::memory::MemoryLedger;
+use crate::ledger::{Ledger, LedgerError};
+use leasehold_engine::canonical::sha256_hex;
+use leasehold_engine::transition::{self, ReconcileOutcome};
+use leasehold_engine::{
+    Action, AttemptStatus, CommandStatus, Guard, Lease, LeaseToken, PlanId, PlanSpec, ReceiptStatus, Refusal,
+    Timestamp, Writes,
+};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+const KNOWN: &[&str] = &["dry-run:v1"];
+const LEASE_MS: u64 = 1_000;
+const T0: i64 = 1_796_000_000_000;
+
+fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
+    let steps: Vec<Value> = (1..=steps)
+        .map(|i| json!({"code": format!("step-{i}"), "executor": "dry-run:v1", "payload": {"n": i}}))
+        .collect();
+    serde_json::from_value(json!({"name": name, "recovery": recovery, "steps": steps})).unwrap()
+}
+
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(Timestamp::from_millis(T0)))
+}
+
+fn core_at(path: &str, clock: &Arc<ManualClock>, seed: u64) -> SqliteCore {
+    let clock: Arc<dyn Clock> = clock.clone();
+    let entropy: Arc<dyn Entropy> = Arc::new(SeededEntropy::new(seed));
+    SqliteCore::open(path, clock, entropy).unwrap()
+}
+
+fn temp_db() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db").to_str().unwrap().to_owned();
+    (dir, path)
+}
+
+/// A migrated file-backed core with one claimed attempt of a two-step plan.
+fn claimed_fixture() -> (tempfile::TempDir, Arc<ManualClock>, SqliteCore, Lease) {
+    let (dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plan = core.register_plan(spec("p", "resume", 2), KNOWN).unwrap();
+    core.enqueue(&plan.id, Action::Execute).unwrap();
+    let mut claimed = core.claim("w1", 1, LEASE_MS).unwrap();
+    assert_eq!(claimed.len(), 1);
+    let lease = claimed.remove(0).lease;
+    (dir, clock, core, lease)
+}
+
+fn table_exists(core: &SqliteCore, name: &str) -> bool {
+    core.connection()
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+            [name],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap()
+        == 1
+}
+
+#[test]
+fn migrate_is_idempotent_and_records_versions() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    assert!(!table_exists(&core, "plan"), "opening must not create tables");
+    assert_eq!(core.migrate().unwrap(), vec![1]);
+    assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
+    assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
+    let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
+    assert_eq!(recorded, Some(("init".to_owned(), T0)));
+    // A second connection to the same file sees it up to date.
+    assert_eq!(core_at(&path, &clock, 2).migrate().unwrap(), Vec::<u32>::new());
+}
+
+#[test]
+fn a_schema_version_from_the_future_is_an_integrity_error() {
+    let (_dir, path) = temp_db();
+    let core = core_at(&path, &clock(), 1);
+    core.migrate().unwrap();
+    core.connection()
+        .execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (9999, 'future', 0)",
+            [],
+        )
+        .unwrap();
+    let e = core.migrate().unwrap_err();
+    assert!(matches!(e, LedgerError::Integrity(_)), "{e}");
+}
+
+#[test]
+fn files_use_wal_and_foreign_keys() {
+    let (_dir, path) = temp_db();
+    let core = core_at(&path, &clock(), 1);
+    let conn = core.connection();
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    let fk: i64 = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0)).unwrap();
+    let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+    assert_eq!((mode.as_str(), fk, sync), ("wal", 1, 1));
+}
+
+#[tokio::test]
+async fn happy_path_on_a_file_survives_reopening() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1]);
+    let plan = ledger
+        .register_plan(spec("rehearsal", "replay", 2), KNOWN)
+        .await
+        .unwrap();
+    let again = ledger
+        .register_plan(spec("rehearsal", "replay", 2), KNOWN)
+        .await
+        .unwrap();
+    assert_eq!(again, plan, "registration is idempotent by fingerprint");
+    let queued = ledger.enqueue(&plan.id, Action::Execute).await.unwrap();
+    assert_eq!(queued.attempt.status, AttemptStatus::Queued);
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1);
+
+    let claimed = ledger.claim("worker-1", 5, LEASE_MS).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let c = &claimed[0];
+    assert_eq!(c.plan, plan);
+    assert_eq!(c.record.command.status, CommandStatus::Processing);
+    assert_eq!(c.record.command.delivery_count, 1);
+    assert_eq!(
+        c.record,
+        ledger.attempt(&queued.attempt.id).await.unwrap(),
+        "claim answers the record as written"
+    );
+    assert!(
+        ledger.claim("worker-2", 5, LEASE_MS).await.unwrap().is_empty(),
+        "a live lease is never stolen"
+    );
+
+    clock.advance_ms(100);
+    let until = ledger.heartbeat(&c.lease, LEASE_MS).await.unwrap();
+    assert_eq!(until, Timestamp::from_millis(T0 + 100).plus_ms(LEASE_MS));
+    for ordinal in 1..=2 {
+        ledger.begin_step(&c.lease, ordinal, LEASE_MS).await.unwrap();
+        ledger
+            .complete_step(
+                &c.lease,
+                ordinal,
+                &json!({"step": ordinal}),
+                &json!({"ok": true}),
+                LEASE_MS,
+            )
+            .await
+            .unwrap();
+    }
+    ledger.finish(&c.lease).await.unwrap();
+
+    let done = ledger.attempt(&queued.attempt.id).await.unwrap();
+    assert_eq!(done.attempt.status, AttemptStatus::Succeeded);
+    assert_eq!(done.command.status, CommandStatus::Delivered);
+    assert_eq!(done.command.lease_token, None);
+    assert!(done.receipts.iter().all(|r| r.status == ReceiptStatus::Succeeded));
+    assert_eq!(ledger.open_attempts().await.unwrap(), 0);
+    drop(ledger);
+
+    let reopened = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(8))).unwrap();
+    assert_eq!(reopened.migrate().await.unwrap(), Vec::<u32>::new());
+    assert_eq!(reopened.attempt(&queued.attempt.id).await.unwrap(), done);
+    assert_eq!(reopened.history(&plan.id).await.unwrap(), vec![done]);
+    assert_eq!(reopened.list_plans().await.unwrap(), vec![plan]);
+}
+
+#[tokio::test]
+async fn an_in_memory_ledger_keeps_its_one_connection() {
+    let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1]);
+    let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
+    // Concurrent calls must all see the same database.
+    let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
+    assert_eq!(a.unwrap(), plan);
+    assert_eq!(b.unwrap(), vec![plan]);
+}
+
+#[test]
+fn a_stale_token_is_refused_and_changes_nothing() {
+    let (_dir, clock, core, lease) = claimed_fixture();
+    let before = core.attempt(&lease.attempt_id).unwrap();
+    let stale = Lease {
+        token: LeaseToken::new("not-the-token"),
+        ..lease.clone()
+    };
+    clock.advance_ms(10);
+    let refusals = [
+        core.heartbeat(&stale, LEASE_MS).map(drop),
+        core.begin_step(&stale, 1, LEASE_MS),
+        core.complete_step(&stale, 1, &json!({}), &json!({}), LEASE_MS),
+        core.fail(&stale, Some(1), "boom"),
+        core.finish(&stale),
+    ];
+    for r in refusals {
+        let e = r.unwrap_err();
+        assert_eq!(
+            e,
+            LedgerError::Refused(Refusal::StaleToken {
+                command: lease.command_id.clone()
+            })
+        );
+        let shown = format!("{e} {e:?}");
+        assert!(
+            !shown.contains(lease.token.expose()) && !shown.contains("not-the-token"),
+            "{shown}"
+        );
+    }
+    assert_eq!(core.attempt(&lease.attempt_id).unwrap(), before);
+
+    // After an abort the holder is fenced too.
+    core.abort(&lease.attempt_id, "operator").unwrap();
+    let aborted = core.attempt(&lease.attempt_id).unwrap();
+    assert!(matches!(
+        core.heartbeat(&lease, LEASE_MS),
+        Err(LedgerError::Refused(Refusal::StaleToken { .. }))
+    ));
+    assert_eq!(core.attempt(&lease.attempt_id).unwrap(), aborted);
+}
+
+#[test]
+fn a_lease_naming_another_command_is_not_found() {
+    let (_dir, _clock, core, lease) = claimed_fixture();
+    let wrong = Lease {
+        command_id: leasehold_engine::CommandId::new("cmd-other"),
+        ..lease
+    };
+    assert!(matches!(
+        core.heartbeat(&wrong, LEASE_MS),
+        Err(LedgerError::NotFound { kind: "command", .. })
+    ));
+}
+
+#[test]
+fn the_guard_refuses_when_the_row_changed_behind_the_engines_back() {
+    let (_dir, clock, core, lease) = claimed_fixture();
+    let before = core.attempt(&lease.attempt_id).unwrap();
+    clock.advance_ms(10);
+    let now = clock.now();
+    let writes = transition::begin_step(&before, 1, &lease.token, LEASE_MS, now).unwrap();
+    assert!(!writes.receipts.is_empty());
+
+    let mut tx = core.write_tx().unwrap();
+    // Another writer replaces the lease between the engine's read and our write.
+    tx.execute(
+        "UPDATE command SET lease_token = 'someone-else' WHERE id = ?1",
+        [lease.command_id.as_str()],
+    )
+    .unwrap();
+    let e = rows::apply_writes(&mut tx, &writes).unwrap_err();
+    assert_eq!(
+        e,
+        LedgerError::Refused(Refusal::StaleToken {
+            command: lease.command_id.clone()
+        })
+    );
+    tx.commit().unwrap();
+    let after = core.attempt(&lease.attempt_id).unwrap();
+    assert_eq!(after.receipts, before.receipts, "no receipt was written");
+    assert_eq!(after.attempt, before.attempt);
+    assert_eq!(after.command.lease_token, Some(LeaseToken::new("someone-else")));
+    assert_eq!(
+        after.command.lease_until, before.command.lease_until,
+        "the lease was not renewed"
+    );
+}
+
+#[test]
+fn writes_under_a_guard_that_does_not_hold_write_nothing() {
+    let (_dir, clock, core, lease) = claimed_fixture();
+    let before = core.attempt(&lease.attempt_id).unwrap();
+    clock.advance_ms(10);
+    // Writes that would change every row, the attempt first.
+    let mut full = transition::fail(&before, Some(1), "boom", &lease.token, clock.now()).unwrap();
+    assert!(full.attempt.is_some() && full.command.is_some() && !full.receipts.is_empty());
+    let guards = [
+        Guard::Holds(LeaseToken::new("wrong")),
+        Guard::Claimable(clock.now()),
+        Guard::Unchanged {
+            status: CommandStatus::Pending,
+            lease_token: None,
+        },
+        Guard::Unchanged {
+            status: CommandStatus::Processing,
+            lease_token: Some(LeaseToken::new("wrong")),
+        },
+    ];
+    for guard in guards {
+        full.guard = guard.clone();
+        let mut tx = core.write_tx().unwrap();
+        let e = rows::apply_writes(&mut tx, &full).unwrap_err();
+        assert!(
+            matches!(e, LedgerError::Refused(Refusal::StaleToken { .. })),
+            "{guard:?}: {e}"
+        );
+        tx.commit().unwrap();
+        assert_eq!(
+            core.attempt(&lease.attempt_id).unwrap(),
+            before,
+            "{guard:?} wrote something"
+        );
+    }
+    // Without a command image the guard is still checked.
+    let no_command = Writes {
+        guard: Guard::Holds(LeaseToken::new("wrong")),
+        command: None,
+        ..full.clone()
+    };
+    let mut tx = core.write_tx().unwrap();
+    assert!(matches!(
+        rows::apply_writes(&mut tx, &no_command),
+        Err(LedgerError::Refused(_))
+    ));
+    drop(tx);
+    assert_eq!(core.attempt(&lease.attempt_id).unwrap(), before);
+    // And the matching guard applies.
+    full.guard = Guard::Holds(lease.token.clone());
+    let mut tx = core.write_tx().unwrap();
+    rows::apply_writes(&mut tx, &full).unwrap();
+    tx.commit().unwrap();
+    assert_eq!(
+        core.attempt(&lease.attempt_id).unwrap().attempt.status,
+        AttemptStatus::Failed
+    );
+}
+
+#[test]
+fn evidence_round_trips_as_canonical_text_with_its_sha256() {
+    let (_dir, _clock, core, lease) = claimed_fixture();
+    core.begin_step(&lease, 1, LEASE_MS).unwrap();
+    let evidence: Value =
+        serde_json::from_str(r#"{ "z": 1.0, "a": [true, null, "x\n"], "m": {"b": 2, "a": 1} }"#).unwrap();
+    core.complete_step(&lease, 1, &evidence, &json!({"receipt": "r-1", "at": 3}), LEASE_MS)
+        .unwrap();
+    let canonical = r#"{"a":[true,null,"x\n"],"m":{"a":1,"b":2},"z":1}"#;
+    let receipt = core.attempt(&lease.attempt_id).unwrap().receipts.remove(0);
+    assert_eq!(receipt.evidence.as_deref(), Some(canonical));
+    assert_eq!(
+        receipt.evidence_sha256.as_deref(),
+        Some(sha256_hex(canonical.as_bytes()).as_str())
+    );
+    assert_eq!(receipt.target_receipt.as_deref(), Some(r#"{"at":3,"receipt":"r-1"}"#));
+    let (stored, sha): (String, String) = core
+        .connection()
+        .query_row(
+            "SELECT evidence, evidence_sha256 FROM receipt WHERE attempt_id = ?1 AND ordinal = 1",
+            [lease.attempt_id.as_str()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(stored, canonical);
+    assert_eq!(sha, sha256_hex(stored.as_bytes()));
+    // A retried completion with the same evidence only renews.
+    core.complete_step(&lease, 1, &evidence, &json!({}), LEASE_MS).unwrap();
+}
+
+#[test]
+fn rows_that_do_not_parse_are_integrity_errors() {
+    let (_dir, _clock, core, lease) = claimed_fixture();
+    let conn = core.connection();
+    conn.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
+    conn.execute(
+        "UPDATE attempt SET status = 'WEIRD' WHERE id = ?1",
+        [lease.attempt_id.as_str()],
+    )
+    .unwrap();
+    let e = core.attempt(&lease.attempt_id).unwrap_err();
+    assert!(matches!(e, LedgerError::Integrity(_)), "{e}");
+    assert!(e.to_string().contains("WEIRD"), "{e}");
+    assert!(matches!(
+        core.heartbeat(&lease, LEASE_MS),
+        Err(LedgerError::Integrity(_))
+    ));
+    conn.execute(
+        "UPDATE attempt SET status = 'RUNNING' WHERE id = ?1",
+        [lease.attempt_id.as_str()],
+    )
+    .unwrap();
+    conn.execute(
+        "UPDATE command SET delivery_count = -1 WHERE id = ?1",
+        [lease.command_id.as_str()],
+    )
+    .unwrap();
+    assert!(matches!(
+        core.attempt(&lease.attempt_id),
+        Err(LedgerError::Integrity(_))
+    ));
+    conn.execute("UPDATE plan SET steps_json = 'not json'", []).unwrap();
+    assert!(matches!(core.list_plans(), Err(LedgerError::Integrity(_))));
+}
+
+#[test]
+fn busy_and_locked_map_to_unavailable() {
+    let busy = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY), None);
+    assert!(matches!(rows::sql_error(busy), LedgerError::Unavailable(_)));
+    let locked = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_LOCKED), None);
+    assert!(matches!(Err::<(), _>(locked).sql(), Err(LedgerError::Unavailable(_))));
+    let other = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT), None);
+    assert!(matches!(rows::sql_error(other), LedgerError::Internal(_)));
+}
+
+#[test]
+fn a_second_connection_waits_for_the_write_lock_then_proceeds() {
+    let (_dir, clock, core, _lease) = claimed_fixture();
+    let path = core.connection().path().unwrap().to_owned();
+    let other = core_at(&path, &clock, 99);
+    let tx = core.write_tx().unwrap();
+    let waiter = std::thread::spawn(move || other.open_attempts().and_then(|_| other.claim("w2", 1, LEASE_MS)));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    tx.commit().unwrap();
+    assert_eq!(waiter.join().unwrap().unwrap(), Vec::new());
+}
+
+/// Asserts that the memory ledger and the SQLite core answer the same, and yields it.
+macro_rules! same {
+    ($mem:expr, $sql:expr) => {{
+        let (m, s) = ($mem.await, $sql);
+        assert_eq!(m, s, "memory and sqlite disagree at {}", stringify!($sql));
+        m
+    }};
+}
+
+/// [`same!`] for a call whose answer the scenario does not use further.
+macro_rules! agree {
+    ($mem:expr, $sql:expr) => {{
+        let _ = same!($mem, $sql);
+    }};
+}
+
+#[tokio::test]
+async fn sqlite_agrees_with_the_memory_ledger_call_for_call() {
+    let (_dir, path) = temp_db();
+    let (mclock, sclock) = (clock(), clock());
+    let mem = MemoryLedger::new(mclock.clone(), Arc::new(SeededEntropy::new(42)));
+    let sql = core_at(&path, &sclock, 42);
+    sql.migrate().unwrap();
+    let advance = |ms: u64| {
+        mclock.advance_ms(ms);
+        sclock.advance_ms(ms);
+    };
+
+    let a = same!(
+        mem.register_plan(spec("a", "replay", 2), KNOWN),
+        sql.register_plan(spec("a", "replay", 2), KNOWN)
+    )
+    .unwrap();
+    agree!(
+        mem.register_plan(spec("a", "replay", 2), KNOWN),
+        sql.register_plan(spec("a", "replay", 2), KNOWN)
+    );
+    advance(1);
+    let b = same!(
+        mem.register_plan(spec("b", "resume", 3), KNOWN),
+        sql.register_plan(spec("b", "resume", 3), KNOWN)
+    )
+    .unwrap();
+    agree!(
+        mem.register_plan(spec("c", "resume", 0), KNOWN),
+        sql.register_plan(spec("c", "resume", 0), KNOWN)
+    );
+    agree!(mem.list_plans(), sql.list_plans());
+    agree!(mem.plan(&PlanId::new("nope")), sql.plan(&PlanId::new("nope")));
+
+    let qa = same!(mem.enqueue(&a.id, Action::Execute), sql.enqueue(&a.id, Action::Execute)).unwrap();
+    agree!(mem.enqueue(&a.id, Action::Execute), sql.enqueue(&a.id, Action::Execute));
+    agree!(mem.enqueue(&a.id, Action::Retry), sql.enqueue(&a.id, Action::Retry));
+    agree!(
+        mem.enqueue(&PlanId::new("nope"), Action::Execute),
+        sql.enqueue(&PlanId::new("nope"), Action::Execute)
+    );
+    advance(5);
+    let qb = same!(mem.enqueue(&b.id, Action::Execute), sql.enqueue(&b.id, Action::Execute)).unwrap();
+    agree!(mem.open_attempts(), sql.open_attempts());
+
+    let c1 = same!(mem.claim("w1", 1, LEASE_MS), sql.claim("w1", 1, LEASE_MS)).unwrap();
+    let la = c1[0].lease.clone();
+    advance(10);
+    let c2 = same!(mem.claim("w2", 5, LEASE_MS), sql.claim("w2", 5, LEASE_MS)).unwrap();
+    let lb = c2[0].lease.clone();
+    agree!(mem.claim("w2", 5, LEASE_MS), sql.claim("w2", 5, LEASE_MS));
+
+    agree!(mem.begin_step(&la, 2, LEASE_MS), sql.begin_step(&la, 2, LEASE_MS));
+    agree!(mem.begin_step(&la, 1, LEASE_MS), sql.begin_step(&la, 1, LEASE_MS));
+    agree!(mem.begin_step(&la, 1, LEASE_MS), sql.begin_step(&la, 1, LEASE_MS));
+    agree!(
+        mem.complete_step(
+            &la,
+            1,
+            &json!({"x": 1.5, "sandbox_id": "s1"}),
+            &json!({"r": 1}),
+            LEASE_MS
+        ),
+        sql.complete_step(
+            &la,
+            1,
+            &json!({"x": 1.5, "sandbox_id": "s1"}),
+            &json!({"r": 1}),
+            LEASE_MS
+        )
+    );
+    agree!(mem.begin_step(&la, 2, LEASE_MS), sql.begin_step(&la, 2, LEASE_MS));
+    agree!(mem.begin_step(&la, 9, LEASE_MS), sql.begin_step(&la, 9, LEASE_MS));
+    agree!(mem.begin_step(&lb, 1, LEASE_MS), sql.begin_step(&lb, 1, LEASE_MS));
+    agree!(
+        mem.complete_step(&lb, 1, &json!([1]), &json!(null), LEASE_MS),
+        sql.complete_step(&lb, 1, &json!([1]), &json!(null), LEASE_MS)
+    );
+    agree!(mem.begin_step(&lb, 2, LEASE_MS), sql.begin_step(&lb, 2, LEASE_MS));
+    agree!(mem.reconcile(&qa.attempt.id), sql.reconcile(&qa.attempt.id));
+
+    advance(2 * LEASE_MS);
+    // Both leases expired: takeovers (a replays from scratch, b resumes).
+    let c3 = same!(mem.claim("w3", 5, LEASE_MS), sql.claim("w3", 5, LEASE_MS)).unwrap();
+    assert_eq!(c3.len(), 2);
+    agree!(mem.heartbeat(&la, LEASE_MS), sql.heartbeat(&la, LEASE_MS));
+    let (la3, lb3) = if c3[0].lease.attempt_id == qa.attempt.id {
+        (c3[0].lease.clone(), c3[1].lease.clone())
+    } else {
+        (c3[1].lease.clone(), c3[0].lease.clone())
+    };
+    agree!(mem.heartbeat(&lb3, LEASE_MS), sql.heartbeat(&lb3, LEASE_MS));
+    agree!(mem.fail(&la3, Some(1), "boom"), sql.fail(&la3, Some(1), "boom"));
+    agree!(mem.attempt(&qa.attempt.id), sql.attempt(&qa.attempt.id));
+    agree!(mem.reconcile(&qb.attempt.id), sql.reconcile(&qb.attempt.id));
+    advance(2 * LEASE_MS);
+    let (outcome, _) = same!(mem.reconcile(&qb.attempt.id), sql.reconcile(&qb.attempt.id)).unwrap();
+    assert_eq!(outcome, ReconcileOutcome::Requeued);
+    agree!(mem.reconcile(&qb.attempt.id), sql.reconcile(&qb.attempt.id));
+    agree!(
+        mem.abort(&qb.attempt.id, "operator"),
+        sql.abort(&qb.attempt.id, "operator")
+    );
+    agree!(mem.abort(&qb.attempt.id, "again"), sql.abort(&qb.attempt.id, "again"));
+    agree!(mem.reconcile(&qb.attempt.id), sql.reconcile(&qb.attempt.id));
+
+    advance(1);
+    agree!(
+        mem.enqueue(&a.id, Action::Compensate),
+        sql.enqueue(&a.id, Action::Compensate)
+    );
+    same!(mem.enqueue(&a.id, Action::Retry), sql.enqueue(&a.id, Action::Retry)).unwrap();
+    let c4 = same!(mem.claim("w4", 5, LEASE_MS), sql.claim("w4", 5, LEASE_MS)).unwrap();
+    let l4 = c4[0].lease.clone();
+    for ordinal in 1..=2 {
+        agree!(
+            mem.begin_step(&l4, ordinal, LEASE_MS),
+            sql.begin_step(&l4, ordinal, LEASE_MS)
+        );
+        agree!(
+            mem.complete_step(&l4, ordinal, &json!({"o": ordinal}), &json!({}), LEASE_MS),
+            sql.complete_step(&l4, ordinal, &json!({"o": ordinal}), &json!({}), LEASE_MS)
+        );
+    }
+    agree!(mem.finish(&l4), sql.finish(&l4));
+    agree!(mem.finish(&l4), sql.finish(&l4));
+    agree!(
+        mem.enqueue(&a.id, Action::Compensate),
+        sql.enqueue(&a.id, Action::Compensate)
+    );
+    agree!(mem.retire_plan(&b.id), sql.retire_plan(&b.id));
+    agree!(
+        mem.retire_plan(&PlanId::new("nope")),
+        sql.retire_plan(&PlanId::new("nope"))
+    );
+    agree!(mem.enqueue(&b.id, Action::Retry), sql.enqueue(&b.id, Action::Retry));
+    agree!(
+        mem.register_plan(spec("b", "resume", 3), KNOWN),
+        sql.register_plan(spec("b", "resume", 3), KNOWN)
+    );
+    agree!(mem.list_plans(), sql.list_plans());
+    agree!(mem.history(&a.id), sql.history(&a.id));
+    agree!(mem.history(&b.id), sql.history(&b.id));
+    agree!(mem.history(&PlanId::new("nope")), sql.history(&PlanId::new("nope")));
+    agree!(mem.open_attempts(), sql.open_attempts());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
+    const COMMANDS: usize = 1_000;
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let ledgers: Vec<SqliteLedger> = (0..8)
+        .map(|i| SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(1_000 + i))).unwrap())
+        .collect();
+    // Concurrent migrators: exactly one applies the schema.
+    let migrations = futures_join_all(ledgers.iter().map(|l| {
+        let l = l.clone();
+        tokio::spawn(async move { l.migrate().await })
+    }))
+    .await;
+    let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
+    assert_eq!(applied.iter().filter(|v| **v == vec![1]).count(), 1, "{applied:?}");
+
+    let seed = core_at(&path, &clock, 1);
+    for i in 0..COMMANDS {
+        let plan = seed
+            .register_plan(spec(&format!("plan-{i}"), "resume", 1), KNOWN)
+            .unwrap();
+        seed.enqueue(&plan.id, Action::Execute).unwrap();
+    }
+
+    let workers = ledgers.iter().enumerate().map(|(i, l)| {
+        let l = l.clone();
+        tokio::spawn(async move {
+            let owner = format!("worker-{i}");
+            let mut mine = Vec::new();
+            loop {
+                let claimed = l.claim(&owner, 5, 60_000).await?;
+                if claimed.is_empty() {
+                    return Ok::<_, LedgerError>(mine);
+                }
+                for c in claimed {
+                    l.begin_step(&c.lease, 1, 60_000).await?;
+                    l.complete_step(&c.lease, 1, &json!({"by": owner}), &json!({}), 60_000)
+                        .await?;
+                    l.finish(&c.lease).await?;
+                    mine.push(c.lease.command_id);
+                }
+            }
+        })
+    });
+    let mut all = Vec::new();
+    for result in futures_join_all(workers).await {
+        all.extend(result.unwrap().expect("no ledger error under normal contention"));
+    }
+    let unique: BTreeSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), COMMANDS, "every command claimed once");
+    assert_eq!(unique.len(), COMMANDS);
+    assert_eq!(ledgers[0].open_attempts().await.unwrap(), 0);
+}
+
+/// Awaits every handle in order (no extra dependency for `join_all`).
+async fn futures_join_all<T>(
+    handles: impl IntoIterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
+    let handles: Vec<_> = handles.into_iter().collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
