@@ -196,7 +196,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
                 // The lease estimate starts before the claim is sent: conservative by
                 // the claim's round trip.
                 let sent_at = self.clock.now();
-                match self.ledger.claim(&self.id, capacity as u32, self.config.lease_ms).await {
+                match self.ledger.claim_and_begin(&self.id, capacity as u32, self.config.lease_ms).await {
                     Ok(claimed) => {
                         backoff_ms = 0;
                         let full = claimed.len() == capacity;
@@ -307,9 +307,16 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             steps,
             skipped: skipped as u32,
         });
-        let mut driver = Driver::new(&statuses, self.lease_ms, self.claimed_at);
+        for (ordinal, status) in &statuses {
+            if *status == leasehold_engine::ReceiptStatus::Running {
+                (self.observer)(&self.step_event(true, *ordinal, &attempt, steps));
+            }
+        }
+        let mut driver = Driver::fused(&statuses, self.lease_ms, self.claimed_at);
         let mut ledger_call: Option<(DriverAction, Boxed<Result<(), LedgerError>>)> = None;
         let mut executor_call: Option<(u32, Boxed<ExecutorResult>)> = None;
+        // Whether the request now in flight repeats one whose outcome was unknown.
+        let mut retried = false;
         let outcome = loop {
             while let Some(action) = driver.poll_action(self.clock.now()) {
                 match action {
@@ -333,15 +340,27 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                     let now = self.clock.now();
                     match result {
                         Ok(()) => {
+                            retried = false;
                             self.report_commit(&action, &attempt, steps);
                             driver.handle_committed(now);
                         }
-                        Err(LedgerError::Refused(refusal)) => driver.handle_refused(now, refusal),
+                        Err(LedgerError::Refused(refusal)) => {
+                            if std::mem::take(&mut retried) && self.ended_by_us(&action).await {
+                                // The first try committed and only its reply was lost.
+                                self.report_commit(&action, &attempt, steps);
+                                driver.handle_committed(now);
+                            } else {
+                                driver.handle_refused(now, refusal);
+                            }
+                        }
                         Err(LedgerError::NotFound { .. }) => driver.handle_refused(
                             now,
                             Refusal::StaleToken { command: self.claimed.lease.command_id.clone() },
                         ),
-                        Err(_) => driver.handle_ledger_error(now),
+                        Err(_) => {
+                            retried = true;
+                            driver.handle_ledger_error(now);
+                        }
                     }
                 }
                 result = maybe(executor_call.as_mut().map(|(_, f)| f)) => {
@@ -356,6 +375,31 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         outcome
     }
 
+    /// After a retried request that ends an attempt (finish, fail, the last
+    /// complete-and-continue) is refused: whether the first try had in fact ended it
+    /// under this very lease (same owner and delivery), its reply lost.
+    async fn ended_by_us(&self, action: &DriverAction) -> bool {
+        let ends = match action {
+            DriverAction::Finish | DriverAction::Fail { .. } => true,
+            DriverAction::CompleteAndContinue { ordinal, .. } => {
+                self.claimed.record.receipts.iter().all(|r| r.ordinal <= *ordinal)
+            }
+            _ => false,
+        };
+        if !ends {
+            return false;
+        }
+        let Ok(now) = self.ledger.attempt(&self.claimed.lease.attempt_id).await else { return false };
+        let mine = &self.claimed.record.command;
+        let expected = match action {
+            DriverAction::Fail { .. } => leasehold_engine::CommandStatus::Failed,
+            _ => leasehold_engine::CommandStatus::Delivered,
+        };
+        now.command.status == expected
+            && now.command.lease_owner == mine.lease_owner
+            && now.command.delivery_count == mine.delivery_count
+    }
+
     fn lease(&self) -> Lease {
         self.claimed.lease.clone()
     }
@@ -364,23 +408,30 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         self.claimed.record.receipt(ordinal).map(|r| r.step_code.clone()).unwrap_or_default()
     }
 
+    fn step_event(&self, begun: bool, ordinal: u32, attempt: &AttemptId, steps: u32) -> WorkerEvent {
+        let (attempt, step) = (attempt.clone(), self.step_code(ordinal));
+        if begun {
+            WorkerEvent::StepBegun { attempt, ordinal, steps, step }
+        } else {
+            WorkerEvent::StepSucceeded { attempt, ordinal, steps, step }
+        }
+    }
+
     fn report_commit(&self, action: &DriverAction, attempt: &AttemptId, steps: u32) {
-        let event = match action {
-            DriverAction::BeginStep { ordinal } => WorkerEvent::StepBegun {
-                attempt: attempt.clone(),
-                ordinal: *ordinal,
-                steps,
-                step: self.step_code(*ordinal),
-            },
-            DriverAction::CompleteStep { ordinal, .. } => WorkerEvent::StepSucceeded {
-                attempt: attempt.clone(),
-                ordinal: *ordinal,
-                steps,
-                step: self.step_code(*ordinal),
-            },
-            _ => return,
-        };
-        (self.observer)(&event);
+        match action {
+            DriverAction::BeginStep { ordinal } => (self.observer)(&self.step_event(true, *ordinal, attempt, steps)),
+            DriverAction::CompleteStep { ordinal, .. } => {
+                (self.observer)(&self.step_event(false, *ordinal, attempt, steps));
+            }
+            DriverAction::CompleteAndContinue { ordinal, .. } => {
+                (self.observer)(&self.step_event(false, *ordinal, attempt, steps));
+                let next = self.claimed.record.receipts.iter().map(|r| r.ordinal).filter(|o| o > ordinal).min();
+                if let Some(next) = next {
+                    (self.observer)(&self.step_event(true, next, attempt, steps));
+                }
+            }
+            _ => {}
+        }
     }
 
     fn ledger_request(&self, action: &DriverAction) -> Boxed<Result<(), LedgerError>> {
@@ -393,6 +444,9 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             }
             DriverAction::CompleteStep { ordinal, evidence, target_receipt } => Box::pin(async move {
                 ledger.complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms).await
+            }),
+            DriverAction::CompleteAndContinue { ordinal, evidence, target_receipt } => Box::pin(async move {
+                ledger.complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms).await.map(drop)
             }),
             DriverAction::Fail { ordinal, error } => {
                 Box::pin(async move { ledger.fail(&lease, ordinal, &error).await })

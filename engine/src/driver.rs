@@ -48,6 +48,16 @@ pub enum DriverAction {
         /// What the target answered.
         target_receipt: Value,
     },
+    /// Ledger: complete the step and, in the same transaction, begin the next one
+    /// or finish the attempt after the last (fused mode, see [`Driver::fused`]).
+    CompleteAndContinue {
+        /// The receipt's ordinal.
+        ordinal: u32,
+        /// The executor's evidence.
+        evidence: Value,
+        /// What the target answered.
+        target_receipt: Value,
+    },
     /// Ledger: fail the attempt.
     Fail {
         /// The failing step, if one.
@@ -126,6 +136,7 @@ enum Phase {
 enum Request {
     Begin(u32),
     Complete(u32),
+    CompleteAndContinue(u32),
     Fail,
     Finish,
     Heartbeat,
@@ -134,6 +145,7 @@ enum Request {
 /// Delivers one claimed command. See the module docs for the calling contract.
 #[derive(Debug)]
 pub struct Driver {
+    fused: bool,
     lease_ms: u64,
     ordinals: Vec<u32>,
     phase: Phase,
@@ -163,6 +175,7 @@ impl Driver {
             .map(|(o, _)| *o)
             .min();
         Self {
+            fused: false,
             lease_ms,
             ordinals,
             phase: first.map_or(Phase::Finish, Phase::Begin),
@@ -176,6 +189,22 @@ impl Driver {
             failing_error: None,
             outcome: None,
         }
+    }
+
+    /// A driver in fused mode, for ledgers that chain transitions: the claim has
+    /// already begun the next step (so a RUNNING first step is executed at once), and
+    /// each completion begins the next step or finishes the attempt in the same
+    /// transaction ([`DriverAction::CompleteAndContinue`]). A one-step delivery takes
+    /// two transactions, an n-step one n + 1.
+    pub fn fused(receipts: &[(u32, ReceiptStatus)], lease_ms: u64, now: Timestamp) -> Self {
+        let mut driver = Self::new(receipts, lease_ms, now);
+        driver.fused = true;
+        if let Phase::Begin(o) = driver.phase {
+            if receipts.iter().any(|(x, s)| *x == o && *s == ReceiptStatus::Running) {
+                driver.phase = Phase::Execute(o);
+            }
+        }
+        driver
     }
 
     /// How the delivery ended, once it has.
@@ -215,6 +244,14 @@ impl Driver {
                     self.phase = Phase::Executing(o);
                     return Some(DriverAction::Execute { ordinal: o });
                 }
+                Phase::Complete(o, evidence, target_receipt) if self.fused => (
+                    Request::CompleteAndContinue(*o),
+                    DriverAction::CompleteAndContinue {
+                        ordinal: *o,
+                        evidence: evidence.clone(),
+                        target_receipt: target_receipt.clone(),
+                    },
+                ),
                 Phase::Complete(o, evidence, target_receipt) => (
                     Request::Complete(*o),
                     DriverAction::CompleteStep {
@@ -316,6 +353,13 @@ impl Driver {
                     None => Phase::Finish,
                 };
             }
+            Request::CompleteAndContinue(o) => match self.ordinals.iter().find(|x| **x > o) {
+                Some(next) => {
+                    self.executor_failures = 0;
+                    self.phase = Phase::Execute(*next);
+                }
+                None => self.outcome = Some(Outcome::Delivered),
+            },
             Request::Fail => {
                 let error = self.failing_error.take().unwrap_or_default();
                 self.outcome = Some(Outcome::Failed(error));

@@ -612,6 +612,13 @@ mod scripted_schedules {
                 evidence,
                 target_receipt,
             } => transition::complete_step(record, *ordinal, evidence, target_receipt, &token, LEASE_MS, now)?,
+            DriverAction::CompleteAndContinue {
+                ordinal,
+                evidence,
+                target_receipt,
+            } => {
+                transition::complete_and_continue(record, *ordinal, evidence, target_receipt, &token, LEASE_MS, now)?.1
+            }
             DriverAction::Fail { ordinal, error } => transition::fail(record, *ordinal, error, &token, now)?,
             DriverAction::Finish => transition::finish(record, &token, now)?,
             DriverAction::Heartbeat => transition::heartbeat(&record.command, &token, LEASE_MS, now)?,
@@ -627,11 +634,31 @@ mod scripted_schedules {
         let mut rng = Seeded(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let plan = common::resume_plan();
         let mut now = common::CLAIMED_MS;
-        let mut record = common::claimed_by(&common::enqueued(&plan), &plan, common::OWNER_A, common::token_a(), now);
+        // Odd seeds run the fused driver over a claim that already began step 1.
+        let fused = seed % 2 == 1;
+        let enqueued = common::enqueued(&plan);
+        let mut record = if fused {
+            let writes = transition::claim_and_begin(
+                &enqueued,
+                plan.recovery,
+                common::OWNER_A,
+                common::token_a(),
+                LEASE_MS,
+                t(now),
+            )
+            .expect("a fresh command is claimable");
+            common::applied(&enqueued, &writes)
+        } else {
+            common::claimed_by(&enqueued, &plan, common::OWNER_A, common::token_a(), now)
+        };
         // The claim granted the common lease; grant this file's shorter one.
         record.command.lease_until = Some(t(now + LEASE_MS as i64));
         let statuses: Vec<_> = record.receipts.iter().map(|r| (r.ordinal, r.status)).collect();
-        let mut driver = Driver::new(&statuses, LEASE_MS, t(now));
+        let mut driver = if fused {
+            Driver::fused(&statuses, LEASE_MS, t(now))
+        } else {
+            Driver::new(&statuses, LEASE_MS, t(now))
+        };
         let mut ledger: Option<(DriverAction, i64, Fate)> = None;
         let mut executor: Option<(u32, i64, ExecutorResult)> = None;
         let horizon = now + 120_000;
@@ -658,7 +685,14 @@ mod scripted_schedules {
                     }
                     request => {
                         assert!(ledger.is_none(), "seed {seed}: two ledger requests in flight");
-                        let idempotent = !matches!(request, DriverAction::Finish | DriverAction::Fail { .. });
+                        // Finishing clears the token, so a retry after a lost reply is
+                        // refused: this harness loses only replies that are safe to retry.
+                        let last = record.receipts.len() as u32;
+                        let idempotent = match &request {
+                            DriverAction::Finish | DriverAction::Fail { .. } => false,
+                            DriverAction::CompleteAndContinue { ordinal, .. } => *ordinal != last,
+                            _ => true,
+                        };
                         let fate = match rng.below(20) {
                             0 => Fate::RequestLost,
                             1 if idempotent => Fate::ReplyLost,

@@ -7,7 +7,7 @@
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
-use leasehold_engine::transition::{self, NewIds, ReconcileOutcome};
+use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus,
     Timestamp, Writes,
@@ -91,6 +91,40 @@ impl MemoryLedger {
         Self::apply(&mut state, &lease.attempt_id, &writes)?;
         Self::record(&state, &lease.attempt_id)
     }
+
+    fn claim_with(&self, owner: &str, batch: u32, lease_ms: u64, begin: bool) -> Result<Vec<Claimed>, LedgerError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let mut candidates: Vec<(Timestamp, CommandId, AttemptId)> = state
+            .attempts
+            .values()
+            .filter(|r| Guard::Claimable(now).admits(Some(&r.command)))
+            .map(|r| (r.command.available_at, r.command.id.clone(), r.attempt.id.clone()))
+            .collect();
+        candidates.sort();
+        let mut claimed = Vec::new();
+        for (_, command_id, attempt_id) in candidates.into_iter().take(batch as usize) {
+            let record = Self::record(&state, &attempt_id)?;
+            let plan = Self::plan_of(&state, &record.attempt.plan_id)?;
+            let token = self.entropy.token();
+            let decided = if begin {
+                transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+            } else {
+                transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+            };
+            let writes = match decided {
+                Ok(w) => w,
+                Err(_) => continue,
+            };
+            Self::apply(&mut state, &attempt_id, &writes)?;
+            claimed.push(Claimed {
+                lease: Lease { command_id, attempt_id: attempt_id.clone(), token },
+                plan,
+                record: Self::record(&state, &attempt_id)?,
+            });
+        }
+        Ok(claimed)
+    }
 }
 
 impl Ledger for MemoryLedger {
@@ -145,33 +179,31 @@ impl Ledger for MemoryLedger {
     }
 
     async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        let now = self.clock.now();
-        let mut state = self.lock();
-        let mut candidates: Vec<(Timestamp, CommandId, AttemptId)> = state
-            .attempts
-            .values()
-            .filter(|r| Guard::Claimable(now).admits(Some(&r.command)))
-            .map(|r| (r.command.available_at, r.command.id.clone(), r.attempt.id.clone()))
-            .collect();
-        candidates.sort();
-        let mut claimed = Vec::new();
-        for (_, command_id, attempt_id) in candidates.into_iter().take(batch as usize) {
-            let record = Self::record(&state, &attempt_id)?;
-            let plan = Self::plan_of(&state, &record.attempt.plan_id)?;
-            let token = self.entropy.token();
-            let writes = match transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now) {
-                Ok(w) => w,
-                Err(_) => continue,
-            };
-            Self::apply(&mut state, &attempt_id, &writes)?;
-            claimed.push(Claimed {
-                lease: Lease { command_id, attempt_id: attempt_id.clone(), token },
-                plan,
-                record: Self::record(&state, &attempt_id)?,
-            });
-        }
-        Ok(claimed)
+        self.claim_with(owner, batch, lease_ms, false)
     }
+
+    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(owner, batch, lease_ms, true)
+    }
+
+    async fn complete_and_continue(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<Continued, LedgerError> {
+        let mut continued = Continued::Finished;
+        self.worker_transition(lease, |r, now| {
+            let (c, writes) =
+                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)?;
+            continued = c;
+            Ok(writes)
+        })?;
+        Ok(continued)
+    }
+
 
     async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
         let record = self.worker_transition(lease, |r, now| transition::heartbeat(&r.command, &lease.token, lease_ms, now))?;

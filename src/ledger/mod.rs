@@ -14,7 +14,7 @@ pub mod migrate;
 pub mod sqlite;
 
 use leasehold_engine::plan::PlanError;
-use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::transition::{next_step, Continued, ReconcileOutcome};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Refusal, Timestamp};
 use serde_json::Value;
 use std::future::Future;
@@ -106,6 +106,57 @@ pub trait Ledger: Send + Sync + 'static {
         batch: u32,
         lease_ms: u64,
     ) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send;
+
+    /// Claims like [`Ledger::claim`] and begins each claimed attempt's next step (the
+    /// first that has not SUCCEEDED), in the same transaction where the ledger can.
+    /// The default runs the two separately: correct, one round trip more.
+    fn claim_and_begin(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease_ms: u64,
+    ) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send {
+        async move {
+            let mut claimed = self.claim(owner, batch, lease_ms).await?;
+            for c in &mut claimed {
+                let Some(ordinal) = next_step(&c.record) else { continue };
+                // A failed begin leaves the step PENDING: the worker begins it itself.
+                if self.begin_step(&c.lease, ordinal, lease_ms).await.is_ok() {
+                    if let Ok(record) = self.attempt(&c.lease.attempt_id).await {
+                        c.record = record;
+                    }
+                }
+            }
+            Ok(claimed)
+        }
+    }
+
+    /// Completes a step and begins the next one, or finishes the attempt after the
+    /// last, in the same transaction where the ledger can. The default runs them
+    /// separately: correct (each is idempotent on retry), more round trips.
+    fn complete_and_continue(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> impl Future<Output = Result<Continued, LedgerError>> + Send {
+        async move {
+            self.complete_step(lease, ordinal, evidence, target_receipt, lease_ms).await?;
+            let record = self.attempt(&lease.attempt_id).await?;
+            match next_step(&record) {
+                Some(next) => {
+                    self.begin_step(lease, next, lease_ms).await?;
+                    Ok(Continued::Began(next))
+                }
+                None => {
+                    self.finish(lease).await?;
+                    Ok(Continued::Finished)
+                }
+            }
+        }
+    }
 
     /// Renews a lease; answers the new deadline (ledger clock).
     fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> impl Future<Output = Result<Timestamp, LedgerError>> + Send;

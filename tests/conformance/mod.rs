@@ -10,7 +10,7 @@
 use leasehold::clock::{Clock, ManualClock};
 use leasehold::engine::canonical::{canonical_json, sha256_hex};
 use leasehold::engine::plan::{idempotency_key, PlanError};
-use leasehold::engine::transition::ReconcileOutcome;
+use leasehold::engine::transition::{Continued, ReconcileOutcome};
 use leasehold::engine::{
     Action, AttemptId, AttemptRecord, AttemptStatus, CommandId, CommandStatus, Lease, LeaseToken, PlanId, PlanSpec,
     PlanStatus, ReceiptStatus, Refusal, Step, Timestamp,
@@ -114,6 +114,9 @@ macro_rules! conformance_suite {
             history_is_ordered_by_number,
             retire_plan_makes_enqueue_refuse,
             every_handle_sees_every_committed_write,
+            claim_and_begin_begins_each_claimed_attempts_next_step,
+            complete_and_continue_delivers_n_steps_in_n_plus_one_transitions,
+            fused_writes_with_a_stale_token_are_refused_and_change_nothing,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,
@@ -1650,4 +1653,108 @@ pub async fn race_stale_holder_writes_are_refused_while_the_new_holder_proceeds<
     assert_every_write_is_stale(l, &old.lease, 2).await;
     assert_every_write_is_stale(l, &new.lease, 2).await;
     assert_eq!(record(l, &old.lease.attempt_id).await, rec);
+}
+
+// ---------------------------------------------------------------------------------
+// Fused transitions
+
+/// Claim-and-begin leases the command and begins the first unfinished step in one
+/// go; after a resume takeover that is the ambiguous step, with its key.
+pub async fn claim_and_begin_begins_each_claimed_attempts_next_step<L: Ledger>(h: Harness<L>) {
+    let l = &h.ledger;
+    let plan = register(l, "fused", "resume", 3).await;
+    l.enqueue(&plan, Action::Execute).await.unwrap();
+    let mut claimed = l.claim_and_begin("a", 10, LEASE_MS).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let c = claimed.remove(0);
+    let stored = record(l, &c.lease.attempt_id).await;
+    assert_eq!(c.record, stored, "the claim answers the record as written");
+    assert_eq!(stored.command.status, CommandStatus::Processing);
+    assert_eq!(stored.attempt.status, AttemptStatus::Running);
+    assert_eq!(stored.receipts[0].status, ReceiptStatus::Running);
+    assert_eq!(stored.receipts[0].started_at, Some(h.now()));
+    assert!(stored.receipts[1..].iter().all(|r| r.status == ReceiptStatus::Pending));
+
+    // Step 1 succeeds and step 2 begins; the worker dies; another takes over.
+    let next = l
+        .complete_and_continue(&c.lease, 1, &evidence("a", 1), &target(1), LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(next, Continued::Began(2));
+    h.advance_ms(LEASE_MS + 1);
+    let mut taken = l.claim_and_begin("b", 10, LEASE_MS).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    let t = taken.remove(0);
+    let after = record(l, &t.lease.attempt_id).await;
+    assert_eq!(after.command.delivery_count, 2);
+    assert_eq!(
+        after.receipts[0].status,
+        ReceiptStatus::Succeeded,
+        "the finished step is kept"
+    );
+    assert_eq!(
+        after.receipts[0].evidence.as_deref(),
+        Some(canonical_json(&evidence("a", 1)).as_str())
+    );
+    assert_eq!(after.receipts[1].status, ReceiptStatus::Running);
+    assert_eq!(after.receipts[1].idempotency_key, stored.receipts[1].idempotency_key);
+    assert_every_write_is_stale(l, &c.lease, 2).await;
+}
+
+/// Complete-and-continue begins the next step after each completion and finishes
+/// the attempt after the last: a three-step attempt takes four fenced writes.
+pub async fn complete_and_continue_delivers_n_steps_in_n_plus_one_transitions<L: Ledger>(h: Harness<L>) {
+    let l = &h.ledger;
+    let plan = register(l, "fused", "replay", 3).await;
+    l.enqueue(&plan, Action::Execute).await.unwrap();
+    let c = l.claim_and_begin("w", 1, LEASE_MS).await.unwrap().remove(0);
+    for ordinal in 1..=3u32 {
+        h.advance_ms(100);
+        let next = l
+            .complete_and_continue(&c.lease, ordinal, &evidence("w", ordinal), &target(ordinal), LEASE_MS)
+            .await
+            .unwrap();
+        let now = record(l, &c.lease.attempt_id).await;
+        let r = now.receipt(ordinal).unwrap();
+        assert_eq!(r.status, ReceiptStatus::Succeeded);
+        assert_eq!(
+            r.evidence.as_deref(),
+            Some(canonical_json(&evidence("w", ordinal)).as_str())
+        );
+        if ordinal < 3 {
+            assert_eq!(next, Continued::Began(ordinal + 1));
+            assert_eq!(now.receipt(ordinal + 1).unwrap().status, ReceiptStatus::Running);
+            assert_eq!(now.command.lease_until, Some(h.now().plus_ms(LEASE_MS)));
+        } else {
+            assert_eq!(next, Continued::Finished);
+            assert_eq!(now.attempt.status, AttemptStatus::Succeeded);
+            assert_eq!(now.command.status, CommandStatus::Delivered);
+            assert_eq!(now.command.lease_token, None);
+        }
+    }
+    assert_eq!(l.open_attempts().await.unwrap(), 0);
+}
+
+/// The fused writes are fenced like the ones they chain.
+pub async fn fused_writes_with_a_stale_token_are_refused_and_change_nothing<L: Ledger>(h: Harness<L>) {
+    let l = &h.ledger;
+    let plan = register(l, "fused", "resume", 2).await;
+    l.enqueue(&plan, Action::Execute).await.unwrap();
+    let c = l.claim_and_begin("w", 1, LEASE_MS).await.unwrap().remove(0);
+    let before = record(l, &c.lease.attempt_id).await;
+    let forged = Lease {
+        token: LeaseToken::new("not-the-token"),
+        ..c.lease.clone()
+    };
+    assert_stale(
+        l.complete_and_continue(&forged, 1, &evidence("x", 1), &target(1), LEASE_MS)
+            .await,
+        &c.lease.command_id,
+        "complete_and_continue",
+    );
+    assert_eq!(record(l, &c.lease.attempt_id).await, before);
+    assert!(
+        l.claim_and_begin("thief", 5, LEASE_MS).await.unwrap().is_empty(),
+        "a live lease is never taken"
+    );
 }

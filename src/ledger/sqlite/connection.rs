@@ -5,7 +5,7 @@ use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use crate::ledger::migrate::{self, SQLITE};
 use crate::ledger::{Claimed, LedgerError};
-use leasehold_engine::transition::{self, NewIds, ReconcileOutcome};
+use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp,
     Writes,
@@ -157,6 +157,16 @@ impl SqliteCore {
     /// Claims up to `batch` claimable commands for `owner` with a lease of
     /// `lease_ms`, oldest first, in one transaction.
     pub fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(owner, batch, lease_ms, false)
+    }
+
+    /// Claims like [`SqliteCore::claim`] and, in the same transaction, begins each
+    /// claimed attempt's next step.
+    pub fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(owner, batch, lease_ms, true)
+    }
+
+    fn claim_with(&self, owner: &str, batch: u32, lease_ms: u64, begin: bool) -> Result<Vec<Claimed>, LedgerError> {
         if batch == 0 {
             return Ok(Vec::new());
         }
@@ -178,7 +188,12 @@ impl SqliteCore {
                 }
             };
             let token = self.entropy.token();
-            let Ok(writes) = transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now) else {
+            let decided = if begin {
+                transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+            } else {
+                transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+            };
+            let Ok(writes) = decided else {
                 continue;
             };
             match rows::apply_writes(&mut tx, &writes) {
@@ -234,6 +249,26 @@ impl SqliteCore {
             transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
         })
         .map(drop)
+    }
+
+    /// Completes a step and, in the same transaction, begins the next one or
+    /// finishes the attempt after the last.
+    pub fn complete_and_continue(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<Continued, LedgerError> {
+        let mut continued = Continued::Finished;
+        self.worker_transition(lease, |r, now| {
+            let (c, writes) =
+                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)?;
+            continued = c;
+            Ok(writes)
+        })?;
+        Ok(continued)
     }
 
     /// Fails the attempt (at a step, if given).

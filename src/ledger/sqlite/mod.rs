@@ -33,7 +33,7 @@ pub use connection::{SqliteCore, BUSY_TIMEOUT};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
-use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::transition::{Continued, ReconcileOutcome};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
 use serde_json::Value;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -169,6 +169,24 @@ impl Ledger for SqliteLedger {
     async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
         let owner = owner.to_owned();
         self.run(move |core| core.claim(&owner, batch, lease_ms)).await
+    }
+
+    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        let owner = owner.to_owned();
+        self.run(move |core| core.claim_and_begin(&owner, batch, lease_ms)).await
+    }
+
+    async fn complete_and_continue(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<Continued, LedgerError> {
+        let (lease, evidence, target_receipt) = (lease.clone(), evidence.clone(), target_receipt.clone());
+        self.run(move |core| core.complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms))
+            .await
     }
 
     async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
