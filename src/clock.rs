@@ -35,7 +35,8 @@ impl ManualClock {
     }
     /// Moves the clock forward by `ms`.
     pub fn advance_ms(&self, ms: u64) {
-        self.0.fetch_add(i64::try_from(ms).unwrap_or(i64::MAX), Ordering::SeqCst);
+        self.0
+            .fetch_add(i64::try_from(ms).unwrap_or(i64::MAX), Ordering::SeqCst);
     }
     /// Sets the clock.
     pub fn set(&self, at: Timestamp) {

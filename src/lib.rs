@@ -10,4 +10,5 @@ pub mod clock;
 pub mod entropy;
 pub mod executor;
 pub mod ledger;
+pub mod report;
 pub mod worker;

@@ -95,17 +95,36 @@ pub enum WorkerEvent {
 impl fmt::Display for WorkerEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            WorkerEvent::Claimed { attempt, plan, delivery, steps, skipped } => {
-                write!(f, "claimed attempt {attempt} of plan {plan} (delivery {delivery}, {steps} steps")?;
+            WorkerEvent::Claimed {
+                attempt,
+                plan,
+                delivery,
+                steps,
+                skipped,
+            } => {
+                write!(
+                    f,
+                    "claimed attempt {attempt} of plan {plan} (delivery {delivery}, {steps} steps"
+                )?;
                 if *skipped > 0 {
                     write!(f, ", {skipped} already succeeded")?;
                 }
                 f.write_str(")")
             }
-            WorkerEvent::StepBegun { attempt, ordinal, steps, step } => {
+            WorkerEvent::StepBegun {
+                attempt,
+                ordinal,
+                steps,
+                step,
+            } => {
                 write!(f, "attempt {attempt} step {ordinal}/{steps} {step}: running")
             }
-            WorkerEvent::StepSucceeded { attempt, ordinal, steps, step } => {
+            WorkerEvent::StepSucceeded {
+                attempt,
+                ordinal,
+                steps,
+                step,
+            } => {
                 write!(f, "attempt {attempt} step {ordinal}/{steps} {step}: succeeded")
             }
             WorkerEvent::Finished { attempt, outcome } => match outcome {
@@ -118,10 +137,16 @@ impl fmt::Display for WorkerEvent {
                 write!(f, "ledger unavailable ({error}); retrying in {retry_in_ms} ms")
             }
             WorkerEvent::Stopping { in_flight, grace_ms } => {
-                write!(f, "stopping: no new claims; {in_flight} deliveries in flight get {grace_ms} ms to finish")
+                write!(
+                    f,
+                    "stopping: no new claims; {in_flight} deliveries in flight get {grace_ms} ms to finish"
+                )
             }
             WorkerEvent::GraceExpired { dropped } => {
-                write!(f, "grace period over: dropped {dropped} deliveries; their leases will expire")
+                write!(
+                    f,
+                    "grace period over: dropped {dropped} deliveries; their leases will expire"
+                )
             }
         }
     }
@@ -165,14 +190,24 @@ pub struct Worker<L, E, C> {
 
 impl<L, E, C> fmt::Debug for Worker<L, E, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Worker").field("id", &self.id).field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Worker")
+            .field("id", &self.id)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
 impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     /// A worker named `id` (the lease owner it records).
     pub fn new(id: impl Into<String>, ledger: Arc<L>, executor: Arc<E>, clock: Arc<C>, config: WorkerConfig) -> Self {
-        Self { id: id.into(), ledger, executor, clock, config, observer: Arc::new(|_| {}) }
+        Self {
+            id: id.into(),
+            ledger,
+            executor,
+            clock,
+            config,
+            observer: Arc::new(|_| {}),
+        }
     }
 
     /// Calls `observer` for every [`WorkerEvent`].
@@ -196,7 +231,11 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
                 // The lease estimate starts before the claim is sent: conservative by
                 // the claim's round trip.
                 let sent_at = self.clock.now();
-                match self.ledger.claim_and_begin(&self.id, capacity as u32, self.config.lease_ms).await {
+                match self
+                    .ledger
+                    .claim_and_begin(&self.id, capacity as u32, self.config.lease_ms)
+                    .await
+                {
                     Ok(claimed) => {
                         backoff_ms = 0;
                         let full = claimed.len() == capacity;
@@ -250,7 +289,10 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     fn back_off(&self, backoff_ms: &mut u64, error: &LedgerError) -> u64 {
         let cap = self.config.poll_interval_ms;
         *backoff_ms = (*backoff_ms * 2).clamp((cap / 8).max(10), cap);
-        self.emit(&WorkerEvent::LedgerUnavailable { error: error.to_string(), retry_in_ms: *backoff_ms });
+        self.emit(&WorkerEvent::LedgerUnavailable {
+            error: error.to_string(),
+            retry_in_ms: *backoff_ms,
+        });
         *backoff_ms
     }
 
@@ -298,7 +340,10 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         let attempt = record.attempt.id.clone();
         let steps = record.receipts.len() as u32;
         let statuses: Vec<_> = record.receipts.iter().map(|r| (r.ordinal, r.status)).collect();
-        let skipped = statuses.iter().filter(|(_, s)| *s == leasehold_engine::ReceiptStatus::Succeeded).count();
+        let skipped = statuses
+            .iter()
+            .filter(|(_, s)| *s == leasehold_engine::ReceiptStatus::Succeeded)
+            .count();
         let delivery = record.command.delivery_count;
         (self.observer)(&WorkerEvent::Claimed {
             attempt: attempt.clone(),
@@ -371,7 +416,10 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             }
         };
         self.executor.release(&attempt, delivery);
-        (self.observer)(&WorkerEvent::Finished { attempt, outcome: outcome.clone() });
+        (self.observer)(&WorkerEvent::Finished {
+            attempt,
+            outcome: outcome.clone(),
+        });
         outcome
     }
 
@@ -389,7 +437,9 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         if !ends {
             return false;
         }
-        let Ok(now) = self.ledger.attempt(&self.claimed.lease.attempt_id).await else { return false };
+        let Ok(now) = self.ledger.attempt(&self.claimed.lease.attempt_id).await else {
+            return false;
+        };
         let mine = &self.claimed.record.command;
         let expected = match action {
             DriverAction::Fail { .. } => leasehold_engine::CommandStatus::Failed,
@@ -405,15 +455,29 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
     }
 
     fn step_code(&self, ordinal: u32) -> String {
-        self.claimed.record.receipt(ordinal).map(|r| r.step_code.clone()).unwrap_or_default()
+        self.claimed
+            .record
+            .receipt(ordinal)
+            .map(|r| r.step_code.clone())
+            .unwrap_or_default()
     }
 
     fn step_event(&self, begun: bool, ordinal: u32, attempt: &AttemptId, steps: u32) -> WorkerEvent {
         let (attempt, step) = (attempt.clone(), self.step_code(ordinal));
         if begun {
-            WorkerEvent::StepBegun { attempt, ordinal, steps, step }
+            WorkerEvent::StepBegun {
+                attempt,
+                ordinal,
+                steps,
+                step,
+            }
         } else {
-            WorkerEvent::StepSucceeded { attempt, ordinal, steps, step }
+            WorkerEvent::StepSucceeded {
+                attempt,
+                ordinal,
+                steps,
+                step,
+            }
         }
     }
 
@@ -425,7 +489,14 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             }
             DriverAction::CompleteAndContinue { ordinal, .. } => {
                 (self.observer)(&self.step_event(false, *ordinal, attempt, steps));
-                let next = self.claimed.record.receipts.iter().map(|r| r.ordinal).filter(|o| o > ordinal).min();
+                let next = self
+                    .claimed
+                    .record
+                    .receipts
+                    .iter()
+                    .map(|r| r.ordinal)
+                    .filter(|o| o > ordinal)
+                    .min();
                 if let Some(next) = next {
                     (self.observer)(&self.step_event(true, next, attempt, steps));
                 }
@@ -442,11 +513,24 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             DriverAction::BeginStep { ordinal } => {
                 Box::pin(async move { ledger.begin_step(&lease, ordinal, lease_ms).await })
             }
-            DriverAction::CompleteStep { ordinal, evidence, target_receipt } => Box::pin(async move {
-                ledger.complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms).await
+            DriverAction::CompleteStep {
+                ordinal,
+                evidence,
+                target_receipt,
+            } => Box::pin(async move {
+                ledger
+                    .complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms)
+                    .await
             }),
-            DriverAction::CompleteAndContinue { ordinal, evidence, target_receipt } => Box::pin(async move {
-                ledger.complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms).await.map(drop)
+            DriverAction::CompleteAndContinue {
+                ordinal,
+                evidence,
+                target_receipt,
+            } => Box::pin(async move {
+                ledger
+                    .complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms)
+                    .await
+                    .map(drop)
             }),
             DriverAction::Fail { ordinal, error } => {
                 Box::pin(async move { ledger.fail(&lease, ordinal, &error).await })
@@ -495,4 +579,3 @@ async fn sleep_ms_opt(ms: Option<u64>) {
         None => std::future::pending().await,
     }
 }
-

@@ -25,7 +25,11 @@ impl Db {
         let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
         let db = Db { _dir: dir, url };
         let out = db.run(&["migrate"]);
-        assert!(out.status.success(), "migrate failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "migrate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         db
     }
 
@@ -64,7 +68,12 @@ impl Db {
     fn worker(&self, id: &str, extra: &[&str]) -> Worker {
         let mut args = vec!["worker", "--id", id, "--lease-secs", "2", "--poll-secs", "1"];
         args.extend_from_slice(extra);
-        let mut child = self.cmd(&args).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let mut child = self
+            .cmd(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = channel();
         std::thread::spawn(move || {
@@ -75,7 +84,11 @@ impl Db {
                 }
             }
         });
-        Worker { child, lines: rx, seen: Vec::new() }
+        Worker {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
     }
 }
 
@@ -104,7 +117,11 @@ impl Worker {
     }
 
     fn signal(&self, sig: &str) {
-        let status = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().unwrap();
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
         assert!(status.success());
     }
 
@@ -119,7 +136,11 @@ impl Worker {
                 let _ = status;
                 return std::mem::take(&mut self.seen);
             }
-            assert!(Instant::now() < deadline, "worker did not exit; saw:\n{}", self.seen.join("\n"));
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit; saw:\n{}",
+                self.seen.join("\n")
+            );
             if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(100)) {
                 self.seen.push(line);
             }
@@ -177,7 +198,10 @@ fn sigkill_mid_attempt_then_another_worker_resumes_with_the_same_key() {
 
     let mut second = db.worker("second", &["--until-idle"]);
     let claimed = second.wait_for("claimed attempt");
-    assert!(claimed.contains("delivery 2") && claimed.contains("1 already succeeded"), "{claimed}");
+    assert!(
+        claimed.contains("delivery 2") && claimed.contains("1 already succeeded"),
+        "{claimed}"
+    );
     second.finish();
 
     let after = db.json(&["status", &attempt]);
@@ -186,10 +210,19 @@ fn sigkill_mid_attempt_then_another_worker_resumes_with_the_same_key() {
     assert_eq!(after["command"]["delivery_count"], 2);
     assert_eq!(after["command"]["lease_owner"], "second");
     // The finished step keeps its receipt; the ambiguous one is redelivered with its key.
-    assert_eq!(after["receipts"][0]["evidence_sha256"], before["receipts"][0]["evidence_sha256"]);
-    assert_eq!(after["receipts"][0]["finished_at"], before["receipts"][0]["finished_at"]);
+    assert_eq!(
+        after["receipts"][0]["evidence_sha256"],
+        before["receipts"][0]["evidence_sha256"]
+    );
+    assert_eq!(
+        after["receipts"][0]["finished_at"],
+        before["receipts"][0]["finished_at"]
+    );
     for i in 0..5 {
-        assert_eq!(after["receipts"][i]["idempotency_key"], before["receipts"][i]["idempotency_key"]);
+        assert_eq!(
+            after["receipts"][i]["idempotency_key"],
+            before["receipts"][i]["idempotency_key"]
+        );
         assert_eq!(after["receipts"][i]["status"], "SUCCEEDED");
     }
     let key = before["receipts"][1]["idempotency_key"].as_str().unwrap();
@@ -210,9 +243,15 @@ fn sigkill_mid_replay_attempt_replays_every_step_into_a_new_sandbox() {
 
     let mut second = db.worker("second", &["--until-idle"]);
     let claimed = second.wait_for("claimed attempt");
-    assert!(claimed.contains("delivery 2") && !claimed.contains("already succeeded"), "{claimed}");
+    assert!(
+        claimed.contains("delivery 2") && !claimed.contains("already succeeded"),
+        "{claimed}"
+    );
     let lines = second.finish();
-    let replayed = lines.iter().filter(|l| l.contains(": succeeded") && l.contains(&attempt)).count();
+    let replayed = lines
+        .iter()
+        .filter(|l| l.contains(": succeeded") && l.contains(&attempt))
+        .count();
     assert_eq!(replayed, 6, "all six steps replayed:\n{}", lines.join("\n"));
 
     let after = db.json(&["status", &attempt]);
@@ -223,7 +262,10 @@ fn sigkill_mid_replay_attempt_replays_every_step_into_a_new_sandbox() {
         assert_eq!(r["status"], "SUCCEEDED");
         let evidence: Value = serde_json::from_str(r["evidence"].as_str().unwrap()).unwrap();
         let sandbox = evidence["sandbox_id"].as_str().unwrap();
-        assert!(sandbox.ends_with("d2"), "step replayed in the second delivery's sandbox: {sandbox}");
+        assert!(
+            sandbox.ends_with("d2"),
+            "step replayed in the second delivery's sandbox: {sandbox}"
+        );
         assert!(!old_sandbox.contains(sandbox));
     }
 }
@@ -266,10 +308,26 @@ fn bad_plan_files_are_refused_by_name_and_write_nothing() {
     let db = Db::new();
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        ("unknown-exec.toml", "name = \"p\"\nrecovery = \"resume\"\n[[steps]]\ncode = \"a\"\nexecutor = \"nope:v1\"\n", "steps[0].executor: unknown executor \"nope:v1\""),
-        ("no-steps.json", r#"{"name": "p", "recovery": "resume", "steps": []}"#, "steps: a plan needs at least one step"),
-        ("extra.json", r#"{"name": "p", "recovery": "resume", "stepz": []}"#, "unknown field `stepz`"),
-        ("recovery.toml", "name = \"p\"\nrecovery = \"rewind\"\n[[steps]]\ncode = \"a\"\nexecutor = \"dry-run:v1\"\n", "recovery: \"rewind\" is not a recovery mode"),
+        (
+            "unknown-exec.toml",
+            "name = \"p\"\nrecovery = \"resume\"\n[[steps]]\ncode = \"a\"\nexecutor = \"nope:v1\"\n",
+            "steps[0].executor: unknown executor \"nope:v1\"",
+        ),
+        (
+            "no-steps.json",
+            r#"{"name": "p", "recovery": "resume", "steps": []}"#,
+            "steps: a plan needs at least one step",
+        ),
+        (
+            "extra.json",
+            r#"{"name": "p", "recovery": "resume", "stepz": []}"#,
+            "unknown field `stepz`",
+        ),
+        (
+            "recovery.toml",
+            "name = \"p\"\nrecovery = \"rewind\"\n[[steps]]\ncode = \"a\"\nexecutor = \"dry-run:v1\"\n",
+            "recovery: \"rewind\" is not a recovery mode",
+        ),
         ("broken.toml", "name = \"p\"\nrecovery = \n", "line 2"),
     ];
     for (name, text, needle) in cases {
@@ -292,10 +350,16 @@ fn unknown_ids_and_bad_urls_get_one_line_errors() {
     expect_error(&db.run(&["enqueue", "no-such-plan"]), 2, "plan no-such-plan not found");
     expect_error(&db.run(&["abort", "att-nope"]), 2, "attempt att-nope not found");
     expect_error(&db.run(&["reconcile", "att-nope"]), 2, "attempt att-nope not found");
-    let out = Command::new(BIN).args(["--db", "postgres://u:hunter2@h/db", "plan", "list"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["--db", "postgres://u:hunter2@h/db", "plan", "list"])
+        .output()
+        .unwrap();
     expect_error(&out, 2, "unsupported scheme \"postgres\"");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
-    let out = Command::new(BIN).args(["--db", "not a url", "plan", "list"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["--db", "not a url", "plan", "list"])
+        .output()
+        .unwrap();
     expect_error(&out, 2, "--db");
 }
 
@@ -321,7 +385,10 @@ fn refusals_exit_3_and_change_nothing() {
     assert_ne!(before, after_abort);
     expect_error(&db.run(&["abort", &attempt]), 3, "is already ABORTED");
     let unchanged = db.ok(&["reconcile", &attempt]);
-    assert!(unchanged.contains("left attempt") && unchanged.contains("ABORTED"), "{unchanged}");
+    assert!(
+        unchanged.contains("left attempt") && unchanged.contains("ABORTED"),
+        "{unchanged}"
+    );
     assert_eq!(db.json(&["status", &attempt]), after_abort);
 }
 
@@ -349,4 +416,23 @@ fn reconcile_requeues_an_expired_lease() {
     let status = db.json(&["status", &attempt]);
     assert_eq!(status["attempt"]["status"], "QUEUED");
     assert_eq!(status["command"]["status"], "PENDING");
+}
+
+#[test]
+fn gate_passes_after_the_demo_and_blocks_with_exit_4_without_an_attempt() {
+    let db = Db::new();
+    let demo = db.ok(&["demo"]);
+    assert!(demo.contains("PASS"), "the demo ends with a passing gate:\n{demo}");
+    let gate = db.ok(&["gate", "rehearsal"]);
+    assert!(gate.contains("PASS") && gate.contains("matches-baseline"), "{gate}");
+    let json = db.json(&["gate", "rehearsal"]);
+    assert_eq!(json["verdict"], "PASS", "{json}");
+    let compare = db.json(&["compare", "rehearsal"]);
+    assert_eq!(compare["verdict"], "EQUAL", "{compare}");
+
+    let plan = db.add_plan("dry-run.toml");
+    let out = db.run(&["gate", &plan]);
+    assert_eq!(out.status.code(), Some(4), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("BLOCK"));
+    expect_error(&db.run(&["compare", &plan]), 2, "fewer than two successful attempts");
 }

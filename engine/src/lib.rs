@@ -8,6 +8,8 @@
 
 pub mod canonical;
 pub mod driver;
+pub mod evidence;
+pub mod gate;
 pub mod ids;
 pub mod lease;
 pub mod model;

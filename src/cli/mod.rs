@@ -8,7 +8,10 @@ use leasehold::entropy::OsEntropy;
 use leasehold::executor::{Executors, KNOWN_EXECUTORS};
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::{find_plan, DbUrl, Ledger, LedgerError};
+use leasehold::report;
 use leasehold::worker::{RunOptions, Worker, WorkerEvent};
+use leasehold_engine::evidence::{compare, latest_successful_pair};
+use leasehold_engine::gate::gate;
 use leasehold_engine::lease::WorkerConfig;
 use leasehold_engine::transition::ReconcileOutcome;
 use leasehold_engine::{Action, AttemptId, PlanSpec};
@@ -20,11 +23,21 @@ use std::sync::Arc;
 const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml");
 
 #[derive(Parser, Debug)]
-#[command(name = "leasehold", version, about = "A durable, lease-fenced outbox for multi-step deliveries")]
-#[command(after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused.")]
+#[command(
+    name = "leasehold",
+    version,
+    about = "A durable, lease-fenced outbox for multi-step deliveries"
+)]
+#[command(after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked.")]
 struct Cli {
     /// Database URL: sqlite://FILE (relative or absolute path) or sqlite::memory:.
-    #[arg(long, global = true, env = "LEASEHOLD_DB", default_value = "sqlite://leasehold.db", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "LEASEHOLD_DB",
+        default_value = "sqlite://leasehold.db",
+        hide_env_values = true
+    )]
     db: String,
     /// Print reads as JSON.
     #[arg(long, global = true)]
@@ -92,6 +105,22 @@ enum Command {
         #[arg(long, default_value = "aborted by operator")]
         reason: String,
     },
+    /// Compare two successful attempts of a plan (default: the two latest).
+    Compare {
+        /// Plan id or name.
+        plan: String,
+        /// The left (older) attempt.
+        #[arg(long, requires = "right")]
+        left: Option<String>,
+        /// The right (newer) attempt.
+        #[arg(long, requires = "left")]
+        right: Option<String>,
+    },
+    /// Compute the release gate of a plan from its durable evidence (exit 0 PASS, 4 BLOCK).
+    Gate {
+        /// Plan id or name.
+        plan: String,
+    },
     /// Run the rehearsal plan twice on an embedded SQLite file and show the outcome.
     Demo,
 }
@@ -143,7 +172,18 @@ pub(crate) struct Failure {
 
 impl Failure {
     fn bad_input(message: impl Into<String>) -> Self {
-        Self { code: 2, message: message.into() }
+        Self {
+            code: 2,
+            message: message.into(),
+        }
+    }
+
+    /// An exit code whose reason was already printed (a blocked gate).
+    fn silent(code: u8) -> Self {
+        Self {
+            code,
+            message: String::new(),
+        }
     }
 }
 
@@ -154,7 +194,10 @@ impl From<LedgerError> for Failure {
             LedgerError::InvalidPlan(_) | LedgerError::NotFound { .. } | LedgerError::BadInput(_) => 2,
             _ => 1,
         };
-        Self { code, message: e.to_string() }
+        Self {
+            code,
+            message: e.to_string(),
+        }
     }
 }
 
@@ -173,7 +216,9 @@ pub fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("error: {}", f.message);
+            if !f.message.is_empty() {
+                eprintln!("error: {}", f.message);
+            }
             ExitCode::from(f.code)
         }
     }
@@ -251,7 +296,14 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
             }
             Ok(())
         }
-        Command::Worker { id, lease_secs, poll_secs, batch, until_idle, grace_secs } => {
+        Command::Worker {
+            id,
+            lease_secs,
+            poll_secs,
+            batch,
+            until_idle,
+            grace_secs,
+        } => {
             let config = WorkerConfig::clamped(
                 true,
                 poll_secs.clamp(1, 3_600) * 1_000,
@@ -313,6 +365,54 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
                 println!("aborted attempt {}", record.attempt.id);
             }
             Ok(())
+        }
+        Command::Compare { plan, left, right } => {
+            let plan = find_plan(ledger.as_ref(), &plan).await?;
+            let (left, right) = match (left, right) {
+                (Some(l), Some(r)) => (
+                    ledger.attempt(&AttemptId::new(l)).await?,
+                    ledger.attempt(&AttemptId::new(r)).await?,
+                ),
+                _ => {
+                    let history = ledger.history(&plan.id).await?;
+                    let (l, r) = latest_successful_pair(&plan, &history).ok_or_else(|| {
+                        Failure::bad_input(format!(
+                            "plan {} has fewer than two successful attempts to compare",
+                            plan.id
+                        ))
+                    })?;
+                    (l.clone(), r.clone())
+                }
+            };
+            for record in [&left, &right] {
+                if record.attempt.plan_id != plan.id {
+                    return Err(Failure::bad_input(format!(
+                        "attempt {} belongs to plan {}, not {}",
+                        record.attempt.id, record.attempt.plan_id, plan.id
+                    )));
+                }
+            }
+            let comparison = compare(&plan, &left, &right);
+            if json {
+                render::print_json(&report::comparison_json(&comparison, &plan));
+            } else {
+                print!("{}", report::comparison_text(&comparison, &plan));
+            }
+            Ok(())
+        }
+        Command::Gate { plan } => {
+            let plan = find_plan(ledger.as_ref(), &plan).await?;
+            let history = ledger.history(&plan.id).await?;
+            let gate = gate(&plan, &history);
+            if json {
+                render::print_json(&report::gate_json(&gate, &plan));
+            } else {
+                print!("{}", report::gate_text(&gate, &plan));
+            }
+            match report::gate_exit_code(&gate) {
+                0 => Ok(()),
+                code => Err(Failure::silent(u8::try_from(code).unwrap_or(1))),
+            }
         }
         Command::Demo => demo(ledger).await,
     }
@@ -383,26 +483,51 @@ async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
     if !applied.is_empty() {
         println!("migrated the database schema");
     }
-    let spec = parse_plan(REHEARSAL_PLAN, false).map_err(|e| Failure { code: 1, message: format!("built-in rehearsal plan: {e}") })?;
+    let spec = parse_plan(REHEARSAL_PLAN, false).map_err(|e| Failure {
+        code: 1,
+        message: format!("built-in rehearsal plan: {e}"),
+    })?;
     let plan = ledger.register_plan(spec, KNOWN_EXECUTORS).await?;
-    println!("plan {} ({}, {} steps, recovery {})", plan.id, plan.name, plan.steps.len(), plan.recovery);
+    println!(
+        "plan {} ({}, {} steps, recovery {})",
+        plan.id,
+        plan.name,
+        plan.steps.len(),
+        plan.recovery
+    );
     println!("fingerprint {}", plan.fingerprint);
     let config = WorkerConfig::clamped(true, 50, 5, 30_000);
     let mut attempts = Vec::new();
     for n in 1..=2 {
         let record = ledger.enqueue(&plan.id, Action::Execute).await?;
-        println!("\nenqueued attempt {} (#{}) — running it with an in-process worker", record.attempt.id, record.attempt.number);
+        println!(
+            "\nenqueued attempt {} (#{}) — running it with an in-process worker",
+            record.attempt.id, record.attempt.number
+        );
         let stop = std::future::pending::<()>();
         let report = run_worker(Arc::clone(&ledger), &format!("demo-worker-{n}"), config, true, 0, stop).await;
         if report.delivered == 0 {
-            return Err(Failure { code: 1, message: format!("attempt {} was not delivered", record.attempt.id) });
+            return Err(Failure {
+                code: 1,
+                message: format!("attempt {} was not delivered", record.attempt.id),
+            });
         }
         attempts.push(record.attempt.id);
     }
     println!();
+    let mut records = Vec::new();
     for id in &attempts {
         let record = ledger.attempt(id).await?;
-        print!("{}", render::outcome(&record));
+        print!("{}", render::outcome(&plan, &record));
+        records.push(record);
     }
+    println!();
+    print!(
+        "{}",
+        report::comparison_text(&compare(&plan, &records[0], &records[1]), &plan)
+    );
+    println!();
+    let history = ledger.history(&plan.id).await?;
+    print!("{}", report::gate_text(&gate(&plan, &history), &plan));
     Ok(())
 }

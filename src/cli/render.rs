@@ -1,7 +1,7 @@
 //! Text and JSON renderings of plans and attempts. No rendering ever includes a
 //! lease token: `Command` skips it when serialized and the text forms never read it.
 
-use leasehold_engine::canonical::fingerprint;
+use leasehold_engine::evidence::{raw_fingerprint, semantic_fingerprint};
 use leasehold_engine::{AttemptRecord, Plan, Timestamp};
 use serde::Serialize;
 use std::fmt::Write;
@@ -62,7 +62,11 @@ pub fn plan(p: &Plan) -> String {
 pub fn status(r: &AttemptRecord) -> String {
     let (a, c) = (&r.attempt, &r.command);
     let mut out = String::new();
-    let _ = writeln!(out, "attempt     {} (#{} of plan {}, {})", a.id, a.number, a.plan_id, a.action);
+    let _ = writeln!(
+        out,
+        "attempt     {} (#{} of plan {}, {})",
+        a.id, a.number, a.plan_id, a.action
+    );
     let _ = writeln!(out, "status      {}", a.status);
     let _ = writeln!(out, "created     {}", a.created_at);
     let _ = writeln!(out, "started     {}", ts(a.started_at));
@@ -78,7 +82,11 @@ pub fn status(r: &AttemptRecord) -> String {
     let _ = writeln!(out, "  last error      {}", c.last_error.as_deref().unwrap_or("-"));
     let _ = writeln!(out, "receipts:");
     for rc in &r.receipts {
-        let _ = write!(out, "  {}. {:<24} {:<9} key {}", rc.ordinal, rc.step_code, rc.status, rc.idempotency_key);
+        let _ = write!(
+            out,
+            "  {}. {:<24} {:<9} key {}",
+            rc.ordinal, rc.step_code, rc.status, rc.idempotency_key
+        );
         if let Some(sha) = &rc.evidence_sha256 {
             let _ = write!(out, " evidence {}", &sha[..16]);
         }
@@ -97,7 +105,11 @@ pub fn history(p: &Plan, records: &[AttemptRecord]) -> String {
         out.push_str("no attempts\n");
     }
     for r in records {
-        let done = r.receipts.iter().filter(|x| x.status == leasehold_engine::ReceiptStatus::Succeeded).count();
+        let done = r
+            .receipts
+            .iter()
+            .filter(|x| x.status == leasehold_engine::ReceiptStatus::Succeeded)
+            .count();
         let _ = writeln!(
             out,
             "  #{:<3} {} {:<10} {:<10} {:<10} {}/{} steps  deliveries {}  created {}",
@@ -115,22 +127,15 @@ pub fn history(p: &Plan, records: &[AttemptRecord]) -> String {
     out
 }
 
-/// The raw evidence fingerprint of an attempt: SHA-256 of the canonical JSON of its
-/// ordered (ordinal, step code, status, evidence SHA-256) list.
-pub fn raw_fingerprint(r: &AttemptRecord) -> String {
-    let items: Vec<serde_json::Value> = r
+/// An attempt's outcome and fingerprints, for the demo.
+pub fn outcome(plan: &Plan, r: &AttemptRecord) -> String {
+    let done = r
         .receipts
         .iter()
-        .map(|x| serde_json::json!([x.ordinal, x.step_code, x.status.as_str(), x.evidence_sha256]))
-        .collect();
-    fingerprint(&serde_json::Value::Array(items))
-}
-
-/// An attempt's outcome and fingerprint, for the demo.
-pub fn outcome(r: &AttemptRecord) -> String {
-    let done = r.receipts.iter().filter(|x| x.status == leasehold_engine::ReceiptStatus::Succeeded).count();
+        .filter(|x| x.status == leasehold_engine::ReceiptStatus::Succeeded)
+        .count();
     format!(
-        "attempt {} (#{}): {} / {}, {}/{} receipts SUCCEEDED, deliveries {}\n  evidence fingerprint {}\n",
+        "attempt {} (#{}): {} / {}, {}/{} receipts SUCCEEDED, deliveries {}\n  raw fingerprint      {}\n  semantic fingerprint {}\n",
         r.attempt.id,
         r.attempt.number,
         r.attempt.status,
@@ -138,6 +143,7 @@ pub fn outcome(r: &AttemptRecord) -> String {
         done,
         r.receipts.len(),
         r.command.delivery_count,
-        raw_fingerprint(r)
+        raw_fingerprint(&r.receipts),
+        semantic_fingerprint(plan, &r.receipts)
     )
 }

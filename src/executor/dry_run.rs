@@ -1,7 +1,9 @@
 //! `dry-run:v1`: an executor with no side effects, for demos, tests and kill drills.
 //!
-//! Contract: the evidence is a pure function of the step code, the action and the
-//! payload (`{"executor", "step", "action", "payload_sha256"}`), and the target
+//! Contract: the evidence is a pure function of the step code and the payload
+//! (`{"executor", "step", "payload_sha256"}`, plus `"compensated": true` when the
+//! action is `compensate`: an `execute` and a `retry` record the same evidence, so
+//! the release gate compares them as equals), and the target
 //! receipt a pure function of the idempotency key (`{"dry_run": key}`), so every
 //! delivery of the same step records the same thing. Payload fields it reads:
 //! - `delay_ms` (whole number): sleep this long on the tokio clock before answering;
@@ -13,6 +15,7 @@
 
 use super::{describe, pace, payload_delay_ms, ExecRequest, Executor, ExecutorResult};
 use leasehold_engine::canonical::fingerprint;
+use leasehold_engine::Action;
 use serde_json::{json, Value};
 
 /// The executor name plans use for [`DryRun`].
@@ -52,13 +55,16 @@ impl Executor for DryRun {
         if let Some(message) = failure {
             return ExecutorResult::Permanent(message);
         }
+        let mut evidence = json!({
+            "executor": NAME,
+            "step": step.code,
+            "payload_sha256": fingerprint(&step.payload),
+        });
+        if request.action == Action::Compensate {
+            evidence["compensated"] = json!(true);
+        }
         ExecutorResult::Done {
-            evidence: json!({
-                "executor": NAME,
-                "step": step.code,
-                "action": request.action.as_str(),
-                "payload_sha256": fingerprint(&step.payload),
-            }),
+            evidence,
             target_receipt: json!({ "dry_run": request.idempotency_key }),
         }
     }
@@ -67,7 +73,7 @@ impl Executor for DryRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use leasehold_engine::{Action, AttemptId};
+    use leasehold_engine::AttemptId;
     use serde_json::json;
 
     fn request(code: &str, payload: Value) -> ExecRequest {
@@ -94,7 +100,6 @@ mod tests {
             json!({
                 "executor": "dry-run:v1",
                 "step": "notify",
-                "action": "execute",
                 "payload_sha256": fingerprint(&json!({"a": 1, "b": 2})),
             })
         );
@@ -115,11 +120,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn compensation_is_recorded_as_the_action() {
+    async fn compensation_is_recorded_and_retry_matches_execute() {
         let mut req = request("a", json!({}));
         req.action = Action::Compensate;
         let result = DryRun.execute(req).await;
-        assert!(matches!(result, ExecutorResult::Done { ref evidence, .. } if evidence["action"] == "compensate"));
+        assert!(matches!(result, ExecutorResult::Done { ref evidence, .. } if evidence["compensated"] == true));
+        let mut retry = request("a", json!({}));
+        retry.action = Action::Retry;
+        assert_eq!(
+            DryRun.execute(retry).await,
+            DryRun.execute(request("a", json!({}))).await
+        );
     }
 
     #[tokio::test]

@@ -9,8 +9,7 @@ use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus,
-    Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Timestamp, Writes,
 };
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -41,7 +40,11 @@ impl std::fmt::Debug for MemoryLedger {
 impl MemoryLedger {
     /// An empty ledger deciding leases on `clock` and minting from `entropy`.
     pub fn new(clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Self {
-        Self { state: Arc::default(), clock, entropy }
+        Self {
+            state: Arc::default(),
+            clock,
+            entropy,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -55,19 +58,25 @@ impl MemoryLedger {
             .attempts
             .get(attempt)
             .cloned()
-            .ok_or_else(|| LedgerError::NotFound { kind: "attempt", id: attempt.to_string() })
+            .ok_or_else(|| LedgerError::NotFound {
+                kind: "attempt",
+                id: attempt.to_string(),
+            })
     }
 
     fn plan_of(state: &State, id: &PlanId) -> Result<Plan, LedgerError> {
-        state.plans.get(id).cloned().ok_or_else(|| LedgerError::NotFound { kind: "plan", id: id.to_string() })
+        state.plans.get(id).cloned().ok_or_else(|| LedgerError::NotFound {
+            kind: "plan",
+            id: id.to_string(),
+        })
     }
 
     /// Applies writes whose guard still admits the stored command.
     fn apply(state: &mut State, attempt: &AttemptId, writes: &Writes) -> Result<(), LedgerError> {
-        let record = state
-            .attempts
-            .get_mut(attempt)
-            .ok_or_else(|| LedgerError::NotFound { kind: "attempt", id: attempt.to_string() })?;
+        let record = state.attempts.get_mut(attempt).ok_or_else(|| LedgerError::NotFound {
+            kind: "attempt",
+            id: attempt.to_string(),
+        })?;
         if !writes.guard.admits(Some(&record.command)) {
             return Err(LedgerError::Refused(leasehold_engine::Refusal::StaleToken {
                 command: record.command.id.clone(),
@@ -85,7 +94,10 @@ impl MemoryLedger {
         let mut state = self.lock();
         let record = Self::record(&state, &lease.attempt_id)?;
         if record.command.id != lease.command_id {
-            return Err(LedgerError::NotFound { kind: "command", id: lease.command_id.to_string() });
+            return Err(LedgerError::NotFound {
+                kind: "command",
+                id: lease.command_id.to_string(),
+            });
         }
         let writes = decide(&record, self.clock.now())?;
         Self::apply(&mut state, &lease.attempt_id, &writes)?;
@@ -118,7 +130,11 @@ impl MemoryLedger {
             };
             Self::apply(&mut state, &attempt_id, &writes)?;
             claimed.push(Claimed {
-                lease: Lease { command_id, attempt_id: attempt_id.clone(), token },
+                lease: Lease {
+                    command_id,
+                    attempt_id: attempt_id.clone(),
+                    token,
+                },
                 plan,
                 record: Self::record(&state, &attempt_id)?,
             });
@@ -136,8 +152,10 @@ impl Ledger for MemoryLedger {
         let now = self.clock.now();
         let mut state = self.lock();
         let plan = spec.into_plan(known_executors, PlanId::new(self.entropy.id(IdKind::Plan)), now)?;
-        if let Some(existing) =
-            state.plans.values().find(|p| p.fingerprint == plan.fingerprint && p.status == PlanStatus::Ready)
+        if let Some(existing) = state
+            .plans
+            .values()
+            .find(|p| p.fingerprint == plan.fingerprint && p.status == PlanStatus::Ready)
         {
             return Ok(existing.clone());
         }
@@ -152,12 +170,19 @@ impl Ledger for MemoryLedger {
 
     async fn list_plans(&self) -> Result<Vec<Plan>, LedgerError> {
         let state = self.lock();
-        Ok(state.plan_order.iter().filter_map(|id| state.plans.get(id).cloned()).collect())
+        Ok(state
+            .plan_order
+            .iter()
+            .filter_map(|id| state.plans.get(id).cloned())
+            .collect())
     }
 
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let mut state = self.lock();
-        let plan = state.plans.get_mut(id).ok_or_else(|| LedgerError::NotFound { kind: "plan", id: id.to_string() })?;
+        let plan = state.plans.get_mut(id).ok_or_else(|| LedgerError::NotFound {
+            kind: "plan",
+            id: id.to_string(),
+        })?;
         plan.status = PlanStatus::Retired;
         Ok(plan.clone())
     }
@@ -166,14 +191,20 @@ impl Ledger for MemoryLedger {
         let now = self.clock.now();
         let mut state = self.lock();
         let plan = Self::plan_of(&state, plan)?;
-        let history: Vec<AttemptRecord> =
-            state.attempts.values().filter(|r| r.attempt.plan_id == plan.id).cloned().collect();
+        let history: Vec<AttemptRecord> = state
+            .attempts
+            .values()
+            .filter(|r| r.attempt.plan_id == plan.id)
+            .cloned()
+            .collect();
         let ids = NewIds {
             attempt: AttemptId::new(self.entropy.id(IdKind::Attempt)),
             command: CommandId::new(self.entropy.id(IdKind::Command)),
         };
         let record = transition::enqueue(&plan, &history, action, ids, now)?;
-        state.commands.insert(record.command.id.clone(), record.attempt.id.clone());
+        state
+            .commands
+            .insert(record.command.id.clone(), record.attempt.id.clone());
         state.attempts.insert(record.attempt.id.clone(), record.clone());
         Ok(record)
     }
@@ -204,15 +235,21 @@ impl Ledger for MemoryLedger {
         Ok(continued)
     }
 
-
     async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        let record = self.worker_transition(lease, |r, now| transition::heartbeat(&r.command, &lease.token, lease_ms, now))?;
-        record.command.lease_until.ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
+        let record = self.worker_transition(lease, |r, now| {
+            transition::heartbeat(&r.command, &lease.token, lease_ms, now)
+        })?;
+        record
+            .command
+            .lease_until
+            .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
     }
 
     async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::begin_step(r, ordinal, &lease.token, lease_ms, now))
-            .map(drop)
+        self.worker_transition(lease, |r, now| {
+            transition::begin_step(r, ordinal, &lease.token, lease_ms, now)
+        })
+        .map(drop)
     }
 
     async fn complete_step(
@@ -230,11 +267,13 @@ impl Ledger for MemoryLedger {
     }
 
     async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::fail(r, ordinal, error, &lease.token, now)).map(drop)
+        self.worker_transition(lease, |r, now| transition::fail(r, ordinal, error, &lease.token, now))
+            .map(drop)
     }
 
     async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::finish(r, &lease.token, now)).map(drop)
+        self.worker_transition(lease, |r, now| transition::finish(r, &lease.token, now))
+            .map(drop)
     }
 
     async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
@@ -263,15 +302,22 @@ impl Ledger for MemoryLedger {
     async fn history(&self, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
         let state = self.lock();
         Self::plan_of(&state, plan)?;
-        let mut records: Vec<AttemptRecord> =
-            state.attempts.values().filter(|r| &r.attempt.plan_id == plan).cloned().collect();
+        let mut records: Vec<AttemptRecord> = state
+            .attempts
+            .values()
+            .filter(|r| &r.attempt.plan_id == plan)
+            .cloned()
+            .collect();
         records.sort_by_key(|r| r.attempt.number);
         Ok(records)
     }
 
     async fn open_attempts(&self) -> Result<u64, LedgerError> {
         let state = self.lock();
-        Ok(state.attempts.values().filter(|r| !r.attempt.status.is_terminal()).count() as u64)
+        Ok(state
+            .attempts
+            .values()
+            .filter(|r| !r.attempt.status.is_terminal())
+            .count() as u64)
     }
 }
-

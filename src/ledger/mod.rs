@@ -97,7 +97,8 @@ pub trait Ledger: Send + Sync + 'static {
     fn retire_plan(&self, id: &PlanId) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
 
     /// Enqueues an attempt: attempt, receipts and command in one transaction.
-    fn enqueue(&self, plan: &PlanId, action: Action) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+    fn enqueue(&self, plan: &PlanId, action: Action)
+        -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
 
     /// Claims up to `batch` claimable commands for `owner` with a lease of `lease_ms`.
     fn claim(
@@ -143,7 +144,8 @@ pub trait Ledger: Send + Sync + 'static {
         lease_ms: u64,
     ) -> impl Future<Output = Result<Continued, LedgerError>> + Send {
         async move {
-            self.complete_step(lease, ordinal, evidence, target_receipt, lease_ms).await?;
+            self.complete_step(lease, ordinal, evidence, target_receipt, lease_ms)
+                .await?;
             let record = self.attempt(&lease.attempt_id).await?;
             match next_step(&record) {
                 Some(next) => {
@@ -197,7 +199,11 @@ pub trait Ledger: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(ReconcileOutcome, AttemptRecord), LedgerError>> + Send;
 
     /// Aborts a QUEUED or RUNNING attempt, fencing its worker.
-    fn abort(&self, attempt: &AttemptId, reason: &str) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+    fn abort(
+        &self,
+        attempt: &AttemptId,
+        reason: &str,
+    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
 
     /// An attempt with its command and receipts.
     fn attempt(&self, attempt: &AttemptId) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
@@ -224,7 +230,10 @@ pub async fn find_plan<L: Ledger>(ledger: &L, reference: &str) -> Result<Plan, L
         .find(|p| p.status == leasehold_engine::PlanStatus::Ready)
         .or(named.last())
         .map(|p| (*p).clone())
-        .ok_or_else(|| LedgerError::NotFound { kind: "plan", id: reference.to_owned() })
+        .ok_or_else(|| LedgerError::NotFound {
+            kind: "plan",
+            id: reference.to_owned(),
+        })
 }
 
 /// A parsed database URL.
@@ -243,7 +252,9 @@ impl DbUrl {
         }
         if let Some(path) = url.strip_prefix("sqlite://") {
             if path.is_empty() {
-                return Err(LedgerError::BadInput("--db: sqlite URL has no path (expected sqlite://FILE)".into()));
+                return Err(LedgerError::BadInput(
+                    "--db: sqlite URL has no path (expected sqlite://FILE)".into(),
+                ));
             }
             return Ok(DbUrl::Sqlite(path.to_owned()));
         }
@@ -262,11 +273,23 @@ mod tests {
     #[test]
     fn urls_parse_or_name_what_is_wrong() {
         assert_eq!(DbUrl::parse("sqlite://x.db").unwrap(), DbUrl::Sqlite("x.db".into()));
-        assert_eq!(DbUrl::parse("sqlite:///tmp/x.db").unwrap(), DbUrl::Sqlite("/tmp/x.db".into()));
-        assert_eq!(DbUrl::parse("sqlite::memory:").unwrap(), DbUrl::Sqlite(":memory:".into()));
+        assert_eq!(
+            DbUrl::parse("sqlite:///tmp/x.db").unwrap(),
+            DbUrl::Sqlite("/tmp/x.db".into())
+        );
+        assert_eq!(
+            DbUrl::parse("sqlite::memory:").unwrap(),
+            DbUrl::Sqlite(":memory:".into())
+        );
         let e = DbUrl::parse("postgres://u:secret@h/db").unwrap_err().to_string();
-        assert!(e.contains("unsupported scheme \"postgres\"") && !e.contains("secret"), "{e}");
-        assert!(DbUrl::parse("nonsense").unwrap_err().to_string().contains("not a database URL"));
+        assert!(
+            e.contains("unsupported scheme \"postgres\"") && !e.contains("secret"),
+            "{e}"
+        );
+        assert!(DbUrl::parse("nonsense")
+            .unwrap_err()
+            .to_string()
+            .contains("not a database URL"));
         assert!(DbUrl::parse("sqlite://").is_err());
     }
 }

@@ -173,7 +173,8 @@ impl Ledger for SqliteLedger {
 
     async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
         let owner = owner.to_owned();
-        self.run(move |core| core.claim_and_begin(&owner, batch, lease_ms)).await
+        self.run(move |core| core.claim_and_begin(&owner, batch, lease_ms))
+            .await
     }
 
     async fn complete_and_continue(
