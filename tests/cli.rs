@@ -436,3 +436,31 @@ fn gate_passes_after_the_demo_and_blocks_with_exit_4_without_an_attempt() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("BLOCK"));
     expect_error(&db.run(&["compare", &plan]), 2, "fewer than two successful attempts");
 }
+
+#[test]
+fn status_never_shows_the_lease_token() {
+    let db = Db::new();
+    let plan = db.add_plan("dry-run.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    let mut worker = db.worker("holder", &[]);
+    worker.wait_for("step 1/5");
+    let path = db.url.strip_prefix("sqlite://").unwrap();
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let token: String = conn
+        .query_row(
+            "SELECT lease_token FROM command WHERE attempt_id = ?1",
+            [&attempt],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(token.len() >= 16);
+    let text = db.ok(&["status", &attempt]);
+    let json = db.ok(&["status", &attempt, "--json"]);
+    let history = db.ok(&["history", &plan, "--json"]);
+    assert!(text.contains("PROCESSING") && text.contains("holder"), "{text}");
+    for out in [&text, &json, &history] {
+        assert!(!out.contains(&token), "the lease token leaked:\n{out}");
+        assert!(!out.contains("lease_token"), "{out}");
+    }
+    worker.signal("KILL");
+}
