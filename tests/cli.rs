@@ -464,3 +464,55 @@ fn status_never_shows_the_lease_token() {
     }
     worker.signal("KILL");
 }
+
+#[test]
+fn sigterm_stops_claiming_and_lets_the_delivery_in_flight_finish() {
+    let db = Db::new();
+    let plan = db.add_plan("dry-run.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    let mut worker = db.worker("draining", &["--grace-secs", "60"]);
+    worker.wait_for("step 1/5");
+    worker.signal("TERM");
+    worker.wait_for("stopping: no new claims; 1 deliveries in flight");
+    // Enqueued after the stop request: must not be claimed by this worker.
+    let other = db.add_plan("rehearsal.toml");
+    let late = db.ok(&["enqueue", &other]).trim().to_owned();
+    let lines = worker.finish();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("attempt {attempt}: delivered"))),
+        "{}",
+        lines.join("\n")
+    );
+    assert!(
+        lines.iter().all(|l| !l.contains(&late)),
+        "claimed after the stop:\n{}",
+        lines.join("\n")
+    );
+    assert_eq!(db.json(&["status", &attempt])["command"]["status"], "DELIVERED");
+    assert_eq!(db.json(&["status", &late])["command"]["status"], "PENDING");
+}
+
+#[test]
+fn a_grace_period_that_runs_out_leaves_the_lease_to_expire() {
+    let db = Db::new();
+    let plan = db.add_plan("dry-run.toml");
+    let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
+    let mut worker = db.worker("impatient", &["--grace-secs", "0"]);
+    worker.wait_for("step 1/5");
+    worker.signal("INT");
+    let lines = worker.finish();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("grace period over: dropped 1 deliveries")),
+        "{}",
+        lines.join("\n")
+    );
+    let status = db.json(&["status", &attempt]);
+    assert_eq!(
+        status["command"]["status"], "PROCESSING",
+        "left for another worker to take over"
+    );
+}
