@@ -30,7 +30,8 @@ const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml"
 )]
 #[command(after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked.")]
 struct Cli {
-    /// Database URL: sqlite://FILE (relative or absolute path) or sqlite::memory:.
+    /// Database URL: sqlite://FILE (relative or absolute path), sqlite::memory:, or
+    /// mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?pool_max=N&connect_timeout_ms=N…] (MySQL, MariaDB).
     #[arg(
         long,
         global = true,
@@ -228,6 +229,10 @@ async fn dispatch(cli: Cli) -> Outcome {
     match DbUrl::parse(&cli.db)? {
         DbUrl::Sqlite(path) => {
             let ledger = SqliteLedger::open(&path, Arc::new(SystemClock), Arc::new(OsEntropy))?;
+            run(Arc::new(ledger), cli.command, cli.json).await
+        }
+        DbUrl::Mysql(url) => {
+            let ledger = leasehold::ledger::mysql::MysqlLedger::open(&url, Arc::new(OsEntropy));
             run(Arc::new(ledger), cli.command, cli.json).await
         }
     }

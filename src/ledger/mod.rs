@@ -6,11 +6,13 @@
 //! [`leasehold_engine::Guard`], treating a guard that no longer holds as a refusal.
 //! Lease decisions use the ledger's own clock; ids and tokens come from its entropy.
 //!
-//! Implementations: [`memory::MemoryLedger`] (the reference) and
-//! [`sqlite::SqliteLedger`]. [`DbUrl`] parses the URL that picks one.
+//! Implementations: [`memory::MemoryLedger`] (the reference),
+//! [`sqlite::SqliteLedger`] and [`mysql::MysqlLedger`]. [`DbUrl`] parses the URL that
+//! picks one.
 
 pub mod memory;
 pub mod migrate;
+pub mod mysql;
 pub mod sqlite;
 
 use leasehold_engine::plan::PlanError;
@@ -241,6 +243,8 @@ pub async fn find_plan<L: Ledger>(ledger: &L, reference: &str) -> Result<Plan, L
 pub enum DbUrl {
     /// `sqlite://PATH` (relative or absolute) or `sqlite::memory:`.
     Sqlite(String),
+    /// `mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]` (MySQL or MariaDB).
+    Mysql(mysql::MysqlUrl),
 }
 
 impl DbUrl {
@@ -258,10 +262,15 @@ impl DbUrl {
             }
             return Ok(DbUrl::Sqlite(path.to_owned()));
         }
+        if url.starts_with("mysql://") {
+            return mysql::MysqlUrl::parse(url).map(DbUrl::Mysql);
+        }
         let scheme = url.split_once("://").map(|(s, _)| s);
         Err(LedgerError::BadInput(match scheme {
-            Some(s) if !s.is_empty() => format!("--db: unsupported scheme {s:?} (expected sqlite://FILE)"),
-            _ => "--db: not a database URL (expected sqlite://FILE)".to_owned(),
+            Some(s) if !s.is_empty() => {
+                format!("--db: unsupported scheme {s:?} (expected sqlite://FILE or mysql://USER@HOST/DB)")
+            }
+            _ => "--db: not a database URL (expected sqlite://FILE or mysql://USER@HOST/DB)".to_owned(),
         }))
     }
 }
@@ -291,5 +300,21 @@ mod tests {
             .to_string()
             .contains("not a database URL"));
         assert!(DbUrl::parse("sqlite://").is_err());
+        assert!(e.contains("mysql://"), "{e}");
+        match DbUrl::parse("mysql://app:secret@db.internal:3307/outbox?pool_max=4").unwrap() {
+            DbUrl::Mysql(u) => {
+                assert_eq!(
+                    (u.host.as_str(), u.port, u.database.as_str()),
+                    ("db.internal", 3307, "outbox")
+                );
+                assert_eq!(u.options.pool_max, 4);
+                assert!(!format!("{u:?} {u}").contains("secret"));
+            }
+            other => panic!("expected a mysql URL, got {other:?}"),
+        }
+        let e = DbUrl::parse("mysql://app:secret@db.internal:3307")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no database") && !e.contains("secret"), "{e}");
     }
 }

@@ -1,0 +1,410 @@
+//! The MySQL / MariaDB ledger: many workers on many machines, one durable outbox.
+//!
+//! Contract: every transition is one InnoDB transaction (REPEATABLE READ) that reads
+//! its rows in lock order with `SELECT … FOR UPDATE` (attempt, then command, then
+//! receipts by ordinal), lets the engine ([`leasehold_engine::transition`]) decide at
+//! the ledger clock's `now`, and writes the engine's row images; the command row's
+//! `UPDATE` carries the engine's [`leasehold_engine::Guard`] as its `WHERE` clause, and
+//! zero matched rows (connections set `CLIENT_FOUND_ROWS`, so an `UPDATE` that changes
+//! nothing still counts its row) is a refusal
+//! ([`leasehold_engine::Refusal::StaleToken`]) after which the transaction is rolled
+//! back. Reads are consistent snapshots (`START TRANSACTION WITH CONSISTENT SNAPSHOT`).
+//! The semantics are those of the reference [`super::memory::MemoryLedger`].
+//!
+//! Time: lease decisions use the database's clock, `UNIX_TIMESTAMP(NOW(6))` in a UTC
+//! session, read inside the transaction once its rows are locked — never a worker's
+//! clock, so workers on machines with skewed clocks agree. Tests may inject a
+//! [`Clock`] instead ([`MysqlLedger::open_with_clock`]). Ids and lease tokens come
+//! from the [`Entropy`] (the OS in production).
+//!
+//! Claims work on MySQL 5.7 (no `SKIP LOCKED`): a plain read lists up to
+//! `batch × claim_spread` claimable commands, oldest first; the claimer starts at a
+//! random one of them (so that concurrent claimers mostly take different rows) and, in
+//! one transaction, for each candidate in list order locks its attempt and command,
+//! re-checks that it is still claimable at the database's now, and writes the engine's
+//! claim under its `Claimable(now)` guard — one commit per batch. A candidate that
+//! another claimer took in between is a lost race: counted ([`MysqlLedger::stats`]),
+//! never a success. A lease is held by at most one claimer: the row lock makes the
+//! check and the guarded write one atomic step, and a guarded `UPDATE` that matches
+//! no row undoes the whole batch.
+//!
+//! Errors: deadlocks (1213), lock-wait timeouts (1205) and a connection lost before
+//! `COMMIT` roll the transaction back and are retried whole, up to `retry_max` times
+//! with jittered exponential backoff, then answer [`LedgerError::Unavailable`]. A
+//! connection lost during `COMMIT` answers [`LedgerError::Ambiguous`] (a worker then
+//! retries or lets its lease expire). Failing to connect within `connect_timeout_ms`
+//! is [`LedgerError::Unavailable`]. A worker frozen in the middle of a transaction
+//! holds its row locks only until the server drops its idle connection
+//! (`idle_timeout_s`, the session's `wait_timeout`), which rolls the transaction back.
+//! Tokens and passwords never appear in SQL text, errors or logs. The schema lives in `migrations/mysql/` and is applied by
+//! [`Ledger::migrate`] ([`schema`]), never by opening.
+
+mod connection;
+mod error;
+mod rows;
+pub mod schema;
+pub mod scratch;
+#[cfg(test)]
+mod tests;
+mod url;
+
+pub use url::{MysqlOptions, MysqlUrl};
+
+use super::{Claimed, Ledger, LedgerError};
+use crate::clock::Clock;
+use crate::entropy::Entropy;
+use leasehold_engine::transition::{self, Continued, ReconcileOutcome};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
+use mysql_async::{OptsBuilder, Pool, PoolConstraints, PoolOpts};
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Counters of one ledger (shared by its clones) since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MysqlStats {
+    /// Commands claimed.
+    pub claims: u64,
+    /// Candidates that were claimable when listed but taken by someone else before
+    /// this claimer locked them: lost races, each refused (never a double claim).
+    pub lost_claim_races: u64,
+    /// Guarded claim `UPDATE`s that matched no row (the row lock should make this 0).
+    pub refused_claim_updates: u64,
+    /// Transactions tried again after a deadlock, lock-wait timeout or lost connection.
+    pub retries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    claims: AtomicU64,
+    lost_claim_races: AtomicU64,
+    refused_claim_updates: AtomicU64,
+    retries: AtomicU64,
+}
+
+struct Shared {
+    pool: Pool,
+    url: MysqlUrl,
+    clock: Option<Arc<dyn Clock>>,
+    entropy: Arc<dyn Entropy>,
+    stats: Counters,
+    #[cfg(test)]
+    hooks: connection::Hooks,
+}
+
+/// The MySQL / MariaDB ledger: an async [`Ledger`] over a connection pool.
+///
+/// Clones share the pool and the counters. Any number of ledgers, in any number of
+/// processes on any number of machines, may use the same database at once.
+#[derive(Clone)]
+pub struct MysqlLedger {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for MysqlLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlLedger")
+            .field("url", &self.shared.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlLedger {
+    /// A ledger on the database at `url`, deciding leases on the database's clock and
+    /// minting ids and tokens from `entropy`. Connects lazily: an unreachable server
+    /// shows as [`LedgerError::Unavailable`] on the first call. Creates no table: call
+    /// [`Ledger::migrate`] for that. Must be called inside a tokio runtime.
+    pub fn open(url: &MysqlUrl, entropy: Arc<dyn Entropy>) -> Self {
+        Self::build(url, None, entropy)
+    }
+
+    /// Like [`MysqlLedger::open`], but deciding leases on `clock` instead of the
+    /// database's clock. For tests only (the conformance suite moves a manual clock);
+    /// production must use the database's clock so that every machine agrees.
+    pub fn open_with_clock(url: &MysqlUrl, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Self {
+        Self::build(url, Some(clock), entropy)
+    }
+
+    fn build(url: &MysqlUrl, clock: Option<Arc<dyn Clock>>, entropy: Arc<dyn Entropy>) -> Self {
+        let o = url.options;
+        let constraints = PoolConstraints::new(o.pool_min.min(o.pool_max), o.pool_max)
+            .unwrap_or_else(|| PoolConstraints::new(0, o.pool_max.max(1)).unwrap_or_default());
+        let pool_opts = PoolOpts::default()
+            .with_constraints(constraints)
+            // Keep up to pool_max idle connections for a while instead of closing
+            // every one above pool_min as soon as it is returned; close them before
+            // the server's wait_timeout does.
+            .with_inactive_connection_ttl(Duration::from_secs((o.idle_timeout_s / 2).clamp(1, 60)))
+            // Sessions are never left dirty (every transaction is ended), so the
+            // reset round trip, which also drops cached statements, is not needed.
+            .with_reset_connection(false);
+        let session = vec![
+            "SET time_zone = '+00:00'".to_owned(),
+            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ".to_owned(),
+            format!("SET SESSION innodb_lock_wait_timeout = {}", o.lock_wait_timeout_s),
+            format!("SET SESSION wait_timeout = {}", o.idle_timeout_s),
+            "SET SESSION sql_mode = 'STRICT_TRANS_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,ERROR_FOR_DIVISION_BY_ZERO,\
+             NO_ENGINE_SUBSTITUTION'"
+                .to_owned(),
+        ];
+        let opts = OptsBuilder::default()
+            .ip_or_hostname(url.host.clone())
+            .tcp_port(url.port)
+            .user(url.user.clone())
+            .pass(url.expose_password().map(str::to_owned))
+            .db_name(Some(url.database.clone()))
+            .client_found_rows(true)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(Duration::from_secs(30)))
+            .stmt_cache_size(64)
+            .setup(session)
+            .pool_opts(pool_opts);
+        Self {
+            shared: Arc::new(Shared {
+                pool: Pool::new(opts),
+                url: url.clone(),
+                clock,
+                entropy,
+                stats: Counters::default(),
+                #[cfg(test)]
+                hooks: connection::Hooks::default(),
+            }),
+        }
+    }
+
+    /// The URL this ledger connects to (its password hidden when printed).
+    pub fn url(&self) -> &MysqlUrl {
+        &self.shared.url
+    }
+
+    /// The counters since this ledger was opened.
+    pub fn stats(&self) -> MysqlStats {
+        let c = &self.shared.stats;
+        MysqlStats {
+            claims: c.claims.load(Ordering::Relaxed),
+            lost_claim_races: c.lost_claim_races.load(Ordering::Relaxed),
+            refused_claim_updates: c.refused_claim_updates.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Claim races lost (and refused) since this ledger was opened.
+    pub fn lost_claim_races(&self) -> u64 {
+        self.stats().lost_claim_races
+    }
+
+    /// Closes the pool's connections once they are idle. Other clones stop working.
+    pub async fn disconnect(&self) -> Result<(), LedgerError> {
+        self.shared
+            .pool
+            .clone()
+            .disconnect()
+            .await
+            .map_err(|e| LedgerError::Unavailable(format!("mysql: {e}")))
+    }
+
+    /// Has the next worker transition's connection killed at `point` (tests).
+    #[cfg(test)]
+    fn kill_at(&self, point: connection::KillPoint) {
+        *self.shared.hooks.kill.lock().unwrap_or_else(|e| e.into_inner()) = Some(point);
+    }
+
+    /// Stalls the next worker transition for `ms` while it holds its row locks (tests).
+    #[cfg(test)]
+    fn stall_next_transition(&self, ms: u64) {
+        *self.shared.hooks.stall.lock().unwrap_or_else(|e| e.into_inner()) = Some(Duration::from_millis(ms));
+    }
+
+    /// Pauses the next claim after it listed its candidates; answers a receiver that
+    /// fires when it got there and a sender that lets it go on (tests).
+    #[cfg(test)]
+    fn pause_next_claim(&self) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
+        let (reached_tx, reached_rx) = tokio::sync::oneshot::channel();
+        let (resume_tx, resume_rx) = tokio::sync::oneshot::channel();
+        *self.shared.hooks.pause.lock().unwrap_or_else(|e| e.into_inner()) = Some((reached_tx, resume_rx));
+        (reached_rx, resume_tx)
+    }
+
+    async fn claim_with(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease_ms: u64,
+        begin: bool,
+    ) -> Result<Vec<Claimed>, LedgerError> {
+        if batch == 0 {
+            return Ok(Vec::new());
+        }
+        let spread = self.shared.url.options.claim_spread.max(1);
+        let window = batch.saturating_mul(spread).min(1_000);
+        let candidates = self.retry(|| self.claim_candidates_once(window)).await?;
+        #[cfg(test)]
+        self.test_pause_after_listing().await;
+        // Start at a random candidate (leaving at least a batch after it), so that
+        // claimers polling at the same moment mostly lock different rows. Each
+        // transaction locks in the listed (oldest first) order, so the candidates
+        // before the start, tried only when races were lost, are a second one.
+        let start = match candidates.len().checked_sub(batch as usize) {
+            Some(room) if spread > 1 && room > 0 => (self.shared.entropy.next_u64() % (room as u64 + 1)) as usize,
+            _ => 0,
+        };
+        let (head, tail) = candidates.split_at(start);
+        let counters = &self.shared.stats;
+        let mut claimed: Vec<Claimed> = Vec::new();
+        for part in [tail, head] {
+            let want = (batch as usize).saturating_sub(claimed.len());
+            if want == 0 || part.is_empty() {
+                continue;
+            }
+            match self
+                .retry(|| self.claim_batch_once(part, owner, want, lease_ms, begin))
+                .await
+            {
+                Ok(b) => {
+                    counters.claims.fetch_add(b.claimed.len() as u64, Ordering::Relaxed);
+                    counters.lost_claim_races.fetch_add(b.lost, Ordering::Relaxed);
+                    claimed.extend(b.claimed);
+                }
+                // The leases already committed are real: hand them to the worker.
+                Err(_) if !claimed.is_empty() => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn worker<X, F>(&self, lease: &Lease, decide: F) -> Result<(X, AttemptRecord), LedgerError>
+    where
+        F: Fn(&AttemptRecord, Timestamp) -> Result<(X, leasehold_engine::Writes), leasehold_engine::Refusal> + Sync,
+        X: Send,
+    {
+        self.retry(|| self.worker_once(lease, &decide)).await
+    }
+}
+
+impl Ledger for MysqlLedger {
+    async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
+        self.retry(|| self.migrate_once()).await
+    }
+
+    async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
+        self.retry(|| self.register_plan_once(spec.clone(), known_executors))
+            .await
+    }
+
+    async fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        self.retry(|| self.plan_once(id)).await
+    }
+
+    async fn list_plans(&self) -> Result<Vec<Plan>, LedgerError> {
+        self.retry(|| self.list_plans_once()).await
+    }
+
+    async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        self.retry(|| self.retire_plan_once(id)).await
+    }
+
+    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+        self.retry(|| self.enqueue_once(plan, action)).await
+    }
+
+    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(owner, batch, lease_ms, false).await
+    }
+
+    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(owner, batch, lease_ms, true).await
+    }
+
+    async fn complete_and_continue(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<Continued, LedgerError> {
+        let (continued, _) = self
+            .worker(lease, |r, now| {
+                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
+            })
+            .await?;
+        Ok(continued)
+    }
+
+    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
+        let ((), record) = self
+            .worker(lease, |r, now| {
+                transition::heartbeat(&r.command, &lease.token, lease_ms, now).map(|w| ((), w))
+            })
+            .await?;
+        record
+            .command
+            .lease_until
+            .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
+    }
+
+    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::begin_step(r, ordinal, &lease.token, lease_ms, now).map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn complete_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
+                .map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::fail(r, ordinal, error, &lease.token, now).map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::finish(r, &lease.token, now).map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        let decide = |r: &AttemptRecord, plan: &Plan, now| transition::reconcile(r, plan.recovery, now);
+        self.retry(|| self.operator_once(attempt, &decide)).await
+    }
+
+    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
+        let decide = |r: &AttemptRecord, _: &Plan, now| transition::abort(r, reason, now).map(|w| ((), w));
+        let ((), record) = self.retry(|| self.operator_once(attempt, &decide)).await?;
+        Ok(record)
+    }
+
+    async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
+        self.retry(|| self.attempt_once(attempt)).await
+    }
+
+    async fn history(&self, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
+        self.retry(|| self.history_once(plan)).await
+    }
+
+    async fn open_attempts(&self) -> Result<u64, LedgerError> {
+        self.retry(|| self.open_attempts_once()).await
+    }
+}

@@ -1,0 +1,172 @@
+//! The MySQL schema migrations and their runner.
+//!
+//! Contract: the migrations are [`MIGRATIONS`] (from `migrations/mysql/`), applied in
+//! version order by the shared version logic ([`crate::ledger::migrate::pending`]) and
+//! recorded in `schema_migrations(version, name, applied_at)`; already recorded
+//! versions are skipped, and a recorded version newer than the binary knows is refused
+//! before anything runs. MySQL commits DDL implicitly, so the run cannot be one
+//! transaction: concurrent migrators of the same database are serialized by the named
+//! lock `leasehold.migrate.<database>` (`GET_LOCK`), held by one connection for the
+//! whole run, and every migration's statements are idempotent so that a run cut short
+//! can simply run again.
+
+use super::error::{DbResult, TxError};
+use super::rows;
+use crate::ledger::migrate::{self, Migration};
+use crate::ledger::LedgerError;
+use leasehold_engine::Timestamp;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Value};
+
+/// The MySQL migrations, in version order.
+pub static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "init",
+    sql: include_str!("../../../migrations/mysql/0001_init.sql"),
+}];
+
+/// How long a migrator waits for another one to finish, in seconds.
+const MIGRATE_LOCK_WAIT_S: i64 = 60;
+
+/// Splits a migration script into statements: `--` comments are dropped and `;` ends
+/// a statement unless it is inside a quoted string or identifier.
+pub(super) fn statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut quote: Option<char> = None;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                current.push(c);
+                if c == q {
+                    quote = None;
+                }
+            }
+            None => match c {
+                '\'' | '"' | '`' => {
+                    quote = Some(c);
+                    current.push(c);
+                }
+                '-' if chars.peek() == Some(&'-') => {
+                    for c in chars.by_ref() {
+                        if c == '\n' {
+                            current.push('\n');
+                            break;
+                        }
+                    }
+                }
+                ';' => {
+                    let statement = current.trim();
+                    if !statement.is_empty() {
+                        out.push(statement.to_owned());
+                    }
+                    current.clear();
+                }
+                _ => current.push(c),
+            },
+        }
+    }
+    let statement = current.trim();
+    if !statement.is_empty() {
+        out.push(statement.to_owned());
+    }
+    out
+}
+
+/// Applies the pending migrations over `conn`, holding the migration lock; answers the
+/// versions applied now. `now` answers `applied_at` (the ledger's clock).
+pub(super) async fn run(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>, TxError> {
+    let lock_name = "CONCAT('leasehold.migrate.', DATABASE())";
+    let got: Option<Option<i64>> = conn
+        .exec_first(format!("SELECT GET_LOCK({lock_name}, ?)"), (MIGRATE_LOCK_WAIT_S,))
+        .await
+        .db()?;
+    match got.flatten() {
+        Some(1) => {}
+        _ => {
+            return Err(LedgerError::Unavailable(format!(
+                "another migrator held the schema lock for {MIGRATE_LOCK_WAIT_S} s"
+            ))
+            .into())
+        }
+    }
+    let result = run_locked(conn, now).await;
+    // Closing the connection would release the lock too; release it now so that a
+    // pooled connection does not keep it.
+    let released: Result<Option<Option<i64>>, _> = conn.query_first(format!("SELECT RELEASE_LOCK({lock_name})")).await;
+    let applied = result?;
+    released.db()?;
+    Ok(applied)
+}
+
+async fn run_locked(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>, TxError> {
+    conn.query_drop(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (\
+         version INT UNSIGNED NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL\
+         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+    )
+    .await
+    .db()?;
+    let applied: Vec<i64> = conn
+        .query("SELECT version FROM schema_migrations ORDER BY version")
+        .await
+        .db()?;
+    let applied: Vec<u32> = applied
+        .into_iter()
+        .map(|v| u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_migrations: bad version {v}"))))
+        .collect::<Result<_, _>>()?;
+    let mut done = Vec::new();
+    for migration in migrate::pending(MIGRATIONS, &applied)? {
+        for statement in statements(migration.sql) {
+            conn.query_drop(statement).await.map_err(|e| {
+                match super::error::classify(&e, super::error::Phase::Statement) {
+                    TxError::Ledger(LedgerError::Internal(m)) => TxError::Ledger(LedgerError::Internal(format!(
+                        "migration {} ({}): {m}",
+                        migration.version, migration.name
+                    ))),
+                    other => other,
+                }
+            })?;
+        }
+        let applied_at = match now {
+            Some(now) => now,
+            None => rows::db_now(conn).await?,
+        };
+        conn.exec_drop(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+            vec![
+                Value::from(migration.version),
+                Value::from(migration.name),
+                Value::from(applied_at.as_millis()),
+            ],
+        )
+        .await
+        .db()?;
+        done.push(migration.version);
+    }
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mysql_list_is_well_formed_and_splits_into_statements() {
+        migrate::check_list(MIGRATIONS).unwrap();
+        let statements = statements(MIGRATIONS[0].sql);
+        assert_eq!(statements.len(), 4, "{statements:#?}");
+        for (s, table) in statements.iter().zip(["plan", "attempt", "receipt", "command"]) {
+            assert!(s.starts_with(&format!("CREATE TABLE IF NOT EXISTS {table} (")), "{s}");
+            assert!(s.contains("ENGINE = InnoDB"), "{s}");
+            assert!(!s.contains("--"), "a comment survived: {s}");
+        }
+    }
+
+    #[test]
+    fn splitting_respects_quotes_and_comments() {
+        let sql = "-- a; comment\nSELECT 'a;b'; SELECT `x;y` -- tail; here\n; ;\nSELECT 3";
+        assert_eq!(statements(sql), vec!["SELECT 'a;b'", "SELECT `x;y`", "SELECT 3"]);
+    }
+}
