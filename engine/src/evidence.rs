@@ -191,6 +191,9 @@ impl VolatileKeys {
 
     /// Whether an object key is stripped.
     pub fn contains(&self, key: &str) -> bool {
+        if key == "sandbox_id" && crate::bugs::enabled(crate::bugs::Bug::FingerprintKeepsVolatile) {
+            return false;
+        }
         self.0.contains(key)
     }
 

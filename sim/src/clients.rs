@@ -1,0 +1,188 @@
+//! The simulation's clients: one enqueues attempts throughout the safety phase, one
+//! operator reconciles and aborts at seed-chosen moments.
+//!
+//! Contract: clients talk to the db host through the same [`RpcLedger`] as the
+//! workers (true clocks) and tolerate every transport error. The enqueuer records
+//! each acknowledged and each refused enqueue in the [`ClientLog`] (invariant 7);
+//! an enqueue whose outcome is unknown is counted as ambiguous. Both clients stop
+//! acting when the safety phase ends and then mark themselves done.
+
+use crate::clock::{elapsed_ms, SimClock};
+use crate::plans;
+use crate::rng::Rng;
+use crate::rpc::RpcLedger;
+use crate::trace::Trace;
+use leasehold::ledger::{Ledger, LedgerError};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the clients saw.
+#[derive(Debug, Default)]
+pub struct ClientLog {
+    /// The plans registered.
+    pub plans: Vec<Plan>,
+    /// Acknowledged enqueues.
+    pub acked: Vec<(PlanId, Action, AttemptId)>,
+    /// Refused enqueues, with the refusal.
+    pub refused: Vec<(PlanId, Action, String)>,
+    /// Enqueues whose outcome is unknown.
+    pub ambiguous: u64,
+    /// Operator actions taken (reconcile or abort), with their outcome.
+    pub operator: Vec<String>,
+    /// The enqueuer finished.
+    pub enqueuer_done: bool,
+    /// The operator finished.
+    pub operator_done: bool,
+}
+
+/// What a client needs.
+#[derive(Debug, Clone)]
+pub struct ClientCtx {
+    /// Shared log.
+    pub log: Rc<RefCell<ClientLog>>,
+    /// Shared trace.
+    pub trace: Trace,
+    /// The run's seed.
+    pub seed: u64,
+    /// When the safety phase ends (simulated ms).
+    pub safety_ms: u64,
+    /// Ledger RPC deadline.
+    pub rpc_timeout_ms: u64,
+}
+
+impl ClientCtx {
+    fn ledger(&self, host: &str) -> RpcLedger {
+        RpcLedger::new(host, Arc::new(SimClock::default()), self.rpc_timeout_ms)
+    }
+}
+
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+/// Registers the plans (retrying through faults), then enqueues attempts until the
+/// safety phase ends.
+pub async fn enqueuer(ctx: ClientCtx, every_ms: [u64; 2]) -> turmoil::Result {
+    let ledger = ctx.ledger("enqueuer");
+    let mut rng = Rng::new(ctx.seed, "enqueuer");
+    let mut plans = Vec::new();
+    for spec in plans::specs() {
+        loop {
+            match ledger.register_plan(spec.clone(), plans::KNOWN).await {
+                Ok(p) => {
+                    plans.push(p);
+                    break;
+                }
+                Err(e) if e.is_transient() => sleep_ms(100).await,
+                Err(e) => return Err(format!("registering plan {}: {e}", spec.name).into()),
+            }
+        }
+    }
+    ctx.log.borrow_mut().plans = plans.clone();
+    while elapsed_ms() < ctx.safety_ms {
+        sleep_ms(rng.range(every_ms[0], every_ms[1])).await;
+        if elapsed_ms() >= ctx.safety_ms {
+            break;
+        }
+        let plan = &plans[rng.pick(plans.len())];
+        let Ok(history) = ledger.history(&plan.id).await else {
+            continue;
+        };
+        let action = choose_action(&history, &mut rng);
+        match ledger.enqueue(&plan.id, action).await {
+            Ok(record) => {
+                ctx.trace.line(
+                    "enqueuer",
+                    format!(
+                        "enqueued {} #{} of {} ({action})",
+                        record.attempt.id, record.attempt.number, plan.name
+                    ),
+                );
+                ctx.log
+                    .borrow_mut()
+                    .acked
+                    .push((plan.id.clone(), action, record.attempt.id));
+            }
+            Err(LedgerError::Refused(r)) => {
+                ctx.trace
+                    .line("enqueuer", format!("enqueue {action} of {} refused: {r}", plan.name));
+                ctx.log
+                    .borrow_mut()
+                    .refused
+                    .push((plan.id.clone(), action, r.to_string()));
+            }
+            Err(e) => {
+                ctx.trace
+                    .line("enqueuer", format!("enqueue {action} of {} unknown: {e}", plan.name));
+                ctx.log.borrow_mut().ambiguous += 1;
+            }
+        }
+    }
+    ctx.log.borrow_mut().enqueuer_done = true;
+    Ok(())
+}
+
+/// The action a user would ask for next, given the plan's history; now and then
+/// one the action guard must refuse.
+fn choose_action(history: &[AttemptRecord], rng: &mut Rng) -> Action {
+    let latest = history.iter().max_by_key(|r| r.attempt.number);
+    if rng.chance(0.1) {
+        return [Action::Execute, Action::Retry, Action::Compensate][rng.pick(3)];
+    }
+    match latest.map(|r| (r.attempt.status, r.attempt.action)) {
+        Some((AttemptStatus::Failed | AttemptStatus::Aborted, _)) => Action::Retry,
+        Some((AttemptStatus::Succeeded, a)) if a.is_forward() && rng.chance(0.15) => Action::Compensate,
+        _ => Action::Execute,
+    }
+}
+
+/// Takes the operator's actions at their scheduled moments: each picks an open
+/// attempt (a running one if there is any) and reconciles or aborts it.
+pub async fn operator(ctx: ClientCtx, schedule: Vec<(u64, bool)>) -> turmoil::Result {
+    let ledger = ctx.ledger("operator");
+    let mut rng = Rng::new(ctx.seed, "operator");
+    for (at_ms, abort) in schedule {
+        let now = elapsed_ms();
+        if at_ms > now {
+            sleep_ms(at_ms - now).await;
+        }
+        let Some(target) = pick_open_attempt(&ledger, &mut rng).await else {
+            continue;
+        };
+        let line = if abort {
+            match ledger.abort(&target, "aborted by the operator").await {
+                Ok(r) => format!("abort {target}: {}", r.attempt.status),
+                Err(e) => format!("abort {target}: {e}"),
+            }
+        } else {
+            match ledger.reconcile(&target).await {
+                Ok((outcome, r)) => format!("reconcile {target}: {outcome:?}, command {}", r.command.status),
+                Err(e) => format!("reconcile {target}: {e}"),
+            }
+        };
+        ctx.trace.line("operator", &line);
+        ctx.log.borrow_mut().operator.push(line);
+    }
+    ctx.log.borrow_mut().operator_done = true;
+    Ok(())
+}
+
+async fn pick_open_attempt(ledger: &RpcLedger, rng: &mut Rng) -> Option<AttemptId> {
+    let plans = ledger.list_plans().await.ok()?;
+    let mut running = Vec::new();
+    let mut open = Vec::new();
+    for p in &plans {
+        for r in ledger.history(&p.id).await.ok()? {
+            if r.command.status == CommandStatus::Processing {
+                running.push(r.attempt.id.clone());
+            } else if !r.attempt.status.is_terminal() {
+                open.push(r.attempt.id.clone());
+            }
+        }
+    }
+    let pool = if running.is_empty() { open } else { running };
+    (!pool.is_empty()).then(|| pool[rng.pick(pool.len())].clone())
+}

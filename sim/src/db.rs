@@ -1,0 +1,676 @@
+//! The db host: a ledger served over `turmoil::net` TCP, and its event log.
+//!
+//! Contract:
+//! - The committed state ([`DbState`]) lives outside the host's factory, in an
+//!   `Rc<RefCell<_>>` the factory captures, so a db host restart (crash, then
+//!   bounce) keeps what was committed; requests in flight at the crash are lost.
+//! - Backends: the memory ledger, or the production SQLite ledger's synchronous
+//!   [`SqliteCore`] on `":memory:"`, called inline inside the host's task (never on
+//!   `spawn_blocking`, which would stall turmoil's clock). Each request is handled
+//!   to completion without an `.await`, so a transition is atomic in simulated time.
+//! - Every worker and operator transition, applied or refused, is recorded as a
+//!   [`DbEvent`]: the db host's own time, the operation, the attempt, the row images
+//!   before and after (with the lease token replaced by an ordinal that stands for
+//!   it), and the outcome. The checker proves invariants 1–4, 6 and 7 from this log.
+//!   Token texts are kept only in a private map, for invariant 10's scan.
+//! - Faults: while faults are on, a mutating request may be committed and its reply
+//!   dropped (the connection closes without an answer). With the planted bug
+//!   `lease-on-worker-clock`, a worker's request is decided at the clock reading it
+//!   sent instead of the db host's clock.
+
+use crate::clock::{elapsed_ms, DbClock};
+use crate::protocol::{
+    read_frame, requeued, write_frame, DbEnvelope, DbReply, DbRequest, DbResponse, WireClaimed, WireError,
+};
+use crate::rng::Rng;
+use crate::trace::Trace;
+use leasehold::clock::Clock;
+use leasehold::entropy::Entropy;
+use leasehold::ledger::memory::MemoryLedger;
+use leasehold::ledger::sqlite::SqliteCore;
+use leasehold::ledger::{Claimed, Ledger, LedgerError};
+use leasehold_engine::bugs::{self, Bug};
+use leasehold_engine::transition::{Continued, ReconcileOutcome};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, CommandStatus, Lease, Plan, PlanId, PlanSpec, Timestamp};
+use serde_json::Value;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+/// The db host's port.
+pub const DB_PORT: u16 = 5432;
+
+/// Which ledger the db host serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BackendKind {
+    /// The in-memory reference ledger.
+    Memory,
+    /// The SQLite ledger's synchronous core on an in-memory database.
+    Sqlite,
+}
+
+impl BackendKind {
+    /// Both backends.
+    pub const ALL: &'static [BackendKind] = &[BackendKind::Memory, BackendKind::Sqlite];
+
+    /// `memory` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Memory => "memory",
+            BackendKind::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// The ledger inside the db host.
+enum Backend {
+    Memory(MemoryLedger),
+    Sqlite(SqliteCore),
+}
+
+struct NoopWake;
+
+impl Wake for NoopWake {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// Runs a future that never waits (the memory ledger's methods lock a mutex and
+/// return) to completion on the spot.
+fn ready<F: Future>(f: F) -> F::Output {
+    let waker = Waker::from(Arc::new(NoopWake));
+    let mut cx = Context::from_waker(&waker);
+    match pin!(f).poll(&mut cx) {
+        Poll::Ready(out) => out,
+        // The memory ledger holds a std mutex and never awaits: a pending poll
+        // would be a bug in this simulator, not a fault to simulate.
+        Poll::Pending => panic!("a memory ledger call did not complete at once"),
+    }
+}
+
+macro_rules! call {
+    ($backend:expr, $method:ident($($arg:expr),*)) => {
+        match $backend {
+            Backend::Memory(m) => ready(m.$method($($arg),*)),
+            Backend::Sqlite(s) => s.$method($($arg),*),
+        }
+    };
+}
+
+/// An attempt's rows as the log keeps them: the token replaced by its ordinal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snap {
+    /// The rows, with `command.lease_token` always `None`.
+    pub record: AttemptRecord,
+    /// The ordinal of the command's lease token, if it has one.
+    pub token: Option<u32>,
+}
+
+/// How a logged request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// The transition was committed.
+    Applied,
+    /// The ledger refused it; nothing was written.
+    Refused(String),
+    /// Some other error (not found, unavailable, internal).
+    Failed(String),
+}
+
+/// One worker or operator transition as the db host saw it.
+#[derive(Debug, Clone)]
+pub struct DbEvent {
+    /// Position in the log.
+    pub seq: u64,
+    /// Simulated time.
+    pub at_ms: u64,
+    /// The db host's own clock.
+    pub db_now: Timestamp,
+    /// The time the ledger decided at (differs only under `lease-on-worker-clock`).
+    pub decided_at: Timestamp,
+    /// The requesting host.
+    pub from: String,
+    /// The operation.
+    pub op: &'static str,
+    /// The attempt.
+    pub attempt: Option<AttemptId>,
+    /// The receipt, for step operations.
+    pub ordinal: Option<u32>,
+    /// The ordinal of the token the request presented (for a claim: the token it
+    /// granted).
+    pub presented: Option<u32>,
+    /// The attempt's rows before.
+    pub before: Option<Snap>,
+    /// The attempt's rows after.
+    pub after: Option<Snap>,
+    /// How it ended.
+    pub outcome: EventOutcome,
+    /// For enqueue: the plan's attempt count before and after.
+    pub plan_attempts: Option<(usize, usize)>,
+    /// Whether the reply was dropped (a lost reply).
+    pub reply_lost: bool,
+}
+
+impl DbEvent {
+    /// Refused because the presented token was not the command's current one.
+    pub fn is_stale_refusal(&self) -> bool {
+        matches!(self.outcome, EventOutcome::Refused(_))
+            && self.presented.is_some()
+            && self.before.as_ref().is_some_and(|b| b.token != self.presented)
+    }
+}
+
+/// The db host's durable state and its log. Survives db host restarts.
+pub struct DbState {
+    backend: Backend,
+    clock: Arc<DbClock>,
+    trace: Trace,
+    tokens: BTreeMap<String, u32>,
+    rng: Rng,
+    /// Every transition, in commit order.
+    pub events: Vec<DbEvent>,
+    /// The latest rows of every attempt.
+    pub latest: BTreeMap<AttemptId, Snap>,
+    /// Every registered plan.
+    pub plans: BTreeMap<PlanId, Plan>,
+    /// Whether faults (lost replies) are on.
+    pub faults_on: bool,
+    /// Chance that a mutating request's reply is lost while faults are on.
+    pub reply_loss: f64,
+    /// Replies dropped so far.
+    pub replies_lost: u64,
+}
+
+impl std::fmt::Debug for DbState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbState")
+            .field("events", &self.events.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DbState {
+    /// A fresh, migrated ledger of `kind` deciding on `clock` and minting from
+    /// `entropy`.
+    pub fn new(
+        kind: BackendKind,
+        clock: Arc<DbClock>,
+        entropy: Arc<dyn Entropy>,
+        trace: Trace,
+        seed: u64,
+        reply_loss: f64,
+    ) -> Result<Self, LedgerError> {
+        let dyn_clock: Arc<dyn Clock> = clock.clone();
+        let backend = match kind {
+            BackendKind::Memory => Backend::Memory(MemoryLedger::new(dyn_clock, entropy)),
+            BackendKind::Sqlite => {
+                let core = SqliteCore::open(":memory:", dyn_clock, entropy)?;
+                core.migrate()?;
+                Backend::Sqlite(core)
+            }
+        };
+        Ok(Self {
+            backend,
+            clock,
+            trace,
+            tokens: BTreeMap::new(),
+            rng: Rng::new(seed, "db-replies"),
+            events: Vec::new(),
+            latest: BTreeMap::new(),
+            plans: BTreeMap::new(),
+            faults_on: true,
+            reply_loss,
+            replies_lost: 0,
+        })
+    }
+
+    /// The text of every lease token minted so far. Never print these: the checker
+    /// uses them only to scan output for leaks.
+    pub fn token_texts(&self) -> Vec<String> {
+        self.tokens.keys().cloned().collect()
+    }
+
+    /// How many lease tokens were minted.
+    pub fn tokens_minted(&self) -> usize {
+        self.tokens.len()
+    }
+
+    fn ordinal_of(&mut self, text: &str) -> u32 {
+        let next = u32::try_from(self.tokens.len()).unwrap_or(u32::MAX).saturating_add(1);
+        *self.tokens.entry(text.to_owned()).or_insert(next)
+    }
+
+    fn known_ordinal(&self, text: &str) -> Option<u32> {
+        self.tokens.get(text).copied()
+    }
+
+    fn snap(&mut self, mut record: AttemptRecord) -> Snap {
+        let token = record.command.lease_token.take().map(|t| self.ordinal_of(t.expose()));
+        Snap { record, token }
+    }
+
+    fn read_snap(&mut self, attempt: &AttemptId) -> Option<Snap> {
+        let record: Result<AttemptRecord, LedgerError> = call!(&self.backend, attempt(attempt));
+        record.ok().map(|r| self.snap(r))
+    }
+
+    fn plan_attempt_count(&self, plan: &PlanId) -> usize {
+        let history: Result<Vec<AttemptRecord>, LedgerError> = call!(&self.backend, history(plan));
+        history.map_or(0, |h| h.len())
+    }
+
+    /// Handles one request; answers the response and whether to drop it (a lost
+    /// reply).
+    pub fn handle(&mut self, env: DbEnvelope) -> (DbResponse, bool) {
+        let db_now = self.clock.own_now();
+        if bugs::enabled(Bug::LeaseOnWorkerClock) && env.from.starts_with('w') {
+            self.clock.decide_at(env.sent_at);
+        }
+        let decided_at = self.clock.now();
+        let mutating = !matches!(
+            env.request,
+            DbRequest::Plan { .. }
+                | DbRequest::ListPlans
+                | DbRequest::Attempt { .. }
+                | DbRequest::History { .. }
+                | DbRequest::OpenAttempts
+        );
+        let first_event = self.events.len();
+        let response = self.dispatch(&env, db_now, decided_at);
+        self.clock.clear();
+        let lost = mutating && self.faults_on && self.rng.chance(self.reply_loss);
+        if lost {
+            self.replies_lost += 1;
+            for e in &mut self.events[first_event..] {
+                e.reply_lost = true;
+            }
+            self.trace.line(
+                "db",
+                format!("{} from {}: committed, reply lost", env.request.op(), env.from),
+            );
+        }
+        (response, lost)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn log(
+        &mut self,
+        env: &DbEnvelope,
+        db_now: Timestamp,
+        decided_at: Timestamp,
+        attempt: Option<AttemptId>,
+        ordinal: Option<u32>,
+        presented: Option<u32>,
+        before: Option<Snap>,
+        after: Option<Snap>,
+        outcome: EventOutcome,
+        plan_attempts: Option<(usize, usize)>,
+    ) {
+        let seq = self.events.len() as u64;
+        let mut text = format!("#{seq} {} from {}", env.request.op(), env.from);
+        if let Some(a) = &attempt {
+            text.push_str(&format!(" {a}"));
+        }
+        if let Some(o) = ordinal {
+            text.push_str(&format!(" step {o}"));
+        }
+        if let Some(p) = presented {
+            text.push_str(&format!(" token#{p}"));
+        }
+        if let Some(a) = &after {
+            let c = &a.record.command;
+            text.push_str(&format!(
+                " -> {}/{} d{}",
+                a.record.attempt.status, c.status, c.delivery_count
+            ));
+            if let Some(t) = a.token {
+                text.push_str(&format!(" token#{t}"));
+            }
+        }
+        match &outcome {
+            EventOutcome::Applied => text.push_str(" applied"),
+            EventOutcome::Refused(r) => text.push_str(&format!(" refused: {r}")),
+            EventOutcome::Failed(r) => text.push_str(&format!(" failed: {r}")),
+        }
+        if decided_at != db_now {
+            text.push_str(&format!(" (decided at {decided_at}, db clock {db_now})"));
+        }
+        self.trace.line("db", text);
+        self.events.push(DbEvent {
+            seq,
+            at_ms: elapsed_ms(),
+            db_now,
+            decided_at,
+            from: env.from.clone(),
+            op: env.request.op(),
+            attempt,
+            ordinal,
+            presented,
+            before,
+            after,
+            outcome,
+            plan_attempts,
+            reply_lost: false,
+        });
+    }
+
+    fn outcome<T>(result: &Result<T, LedgerError>) -> EventOutcome {
+        match result {
+            Ok(_) => EventOutcome::Applied,
+            Err(LedgerError::Refused(r)) => EventOutcome::Refused(r.to_string()),
+            Err(e) => EventOutcome::Failed(e.to_string()),
+        }
+    }
+
+    /// A worker transition: log it with the rows before and after.
+    fn worker_op<T>(
+        &mut self,
+        env: &DbEnvelope,
+        (db_now, decided_at): (Timestamp, Timestamp),
+        lease: &Lease,
+        ordinal: Option<u32>,
+        run: impl FnOnce(&Backend, &Lease) -> Result<T, LedgerError>,
+    ) -> Result<T, LedgerError> {
+        let presented = self.known_ordinal(lease.token.expose());
+        let before = self.latest.get(&lease.attempt_id).cloned();
+        let result = run(&self.backend, lease);
+        let after = self.read_snap(&lease.attempt_id);
+        if let Some(a) = &after {
+            self.latest.insert(lease.attempt_id.clone(), a.clone());
+        }
+        let outcome = Self::outcome(&result);
+        self.log(
+            env,
+            db_now,
+            decided_at,
+            Some(lease.attempt_id.clone()),
+            ordinal,
+            presented,
+            before,
+            after,
+            outcome,
+            None,
+        );
+        result
+    }
+
+    fn dispatch(&mut self, env: &DbEnvelope, db_now: Timestamp, decided_at: Timestamp) -> DbResponse {
+        let times = (db_now, decided_at);
+        let result: Result<DbReply, LedgerError> = match &env.request {
+            DbRequest::Migrate => call!(&self.backend, migrate()).map(DbReply::Versions),
+            DbRequest::RegisterPlan { spec, known } => self.register(spec.clone(), known),
+            DbRequest::Plan { id } => call!(&self.backend, plan(id)).map(DbReply::Plan),
+            DbRequest::ListPlans => call!(&self.backend, list_plans()).map(DbReply::Plans),
+            DbRequest::RetirePlan { id } => call!(&self.backend, retire_plan(id)).map(DbReply::Plan),
+            DbRequest::Enqueue { plan, action } => self.enqueue(env, times, plan, *action),
+            DbRequest::Claim { owner, batch, lease_ms } => {
+                self.claim(env, times, |b| call!(b, claim(owner, *batch, *lease_ms)))
+            }
+            DbRequest::ClaimAndBegin { owner, batch, lease_ms } => {
+                self.claim(env, times, |b| call!(b, claim_and_begin(owner, *batch, *lease_ms)))
+            }
+            DbRequest::CompleteAndContinue {
+                lease,
+                ordinal,
+                evidence,
+                target_receipt,
+                lease_ms,
+            } => {
+                let lease = lease.to_lease();
+                self.worker_op(env, times, &lease, Some(*ordinal), |b, l| {
+                    let continued: Result<Continued, LedgerError> = call!(
+                        b,
+                        complete_and_continue(l, *ordinal, evidence, target_receipt, *lease_ms)
+                    );
+                    continued
+                })
+                .map(|c| {
+                    DbReply::Continued(match c {
+                        Continued::Began(next) => Some(next),
+                        _ => None,
+                    })
+                })
+            }
+            DbRequest::Heartbeat { lease, lease_ms } => {
+                let lease = lease.to_lease();
+                self.worker_op(env, times, &lease, None, |b, l| call!(b, heartbeat(l, *lease_ms)))
+                    .map(DbReply::Until)
+            }
+            DbRequest::BeginStep {
+                lease,
+                ordinal,
+                lease_ms,
+            } => {
+                let lease = lease.to_lease();
+                self.worker_op(env, times, &lease, Some(*ordinal), |b, l| {
+                    call!(b, begin_step(l, *ordinal, *lease_ms))
+                })
+                .map(|()| DbReply::Done)
+            }
+            DbRequest::CompleteStep {
+                lease,
+                ordinal,
+                evidence,
+                target_receipt,
+                lease_ms,
+            } => {
+                let lease = lease.to_lease();
+                self.worker_op(env, times, &lease, Some(*ordinal), |b, l| {
+                    complete(b, l, *ordinal, evidence, target_receipt, *lease_ms)
+                })
+                .map(|()| DbReply::Done)
+            }
+            DbRequest::Fail { lease, ordinal, error } => {
+                let lease = lease.to_lease();
+                self.worker_op(env, times, &lease, *ordinal, |b, l| call!(b, fail(l, *ordinal, error)))
+                    .map(|()| DbReply::Done)
+            }
+            DbRequest::Finish { lease } => {
+                let lease = lease.to_lease();
+                self.worker_op(env, times, &lease, None, |b, l| call!(b, finish(l)))
+                    .map(|()| DbReply::Done)
+            }
+            DbRequest::Reconcile { attempt } => self.operator_op(env, times, attempt, |b| {
+                call!(b, reconcile(attempt)).map(|(outcome, record): (ReconcileOutcome, AttemptRecord)| {
+                    DbReply::Reconciled {
+                        requeued: requeued(outcome),
+                        record,
+                    }
+                })
+            }),
+            DbRequest::Abort { attempt, reason } => self.operator_op(env, times, attempt, |b| {
+                call!(b, abort(attempt, reason)).map(DbReply::Record)
+            }),
+            DbRequest::Attempt { attempt } => call!(&self.backend, attempt(attempt)).map(DbReply::Record),
+            DbRequest::History { plan } => call!(&self.backend, history(plan)).map(DbReply::Records),
+            DbRequest::OpenAttempts => call!(&self.backend, open_attempts()).map(DbReply::Count),
+        };
+        result.map(strip_tokens).map_err(|e| WireError::of(&e))
+    }
+
+    fn register(&mut self, spec: PlanSpec, known: &[String]) -> Result<DbReply, LedgerError> {
+        let known: Vec<&str> = known.iter().map(String::as_str).collect();
+        let plan: Plan = call!(&self.backend, register_plan(spec, &known))?;
+        if !self.plans.contains_key(&plan.id) {
+            self.trace.line(
+                "db",
+                format!("registered plan {} ({}, {})", plan.id, plan.name, plan.recovery),
+            );
+            self.plans.insert(plan.id.clone(), plan.clone());
+        }
+        Ok(DbReply::Plan(plan))
+    }
+
+    fn enqueue(
+        &mut self,
+        env: &DbEnvelope,
+        (db_now, decided_at): (Timestamp, Timestamp),
+        plan: &PlanId,
+        action: Action,
+    ) -> Result<DbReply, LedgerError> {
+        let count_before = self.plan_attempt_count(plan);
+        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue(plan, action));
+        let count_after = self.plan_attempt_count(plan);
+        let (attempt, after) = match &result {
+            Ok(record) => {
+                let snap = self.snap(record.clone());
+                self.latest.insert(record.attempt.id.clone(), snap.clone());
+                (Some(record.attempt.id.clone()), Some(snap))
+            }
+            Err(_) => (None, None),
+        };
+        let outcome = Self::outcome(&result);
+        self.log(
+            env,
+            db_now,
+            decided_at,
+            attempt,
+            None,
+            None,
+            None,
+            after,
+            outcome,
+            Some((count_before, count_after)),
+        );
+        result.map(DbReply::Record)
+    }
+
+    fn claim(
+        &mut self,
+        env: &DbEnvelope,
+        (db_now, decided_at): (Timestamp, Timestamp),
+        run: impl FnOnce(&Backend) -> Result<Vec<Claimed>, LedgerError>,
+    ) -> Result<DbReply, LedgerError> {
+        let result = run(&self.backend);
+        let claimed = match result {
+            Ok(c) => c,
+            Err(e) => {
+                let outcome = Self::outcome::<()>(&Err(e.clone()));
+                self.log(env, db_now, decided_at, None, None, None, None, None, outcome, None);
+                return Err(e);
+            }
+        };
+        for c in &claimed {
+            let attempt = c.lease.attempt_id.clone();
+            self.ordinal_of(c.lease.token.expose());
+            let before = self.latest.get(&attempt).cloned();
+            let after = self.snap(c.record.clone());
+            self.latest.insert(attempt.clone(), after.clone());
+            let granted = after.token;
+            self.log(
+                env,
+                db_now,
+                decided_at,
+                Some(attempt),
+                None,
+                granted,
+                before,
+                Some(after),
+                EventOutcome::Applied,
+                None,
+            );
+        }
+        Ok(DbReply::Claimed(claimed.iter().map(WireClaimed::of).collect()))
+    }
+
+    fn operator_op(
+        &mut self,
+        env: &DbEnvelope,
+        (db_now, decided_at): (Timestamp, Timestamp),
+        attempt: &AttemptId,
+        run: impl FnOnce(&Backend) -> Result<DbReply, LedgerError>,
+    ) -> Result<DbReply, LedgerError> {
+        let before = self.latest.get(attempt).cloned();
+        let result = run(&self.backend);
+        let after = self.read_snap(attempt);
+        if let Some(a) = &after {
+            self.latest.insert(attempt.clone(), a.clone());
+        }
+        let outcome = Self::outcome(&result);
+        self.log(
+            env,
+            db_now,
+            decided_at,
+            Some(attempt.clone()),
+            None,
+            None,
+            before,
+            after,
+            outcome,
+            None,
+        );
+        result
+    }
+}
+
+fn complete(
+    backend: &Backend,
+    lease: &Lease,
+    ordinal: u32,
+    evidence: &Value,
+    target_receipt: &Value,
+    lease_ms: u64,
+) -> Result<(), LedgerError> {
+    call!(
+        backend,
+        complete_step(lease, ordinal, evidence, target_receipt, lease_ms)
+    )
+}
+
+/// Replies carry rows, never tokens (the claim's own token travels in its lease).
+fn strip_tokens(reply: DbReply) -> DbReply {
+    fn strip(mut r: AttemptRecord) -> AttemptRecord {
+        r.command.lease_token = None;
+        r
+    }
+    match reply {
+        DbReply::Record(r) => DbReply::Record(strip(r)),
+        DbReply::Records(rs) => DbReply::Records(rs.into_iter().map(strip).collect()),
+        DbReply::Reconciled { requeued, record } => DbReply::Reconciled {
+            requeued,
+            record: strip(record),
+        },
+        DbReply::Claimed(cs) => DbReply::Claimed(
+            cs.into_iter()
+                .map(|mut c| {
+                    c.record = strip(c.record);
+                    c
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// Whether a snapshot shows a live lease at `now` (PROCESSING and not yet expired).
+pub fn lease_live(snap: &Snap, now: Timestamp) -> bool {
+    let c = &snap.record.command;
+    c.status == CommandStatus::Processing && c.lease_until.is_some_and(|until| until >= now)
+}
+
+/// Serves the ledger on [`DB_PORT`] until the host crashes.
+pub async fn serve(state: Rc<RefCell<DbState>>, trace: Trace) -> turmoil::Result {
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", DB_PORT)).await?;
+    trace.line("db", "up: serving the ledger");
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let state = Rc::clone(&state);
+        tokio::task::spawn_local(async move {
+            let _ = serve_connection(state, stream).await;
+        });
+    }
+}
+
+async fn serve_connection(state: Rc<RefCell<DbState>>, mut stream: turmoil::net::TcpStream) -> std::io::Result<()> {
+    while let Some(env) = read_frame::<_, DbEnvelope>(&mut stream).await? {
+        let (response, lost) = state.borrow_mut().handle(env);
+        if lost {
+            return Ok(());
+        }
+        write_frame(&mut stream, &response).await?;
+    }
+    Ok(())
+}

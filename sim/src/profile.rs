@@ -1,0 +1,255 @@
+//! Fault profiles: the TOML files under `scenarios/faults/`.
+//!
+//! Contract: a profile names the world (workers, lease, timeouts, phase lengths),
+//! the clients' pace, and the faults a seed may draw: per-worker fault episodes
+//! (noisy crash, silent crash, partition from the db or the target, hold of the link
+//! to the db or the target) with their weights and durations, db host restarts, lost
+//! replies, and clock skew. Every field has a default (no faults); unknown fields are
+//! an error that names them. Ranges are `[lo, hi]`, inclusive, in the unit their
+//! name ends with. The six profiles shipped with the simulator are compiled in
+//! ([`Profile::builtin`]); any other file can be loaded by path.
+
+use serde::Deserialize;
+use std::path::Path;
+
+/// The profiles shipped under `scenarios/faults/`, by name.
+pub const BUILTIN: &[(&str, &str)] = &[
+    ("crash-storm", include_str!("../../scenarios/faults/crash-storm.toml")),
+    ("partitions", include_str!("../../scenarios/faults/partitions.toml")),
+    ("stale-tokens", include_str!("../../scenarios/faults/stale-tokens.toml")),
+    ("clock-skew", include_str!("../../scenarios/faults/clock-skew.toml")),
+    ("lost-replies", include_str!("../../scenarios/faults/lost-replies.toml")),
+    ("mixed", include_str!("../../scenarios/faults/mixed.toml")),
+];
+
+/// A fault profile.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Its name (the file's stem).
+    pub name: String,
+    /// One line on what it stresses.
+    #[serde(default)]
+    pub description: String,
+    /// The world's shape and timing.
+    #[serde(default)]
+    pub world: WorldParams,
+    /// The clients' pace.
+    #[serde(default)]
+    pub clients: ClientParams,
+    /// Which faults a seed may draw.
+    #[serde(default)]
+    pub faults: FaultParams,
+    /// Clock skew on workers and the db host.
+    #[serde(default)]
+    pub clocks: ClockSkew,
+}
+
+/// The world's shape and timing.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorldParams {
+    /// Worker hosts.
+    pub workers: u32,
+    /// Length of the safety phase (faults on).
+    pub safety_ms: u64,
+    /// After healing, every attempt must be terminal within this long.
+    pub liveness_ms: u64,
+    /// Simulated time per `Sim::step`.
+    pub tick_ms: u64,
+    /// Network latency range.
+    pub latency_ms: [u64; 2],
+    /// Lease granted by the workers' claims.
+    pub lease_ms: u64,
+    /// Worker poll interval.
+    pub poll_interval_ms: u64,
+    /// Commands claimed per poll.
+    pub batch_size: u32,
+    /// Every ledger RPC's timeout.
+    pub rpc_timeout_ms: u64,
+    /// Every target RPC's timeout.
+    pub target_timeout_ms: u64,
+    /// The target takes this many times each step's `delay_ms` to answer.
+    pub target_slowdown: u64,
+}
+
+impl Default for WorldParams {
+    fn default() -> Self {
+        Self {
+            workers: 3,
+            safety_ms: 20_000,
+            liveness_ms: 30_000,
+            tick_ms: 2,
+            latency_ms: [1, 10],
+            lease_ms: 3_000,
+            poll_interval_ms: 250,
+            batch_size: 2,
+            rpc_timeout_ms: 600,
+            target_timeout_ms: 1_500,
+            target_slowdown: 1,
+        }
+    }
+}
+
+/// The clients' pace.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientParams {
+    /// Pause between two enqueue decisions.
+    pub enqueue_every_ms: [u64; 2],
+    /// How many reconcile/abort actions the operator takes in the safety phase.
+    pub operator_actions: [u64; 2],
+    /// Of the operator's actions, the share that are aborts (the rest reconcile).
+    pub abort_share: f64,
+}
+
+impl Default for ClientParams {
+    fn default() -> Self {
+        Self {
+            enqueue_every_ms: [400, 1_600],
+            operator_actions: [1, 4],
+            abort_share: 0.3,
+        }
+    }
+}
+
+/// Relative weights of the per-worker fault episodes.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct EpisodeWeights {
+    /// Crash (peers see the connections close), then restart.
+    pub crash: u32,
+    /// Partition from everyone, crash, then repair and restart: a silent death.
+    pub silent_crash: u32,
+    /// Partition worker ↔ db.
+    pub partition_db: u32,
+    /// Partition worker ↔ target.
+    pub partition_target: u32,
+    /// Hold worker ↔ db messages, then deliver them late (stale tokens).
+    pub hold_db: u32,
+    /// Hold worker ↔ target messages, then deliver them late.
+    pub hold_target: u32,
+}
+
+impl EpisodeWeights {
+    /// The sum of the weights.
+    pub fn total(&self) -> u32 {
+        self.crash + self.silent_crash + self.partition_db + self.partition_target + self.hold_db + self.hold_target
+    }
+}
+
+/// Which faults a seed may draw.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultParams {
+    /// Quiet time before each worker's next episode.
+    pub episode_gap_ms: [u64; 2],
+    /// Episode kinds.
+    pub weights: EpisodeWeights,
+    /// How long a crashed worker stays down.
+    pub crash_ms: [u64; 2],
+    /// How long a partition lasts.
+    pub partition_ms: [u64; 2],
+    /// How long a hold lasts (longer than the lease produces stale tokens).
+    pub hold_ms: [u64; 2],
+    /// How many times the db host restarts in the safety phase.
+    pub db_restarts: [u64; 2],
+    /// How long the db host stays down.
+    pub db_down_ms: [u64; 2],
+    /// Chance that the db commits a request but its reply is lost.
+    pub db_reply_loss: f64,
+    /// Chance that the target applies an effect but its reply is lost.
+    pub target_reply_loss: f64,
+}
+
+impl Default for FaultParams {
+    fn default() -> Self {
+        Self {
+            episode_gap_ms: [2_000, 8_000],
+            weights: EpisodeWeights::default(),
+            crash_ms: [200, 4_000],
+            partition_ms: [500, 5_000],
+            hold_ms: [3_500, 8_000],
+            db_restarts: [0, 0],
+            db_down_ms: [100, 1_500],
+            db_reply_loss: 0.0,
+            target_reply_loss: 0.0,
+        }
+    }
+}
+
+/// Clock skew on workers and the db host.
+#[derive(Debug, Clone, PartialEq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClockSkew {
+    /// Largest offset, either way.
+    pub offset_ms_max: u64,
+    /// Largest drift, either way, in parts per million.
+    pub drift_ppm_max: u64,
+    /// How many jumps each skewed clock makes in the safety phase.
+    pub jumps: [u64; 2],
+    /// Largest jump, either way.
+    pub jump_ms_max: u64,
+    /// Whether the db host's clock is skewed too.
+    pub db: bool,
+}
+
+impl Profile {
+    /// Parses a profile from TOML text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// A shipped profile by name.
+    pub fn builtin(name: &str) -> Option<Self> {
+        BUILTIN.iter().find(|(n, _)| *n == name).map(|(n, text)| {
+            // The shipped files are tested to parse (see the tests below).
+            Profile::parse(text).unwrap_or_else(|e| panic!("scenarios/faults/{n}.toml: {e}"))
+        })
+    }
+
+    /// Every shipped profile.
+    pub fn all_builtin() -> Vec<Self> {
+        BUILTIN.iter().filter_map(|(n, _)| Profile::builtin(n)).collect()
+    }
+
+    /// A shipped profile by name, or a profile file by path.
+    pub fn load(name_or_path: &str) -> Result<Self, String> {
+        if let Some(p) = Profile::builtin(name_or_path) {
+            return Ok(p);
+        }
+        let path = Path::new(name_or_path);
+        if path.is_file() {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{name_or_path}: {e}"))?;
+            return Profile::parse(&text).map_err(|e| format!("{name_or_path}: {e}"));
+        }
+        let known: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+        Err(format!(
+            "unknown profile {name_or_path:?} (known: {}, or a path to a .toml file)",
+            known.join(", ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shipped_profile_parses_and_is_named_after_its_file() {
+        for (name, text) in BUILTIN {
+            let p = Profile::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(p.name, *name);
+            assert!(
+                p.world.lease_ms > 3 * p.world.rpc_timeout_ms,
+                "{name}: heartbeats must fit in a lease"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let e = Profile::parse("name = \"x\"\n[faults]\ncrash_rate = 1\n").unwrap_err();
+        assert!(e.contains("crash_rate"), "{e}");
+    }
+}

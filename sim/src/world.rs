@@ -1,0 +1,576 @@
+//! One simulation run: build the world from a seed and a profile, inject faults,
+//! heal, require liveness, and check every invariant.
+//!
+//! Contract: [`run`] is a pure function of its [`RunConfig`] — the seed drives
+//! turmoil's RNG, the fault schedule, every clock's skew, the clients' choices and
+//! the ledger's ids and tokens; the epoch is pinned. It builds the world on the
+//! calling thread (a `Sim` is `!Send`) and plants exactly the configured bugs on
+//! that thread for the run's duration. The world: a db host, a target host, the
+//! profile's worker hosts running the production [`Worker`], an enqueuer and an
+//! operator client. The run has a safety phase (faults on) of `safety_ms`; then
+//! every fault is healed and every attempt must be terminal within `liveness_ms`.
+
+use crate::checker::{self, CheckInput, Violation};
+use crate::clients::{self, ClientCtx, ClientLog};
+use crate::clock::{ClockParams, DbClock, SimClock, EPOCH_MS};
+use crate::db::{self, BackendKind, DbState};
+use crate::profile::Profile;
+use crate::rng::Rng;
+use crate::rpc::RpcLedger;
+use crate::target::{self, TargetExecutor, TargetState};
+use crate::trace::{trace_hash, Trace};
+use leasehold::entropy::SeededEntropy;
+use leasehold::worker::{RunOptions, Worker};
+use leasehold_engine::bugs::{self, Bug};
+use leasehold_engine::lease::WorkerConfig;
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// The seed.
+    pub seed: u64,
+    /// The fault profile.
+    pub profile: Profile,
+    /// The db host's ledger.
+    pub backend: BackendKind,
+    /// Bugs to plant.
+    pub bugs: Vec<Bug>,
+    /// Keep the whole trace in the report.
+    pub keep_trace: bool,
+}
+
+/// What a run counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Faults injected: crashes, partitions, holds, db restarts, lost replies, clock jumps.
+    pub faults: u64,
+    /// Claims of a command that had been claimed before.
+    pub takeovers: u64,
+    /// Worker writes refused because their token was not current.
+    pub stale_refused: u64,
+    /// Repeated deliveries of a key that the target answered from its record.
+    pub duplicates: u64,
+    /// Attempts enqueued.
+    pub attempts: u64,
+    /// Attempts SUCCEEDED.
+    pub succeeded: u64,
+    /// Attempts FAILED.
+    pub failed: u64,
+    /// Attempts ABORTED.
+    pub aborted: u64,
+    /// Simulated time, ms.
+    pub sim_ms: u64,
+}
+
+impl Stats {
+    /// Adds another run's counts.
+    pub fn add(&mut self, o: &Stats) {
+        self.faults += o.faults;
+        self.takeovers += o.takeovers;
+        self.stale_refused += o.stale_refused;
+        self.duplicates += o.duplicates;
+        self.attempts += o.attempts;
+        self.succeeded += o.succeeded;
+        self.failed += o.failed;
+        self.aborted += o.aborted;
+        self.sim_ms += o.sim_ms;
+    }
+}
+
+/// How a run went.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The seed.
+    pub seed: u64,
+    /// The backend.
+    pub backend: BackendKind,
+    /// Hash of the event trace.
+    pub trace_hash: String,
+    /// Invariants broken (empty on a pass).
+    pub violations: Vec<Violation>,
+    /// Counts.
+    pub stats: Stats,
+    /// The whole trace, if asked for.
+    pub trace: Vec<String>,
+}
+
+/// A fault the driver applies between steps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Fault {
+    Crash { worker: String, silent: bool },
+    Restart { worker: String, silent: bool },
+    Partition { worker: String, peer: &'static str },
+    Repair { worker: String, peer: &'static str },
+    Hold { worker: String, peer: &'static str },
+    Release { worker: String, peer: &'static str },
+    CrashDb,
+    RestartDb,
+}
+
+impl Fault {
+    fn is_start(&self) -> bool {
+        matches!(
+            self,
+            Fault::Crash { .. } | Fault::Partition { .. } | Fault::Hold { .. } | Fault::CrashDb
+        )
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Fault::Crash { worker, silent: false } => format!("crash {worker}"),
+            Fault::Crash { worker, silent: true } => format!("silent crash {worker} (partitioned first)"),
+            Fault::Restart { worker, .. } => format!("restart {worker}"),
+            Fault::Partition { worker, peer } => format!("partition {worker} <-> {peer}"),
+            Fault::Repair { worker, peer } => format!("repair {worker} <-> {peer}"),
+            Fault::Hold { worker, peer } => format!("hold {worker} <-> {peer}"),
+            Fault::Release { worker, peer } => format!("release {worker} <-> {peer}"),
+            Fault::CrashDb => "crash db".into(),
+            Fault::RestartDb => "restart db".into(),
+        }
+    }
+}
+
+/// Everything the seed decides before the run starts.
+struct Schedule {
+    faults: Vec<(u64, Fault)>,
+    worker_clocks: Vec<ClockParams>,
+    db_clock: ClockParams,
+    operator: Vec<(u64, bool)>,
+}
+
+fn skewed_clock(rng: &mut Rng, p: &Profile) -> ClockParams {
+    let c = &p.clocks;
+    let jumps = (0..rng.range(c.jumps[0], c.jumps[1]))
+        .map(|_| (rng.range(0, p.world.safety_ms), rng.signed(c.jump_ms_max)))
+        .collect();
+    ClockParams {
+        offset_ms: rng.signed(c.offset_ms_max),
+        drift_ppm: rng.signed(c.drift_ppm_max),
+        jumps,
+    }
+}
+
+fn plan_run(seed: u64, p: &Profile) -> Schedule {
+    let mut rng = Rng::new(seed, "faults");
+    let safety = p.world.safety_ms;
+    let f = &p.faults;
+    let mut faults = Vec::new();
+    for i in 0..p.world.workers {
+        let worker = format!("w{}", i + 1);
+        let mut t = rng.range(f.episode_gap_ms[0], f.episode_gap_ms[1]);
+        let total = f.weights.total();
+        while total > 0 && t < safety {
+            let w = &f.weights;
+            let mut roll = rng.range(0, u64::from(total) - 1);
+            let mut pick = |weight: u32| {
+                let hit = roll < u64::from(weight);
+                roll = roll.saturating_sub(u64::from(weight));
+                hit
+            };
+            let (start, end, range) = if pick(w.crash) {
+                (
+                    Fault::Crash {
+                        worker: worker.clone(),
+                        silent: false,
+                    },
+                    Fault::Restart {
+                        worker: worker.clone(),
+                        silent: false,
+                    },
+                    f.crash_ms,
+                )
+            } else if pick(w.silent_crash) {
+                (
+                    Fault::Crash {
+                        worker: worker.clone(),
+                        silent: true,
+                    },
+                    Fault::Restart {
+                        worker: worker.clone(),
+                        silent: true,
+                    },
+                    f.crash_ms,
+                )
+            } else if pick(w.partition_db) {
+                (
+                    Fault::Partition {
+                        worker: worker.clone(),
+                        peer: "db",
+                    },
+                    Fault::Repair {
+                        worker: worker.clone(),
+                        peer: "db",
+                    },
+                    f.partition_ms,
+                )
+            } else if pick(w.partition_target) {
+                (
+                    Fault::Partition {
+                        worker: worker.clone(),
+                        peer: "target",
+                    },
+                    Fault::Repair {
+                        worker: worker.clone(),
+                        peer: "target",
+                    },
+                    f.partition_ms,
+                )
+            } else if pick(w.hold_db) {
+                (
+                    Fault::Hold {
+                        worker: worker.clone(),
+                        peer: "db",
+                    },
+                    Fault::Release {
+                        worker: worker.clone(),
+                        peer: "db",
+                    },
+                    f.hold_ms,
+                )
+            } else {
+                (
+                    Fault::Hold {
+                        worker: worker.clone(),
+                        peer: "target",
+                    },
+                    Fault::Release {
+                        worker: worker.clone(),
+                        peer: "target",
+                    },
+                    f.hold_ms,
+                )
+            };
+            let duration = rng.range(range[0], range[1]);
+            faults.push((t, start));
+            if t + duration < safety {
+                faults.push((t + duration, end));
+            }
+            t += duration + rng.range(f.episode_gap_ms[0], f.episode_gap_ms[1]);
+        }
+    }
+    let mut db_free_from = safety / 10;
+    for _ in 0..rng.range(f.db_restarts[0], f.db_restarts[1]) {
+        let at = rng.range(db_free_from, safety * 9 / 10);
+        let down = rng.range(f.db_down_ms[0], f.db_down_ms[1]);
+        if at + down >= safety {
+            continue;
+        }
+        faults.push((at, Fault::CrashDb));
+        faults.push((at + down, Fault::RestartDb));
+        db_free_from = at + down + 1;
+    }
+    // A stable sort keeps each worker's episode order for equal instants.
+    faults.sort_by_key(|(at, _)| *at);
+    let mut clocks = Rng::new(seed, "clocks");
+    let skewed = p.clocks.offset_ms_max + p.clocks.drift_ppm_max + p.clocks.jumps[1] > 0;
+    let worker_clocks = (0..p.world.workers)
+        .map(|_| {
+            if skewed {
+                skewed_clock(&mut clocks, p)
+            } else {
+                ClockParams::default()
+            }
+        })
+        .collect();
+    let db_clock = if skewed && p.clocks.db {
+        skewed_clock(&mut clocks, p)
+    } else {
+        ClockParams::default()
+    };
+    let mut ops = Rng::new(seed, "operator-schedule");
+    let c = &p.clients;
+    let mut operator: Vec<(u64, bool)> = (0..ops.range(c.operator_actions[0], c.operator_actions[1]))
+        .map(|_| (ops.range(safety / 10, safety * 95 / 100), ops.chance(c.abort_share)))
+        .collect();
+    operator.sort_by_key(|(at, _)| *at);
+    Schedule {
+        faults,
+        worker_clocks,
+        db_clock,
+        operator,
+    }
+}
+
+fn apply_fault(sim: &mut turmoil::Sim<'_>, fault: &Fault) {
+    match fault {
+        Fault::Crash { worker, silent } => {
+            if *silent {
+                sim.partition(worker.as_str(), "db");
+                sim.partition(worker.as_str(), "target");
+            }
+            sim.crash(worker.as_str());
+        }
+        Fault::Restart { worker, silent } => {
+            if *silent {
+                sim.repair(worker.as_str(), "db");
+                sim.repair(worker.as_str(), "target");
+            }
+            sim.bounce(worker.as_str());
+        }
+        Fault::Partition { worker, peer } => sim.partition(worker.as_str(), *peer),
+        Fault::Repair { worker, peer } => sim.repair(worker.as_str(), *peer),
+        Fault::Hold { worker, peer } => sim.hold(worker.as_str(), *peer),
+        Fault::Release { worker, peer } => sim.release(worker.as_str(), *peer),
+        Fault::CrashDb => sim.crash("db"),
+        Fault::RestartDb => sim.bounce("db"),
+    }
+}
+
+fn elapsed_ms(sim: &turmoil::Sim<'_>) -> u64 {
+    u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs one seed and checks it.
+pub fn run(config: &RunConfig) -> RunReport {
+    bugs::set(&config.bugs);
+    let report = run_inner(config);
+    bugs::set(&[]);
+    report
+}
+
+fn run_inner(config: &RunConfig) -> RunReport {
+    let p = &config.profile;
+    let w = &p.world;
+    let seed = config.seed;
+    let plan = plan_run(seed, p);
+    let trace = Trace::new();
+    trace.line_at(
+        0,
+        "sim",
+        format!(
+            "seed {seed} profile {} backend {} bugs [{}]",
+            p.name,
+            config.backend.name(),
+            config.bugs.iter().map(|b| b.name()).collect::<Vec<_>>().join(", ")
+        ),
+    );
+    for (i, c) in plan.worker_clocks.iter().enumerate().filter(|(_, c)| !c.is_true()) {
+        trace.line_at(0, "sim", format!("w{} clock: {c:?}", i + 1));
+    }
+    if !plan.db_clock.is_true() {
+        trace.line_at(0, "sim", format!("db clock: {:?}", plan.db_clock));
+    }
+
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .epoch(UNIX_EPOCH + Duration::from_millis(u64::try_from(EPOCH_MS).unwrap_or(0)))
+        .tick_duration(Duration::from_millis(w.tick_ms.max(1)))
+        .simulation_duration(Duration::from_millis(w.safety_ms + w.liveness_ms + 60_000))
+        .min_message_latency(Duration::from_millis(w.latency_ms[0]))
+        .max_message_latency(Duration::from_millis(w.latency_ms[1].max(w.latency_ms[0])))
+        .build();
+
+    let db_clock = Arc::new(DbClock::new(plan.db_clock.clone()));
+    let entropy = Arc::new(SeededEntropy::new(seed ^ 0x6c65_6173_6568_6f6c));
+    let db_state = match DbState::new(
+        config.backend,
+        db_clock,
+        entropy,
+        trace.clone(),
+        seed,
+        p.faults.db_reply_loss,
+    ) {
+        Ok(s) => Rc::new(RefCell::new(s)),
+        Err(e) => {
+            return RunReport {
+                seed,
+                backend: config.backend,
+                trace_hash: String::new(),
+                violations: vec![Violation {
+                    invariant: 0,
+                    message: format!("cannot open the ledger: {e}"),
+                }],
+                stats: Stats::default(),
+                trace: Vec::new(),
+            }
+        }
+    };
+    let target_state = Rc::new(RefCell::new(TargetState::new(
+        seed,
+        p.faults.target_reply_loss,
+        w.target_slowdown,
+        trace.clone(),
+    )));
+    let log = Rc::new(RefCell::new(ClientLog::default()));
+
+    {
+        let (state, trace) = (Rc::clone(&db_state), trace.clone());
+        sim.host("db", move || db::serve(Rc::clone(&state), trace.clone()));
+    }
+    {
+        let state = Rc::clone(&target_state);
+        sim.host("target", move || target::serve(Rc::clone(&state)));
+    }
+    let config_w = WorkerConfig::clamped(true, w.poll_interval_ms, w.batch_size, w.lease_ms);
+    for (i, params) in plan.worker_clocks.iter().enumerate() {
+        let name = format!("w{}", i + 1);
+        let (trace, params) = (trace.clone(), params.clone());
+        let (rpc_timeout_ms, target_timeout_ms) = (w.rpc_timeout_ms, w.target_timeout_ms);
+        sim.host(name.clone(), move || {
+            let (name, trace, params) = (name.clone(), trace.clone(), params.clone());
+            async move {
+                let clock = Arc::new(SimClock::new(params));
+                let ledger = Arc::new(RpcLedger::new(name.clone(), Arc::clone(&clock), rpc_timeout_ms));
+                let executor = Arc::new(TargetExecutor::new(name.clone(), target_timeout_ms));
+                trace.line(&name, "worker up");
+                let (t, n) = (trace.clone(), name.clone());
+                let worker = Worker::new(name, ledger, executor, clock, config_w).on_event(move |e| t.line(&n, e));
+                worker.run(std::future::pending::<()>(), RunOptions::default()).await;
+                Ok(())
+            }
+        });
+    }
+    let ctx = ClientCtx {
+        log: Rc::clone(&log),
+        trace: trace.clone(),
+        seed,
+        safety_ms: w.safety_ms,
+        rpc_timeout_ms: w.rpc_timeout_ms,
+    };
+    sim.client("enqueuer", clients::enqueuer(ctx.clone(), p.clients.enqueue_every_ms));
+    sim.client("operator", clients::operator(ctx, plan.operator.clone()));
+
+    let mut violations = Vec::new();
+    let mut faults_applied = 0u64;
+    let mut next = 0usize;
+    let mut healed = false;
+    let mut liveness: Option<String> = None;
+    let bound_ms = w.safety_ms + w.liveness_ms;
+    loop {
+        let now = elapsed_ms(&sim);
+        while next < plan.faults.len() && plan.faults[next].0 <= now {
+            let fault = &plan.faults[next].1;
+            trace.line_at(now, "sim", fault.describe());
+            apply_fault(&mut sim, fault);
+            faults_applied += u64::from(fault.is_start());
+            next += 1;
+        }
+        if !healed && now >= w.safety_ms {
+            heal(&mut sim, w.workers, &trace, now);
+            db_state.borrow_mut().faults_on = false;
+            target_state.borrow_mut().faults_on = false;
+            healed = true;
+        }
+        if let Err(e) = sim.step() {
+            violations.push(Violation {
+                invariant: 0,
+                message: format!("simulation error: {e}"),
+            });
+            break;
+        }
+        if healed && now % 10 == 0 {
+            let clients_done = {
+                let l = log.borrow();
+                l.enqueuer_done && l.operator_done
+            };
+            let open: Vec<String> = db_state
+                .borrow()
+                .latest
+                .values()
+                .filter(|s| !s.record.attempt.status.is_terminal())
+                .map(|s| format!("{} ({})", s.record.attempt.id, s.record.attempt.status))
+                .collect();
+            if clients_done && open.is_empty() {
+                break;
+            }
+            if now >= bound_ms {
+                liveness = Some(if clients_done {
+                    format!(
+                        "{} attempts not terminal {} ms after healing: {}",
+                        open.len(),
+                        w.liveness_ms,
+                        open.join(", ")
+                    )
+                } else {
+                    format!("the clients did not finish within {} ms after healing", w.liveness_ms)
+                });
+                break;
+            }
+        }
+    }
+    let sim_ms = elapsed_ms(&sim);
+    trace.line_at(sim_ms, "sim", "end");
+    drop(sim);
+
+    let db = db_state.borrow();
+    let tgt = target_state.borrow();
+    let clients = log.borrow();
+    let jumps: u64 = plan
+        .worker_clocks
+        .iter()
+        .chain(std::iter::once(&plan.db_clock))
+        .map(|c| c.jumps.iter().filter(|(at, _)| *at < w.safety_ms).count() as u64)
+        .sum();
+    let mut lines = trace.take();
+    let input = CheckInput {
+        events: &db.events,
+        latest: &db.latest,
+        plans: &db.plans,
+        target: &tgt,
+        clients: &clients,
+        liveness: liveness.as_deref(),
+    };
+    violations.extend(checker::check(&input));
+    let mut stats = Stats {
+        faults: faults_applied + db.replies_lost + tgt.replies_lost + jumps,
+        takeovers: db
+            .events
+            .iter()
+            .filter(|e| {
+                checker::is_claim(e.op) && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2)
+            })
+            .count() as u64,
+        stale_refused: db.events.iter().filter(|e| e.is_stale_refusal()).count() as u64,
+        duplicates: tgt.duplicates,
+        attempts: db.latest.len() as u64,
+        sim_ms,
+        ..Stats::default()
+    };
+    for s in db.latest.values() {
+        match s.record.attempt.status {
+            leasehold_engine::AttemptStatus::Succeeded => stats.succeeded += 1,
+            leasehold_engine::AttemptStatus::Failed => stats.failed += 1,
+            leasehold_engine::AttemptStatus::Aborted => stats.aborted += 1,
+            _ => {}
+        }
+    }
+    for v in &violations {
+        lines.push(format!("violation [{}] {}", v.invariant, v.message));
+    }
+    // Invariant 10 scans the whole trace, violations included, for token text.
+    violations.extend(checker::scan_for_tokens(&lines, &db.token_texts()));
+    let hash = trace_hash(&lines);
+    RunReport {
+        seed,
+        backend: config.backend,
+        trace_hash: hash,
+        violations,
+        stats,
+        trace: if config.keep_trace { lines } else { Vec::new() },
+    }
+}
+
+fn heal(sim: &mut turmoil::Sim<'_>, workers: u32, trace: &Trace, now: u64) {
+    trace.line_at(
+        now,
+        "sim",
+        "heal: release holds, repair partitions, restart every host that is down",
+    );
+    for i in 0..workers {
+        let worker = format!("w{}", i + 1);
+        for peer in ["db", "target"] {
+            sim.release(worker.as_str(), peer);
+            sim.repair(worker.as_str(), peer);
+        }
+        if !sim.is_host_running(worker.as_str()) {
+            sim.bounce(worker.as_str());
+        }
+    }
+    if !sim.is_host_running("db") {
+        sim.bounce("db");
+    }
+}
