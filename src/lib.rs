@@ -6,6 +6,7 @@
 
 pub use leasehold_engine as engine;
 
+pub mod bench;
 pub mod clock;
 pub mod entropy;
 pub mod executor;

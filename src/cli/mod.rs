@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch for the `leasehold` binary.
 
+mod bench;
 mod render;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -124,6 +125,8 @@ enum Command {
     },
     /// Run the rehearsal plan twice on an embedded SQLite file and show the outcome.
     Demo,
+    /// Measure end-to-end dry-run deliveries on this database (writes bench plans to it).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -420,6 +423,7 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
             }
         }
         Command::Demo => demo(ledger).await,
+        Command::Bench(args) => bench::run(ledger, args, json).await,
     }
 }
 
@@ -437,25 +441,36 @@ async fn run_worker<L: Ledger>(
     worker.run(stop, RunOptions { until_idle, grace_ms }).await
 }
 
-async fn stop_signal() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called,
+/// not when the future is first polled, so a signal that arrives while the worker is
+/// starting is not lost (nor does it kill the process).
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
+        use tokio::signal::unix::{signal, Signal, SignalKind};
+        async fn next(signal: &mut Option<Signal>) {
+            match signal {
+                Some(s) => {
+                    s.recv().await;
                 }
+                None => std::future::pending().await,
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+        }
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut int = signal(SignalKind::interrupt()).ok();
+        async move {
+            tokio::select! {
+                biased;
+                () = next(&mut int) => {}
+                () = next(&mut term) => {}
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

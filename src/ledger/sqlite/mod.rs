@@ -18,10 +18,18 @@
 //! SQL text, errors or logs.
 //!
 //! Two faces: [`SqliteCore`] is synchronous over one connection (for the simulator's
-//! single-threaded hosts); [`SqliteLedger`] is the async [`Ledger`] for production,
-//! running each call on `spawn_blocking` over a small pool of cores. The schema lives
-//! in `migrations/sqlite/` and is applied by `migrate()` ([`super::migrate`]), never by
-//! opening.
+//! single-threaded hosts); [`SqliteLedger`] is the async [`Ledger`] for production. It
+//! sends every write to one writer thread that owns a core and runs the writes one
+//! after the other, in arrival order, and runs reads on `spawn_blocking` over a small
+//! pool of other cores (WAL readers never wait for the writer). SQLite admits one
+//! writer at a time anyway: queueing a process's writes in memory instead of letting
+//! them race for the file lock spares the busy handler's sleeps (1 ms and up while
+//! the lock is free again within a few microseconds) and keeps the writer's
+//! statements prepared. Writers in other processes still meet at the file lock and
+//! the busy timeout. (A paused tokio clock does not know about the writer thread: it
+//! may auto-advance while a write is queued, as it would during any other I/O.) The
+//! schema lives in `migrations/sqlite/` and is applied by `migrate()`
+//! ([`super::migrate`]), never by opening.
 
 mod connection;
 mod rows;
@@ -36,18 +44,60 @@ use crate::entropy::Entropy;
 use leasehold_engine::transition::{Continued, ReconcileOutcome};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
 use serde_json::Value;
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
-/// Idle connections a file-backed [`SqliteLedger`] keeps open for reuse.
+/// Idle connections a file-backed [`SqliteLedger`] keeps open for reads.
 const POOL_IDLE_MAX: usize = 4;
 
-/// Where a [`SqliteLedger`]'s connections come from.
+/// Where a [`SqliteLedger`]'s reads run.
 enum Pool {
-    /// A private in-memory database exists only inside its one connection, so every
-    /// call must use that same connection.
-    Private(Mutex<SqliteCore>),
-    /// A file: idle connections, taken one per call and opened on demand.
+    /// A private in-memory database exists only inside its one connection, which the
+    /// writer thread owns: reads go to the writer too.
+    Private,
+    /// A file: idle read connections, taken one per read and opened on demand.
     File(Mutex<Vec<SqliteCore>>),
+}
+
+/// A call for the writer thread.
+type Job = Box<dyn FnOnce(&SqliteCore) + Send>;
+
+/// The writer thread: owns one core and runs the jobs sent to it in order.
+struct Writer {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    fn spawn(core: SqliteCore) -> Result<Self, LedgerError> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("leasehold-sqlite-writer".into())
+            .spawn(move || {
+                while let Ok(job) = queue.recv() {
+                    // A panicking call loses only its own reply (its caller sees an
+                    // internal error); its transaction rolled back on unwind.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&core)));
+                }
+            })
+            .map_err(|e| LedgerError::Internal(format!("cannot start the sqlite writer thread: {e}")))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has run what was sent; joining it
+        // closes its connection (checkpointing the WAL) before the ledger is gone.
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 struct Shared {
@@ -55,6 +105,7 @@ struct Shared {
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     pool: Pool,
+    writer: Writer,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -64,9 +115,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// Runs a read on an idle pooled core (file databases only).
     fn with_core<T>(&self, f: impl FnOnce(&SqliteCore) -> Result<T, LedgerError>) -> Result<T, LedgerError> {
         match &self.pool {
-            Pool::Private(core) => f(&lock(core)),
+            Pool::Private => Err(LedgerError::Internal("a private database has no read pool".into())),
             Pool::File(idle) => {
                 let taken = lock(idle).pop();
                 let core = match taken {
@@ -84,11 +136,13 @@ impl Shared {
     }
 }
 
-/// The production SQLite ledger: an async [`Ledger`] over a small pool of
-/// [`SqliteCore`] connections, each call on `tokio::task::spawn_blocking`.
+/// The production SQLite ledger: an async [`Ledger`] whose writes run in order on one
+/// writer thread's [`SqliteCore`] and whose reads run on a small pool of others, each
+/// on `tokio::task::spawn_blocking`.
 ///
-/// Clones share the pool. Several ledgers (or processes) may open the same file;
-/// `BEGIN IMMEDIATE` and the busy timeout serialize their transitions.
+/// Clones share the writer and the pool; the writer thread ends (closing its
+/// connection) when the last clone is dropped. Several ledgers (or processes) may open
+/// the same file; `BEGIN IMMEDIATE` and the busy timeout serialize their transitions.
 #[derive(Clone)]
 pub struct SqliteLedger {
     shared: Arc<Shared>,
@@ -106,10 +160,11 @@ impl SqliteLedger {
     /// [`Ledger::migrate`] for that.
     pub fn open(path: &str, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
         let first = SqliteCore::open(path, clock.clone(), entropy.clone())?;
-        let pool = if connection::is_private(path) {
-            Pool::Private(Mutex::new(first))
+        let (pool, writer) = if connection::is_private(path) {
+            (Pool::Private, Writer::spawn(first)?)
         } else {
-            Pool::File(Mutex::new(vec![first]))
+            let writer = Writer::spawn(SqliteCore::open(path, clock.clone(), entropy.clone())?)?;
+            (Pool::File(Mutex::new(vec![first])), writer)
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -117,15 +172,39 @@ impl SqliteLedger {
                 clock,
                 entropy,
                 pool,
+                writer,
             }),
         })
     }
 
-    /// Runs `f` on a pooled core on tokio's blocking pool.
+    /// Runs a write transition `f` on the writer thread, after the writes sent
+    /// before it.
+    async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&SqliteCore) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |core| {
+            let _ = reply.send(f(core));
+        });
+        let sent = self.shared.writer.jobs.as_ref().map(|jobs| jobs.send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err(LedgerError::Internal("the sqlite writer thread is gone".into()));
+        }
+        answer
+            .await
+            .map_err(|_| LedgerError::Internal("sqlite task did not complete".into()))?
+    }
+
+    /// Runs a read `f` on a pooled core on tokio's blocking pool (on the writer
+    /// thread for a private database, whose one connection it owns).
     async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&SqliteCore) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
+        if matches!(self.shared.pool, Pool::Private) {
+            return self.write(f).await;
+        }
         let shared = Arc::clone(&self.shared);
         tokio::task::spawn_blocking(move || shared.with_core(f))
             .await
@@ -135,12 +214,12 @@ impl SqliteLedger {
 
 impl Ledger for SqliteLedger {
     async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
-        self.run(|core| core.migrate()).await
+        self.write(|core| core.migrate()).await
     }
 
     async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
         let known: Vec<String> = known_executors.iter().map(|s| (*s).to_owned()).collect();
-        self.run(move |core| {
+        self.write(move |core| {
             let known: Vec<&str> = known.iter().map(String::as_str).collect();
             core.register_plan(spec, &known)
         })
@@ -158,22 +237,22 @@ impl Ledger for SqliteLedger {
 
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let id = id.clone();
-        self.run(move |core| core.retire_plan(&id)).await
+        self.write(move |core| core.retire_plan(&id)).await
     }
 
     async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
         let plan = plan.clone();
-        self.run(move |core| core.enqueue(&plan, action)).await
+        self.write(move |core| core.enqueue(&plan, action)).await
     }
 
     async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
         let owner = owner.to_owned();
-        self.run(move |core| core.claim(&owner, batch, lease_ms)).await
+        self.write(move |core| core.claim(&owner, batch, lease_ms)).await
     }
 
     async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
         let owner = owner.to_owned();
-        self.run(move |core| core.claim_and_begin(&owner, batch, lease_ms))
+        self.write(move |core| core.claim_and_begin(&owner, batch, lease_ms))
             .await
     }
 
@@ -186,18 +265,18 @@ impl Ledger for SqliteLedger {
         lease_ms: u64,
     ) -> Result<Continued, LedgerError> {
         let (lease, evidence, target_receipt) = (lease.clone(), evidence.clone(), target_receipt.clone());
-        self.run(move |core| core.complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms))
+        self.write(move |core| core.complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms))
             .await
     }
 
     async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
         let lease = lease.clone();
-        self.run(move |core| core.heartbeat(&lease, lease_ms)).await
+        self.write(move |core| core.heartbeat(&lease, lease_ms)).await
     }
 
     async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
         let lease = lease.clone();
-        self.run(move |core| core.begin_step(&lease, ordinal, lease_ms)).await
+        self.write(move |core| core.begin_step(&lease, ordinal, lease_ms)).await
     }
 
     async fn complete_step(
@@ -209,28 +288,28 @@ impl Ledger for SqliteLedger {
         lease_ms: u64,
     ) -> Result<(), LedgerError> {
         let (lease, evidence, target_receipt) = (lease.clone(), evidence.clone(), target_receipt.clone());
-        self.run(move |core| core.complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms))
+        self.write(move |core| core.complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms))
             .await
     }
 
     async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
         let (lease, error) = (lease.clone(), error.to_owned());
-        self.run(move |core| core.fail(&lease, ordinal, &error)).await
+        self.write(move |core| core.fail(&lease, ordinal, &error)).await
     }
 
     async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
         let lease = lease.clone();
-        self.run(move |core| core.finish(&lease)).await
+        self.write(move |core| core.finish(&lease)).await
     }
 
     async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
         let attempt = attempt.clone();
-        self.run(move |core| core.reconcile(&attempt)).await
+        self.write(move |core| core.reconcile(&attempt)).await
     }
 
     async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
         let (attempt, reason) = (attempt.clone(), reason.to_owned());
-        self.run(move |core| core.abort(&attempt, &reason)).await
+        self.write(move |core| core.abort(&attempt, &reason)).await
     }
 
     async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {

@@ -344,6 +344,17 @@ pub(super) fn read_history(conn: &Connection, plan: &PlanId) -> Result<Vec<Attem
         .collect()
 }
 
+/// The claim's candidates: two index range scans, each limited, then merged. Written
+/// as one `OR`, SQLite unions both whole ranges and sorts every claimable command on
+/// each claim, which made a claim cost linear in the queue's length.
+pub(super) const CLAIM_CANDIDATES_SQL: &str = "SELECT id, attempt_id FROM ( \
+       SELECT * FROM (SELECT id, attempt_id, available_at FROM command \
+                      WHERE status = 'PENDING' AND available_at <= ?1 ORDER BY available_at, id LIMIT ?2) \
+       UNION ALL \
+       SELECT * FROM (SELECT id, attempt_id, available_at FROM command \
+                      WHERE status = 'PROCESSING' AND lease_until < ?1 ORDER BY available_at, id LIMIT ?2)) \
+     ORDER BY available_at, id LIMIT ?2";
+
 /// Commands a claim at `now` may take, oldest `available_at` first (then by id).
 pub(super) fn claim_candidates(
     conn: &Connection,
@@ -352,9 +363,7 @@ pub(super) fn claim_candidates(
 ) -> Result<Vec<(CommandId, AttemptId)>, LedgerError> {
     query_all(
         conn,
-        "SELECT id, attempt_id FROM command \
-         WHERE (status = 'PENDING' AND available_at <= ?1) OR (status = 'PROCESSING' AND lease_until < ?1) \
-         ORDER BY available_at, id LIMIT ?2",
+        CLAIM_CANDIDATES_SQL,
         rusqlite::params![now.as_millis(), i64::from(batch)],
         |row| {
             let c = Cols { row, table: "command" };

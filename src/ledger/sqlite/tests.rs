@@ -654,3 +654,28 @@ async fn futures_join_all<T>(
     }
     out
 }
+
+#[test]
+fn the_claim_candidate_query_searches_each_range_by_its_own_index() {
+    let (_dir, path) = temp_db();
+    let core = core_at(&path, &clock(), 1);
+    core.migrate().unwrap();
+    let plan: Vec<String> = core
+        .connection()
+        .prepare(&format!("EXPLAIN QUERY PLAN {}", super::rows::CLAIM_CANDIDATES_SQL))
+        .unwrap()
+        .query_map(rusqlite::params![0i64, 1i64], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let text = plan.join("\n");
+    assert!(
+        text.contains("USING INDEX command_claimable (status=? AND available_at<?)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("USING INDEX command_expired (status=? AND lease_until<?)"),
+        "{text}"
+    );
+    assert!(!text.contains("SCAN command"), "{text}");
+}

@@ -1,0 +1,676 @@
+//! Throughput, measured side by side in one run so that every ratio is fair:
+//!
+//! - `baseline/*`: the raw SQL limits of issue 6 on plain rusqlite — one conditional
+//!   `UPDATE … WHERE status = 'PENDING'` claim per transaction, 32 claims per
+//!   transaction, and claim then token-checked complete (two transactions per job) —
+//!   4 threads on one file database in WAL, `synchronous=NORMAL`, `BEGIN IMMEDIATE`;
+//! - `claims/<backend>`: `Ledger::claim` at batch 1, 5 and 32 with 1, 2, 4 and 8
+//!   concurrent claimers until the queue is empty (memory, SQLite, and MySQL/MariaDB
+//!   when `LEASEHOLD_TEST_MYSQL_URL` is set);
+//! - `deliveries/<backend>`: one-step and six-step dry-run deliveries through the real
+//!   fused `Worker` ([`leasehold::bench`]), with their transactions per attempt.
+//!
+//! Each criterion iteration is one whole run over a fresh queue (`iter_custom`): the
+//! queue is built untimed (SQLite: a copy of a template file), and the run is timed
+//! from the first claim until the queue is empty. Throughput is in jobs (claims or
+//! deliveries). After criterion's own report a summary prints the median figures and
+//! the ratios to the baselines, and writes them to `target/criterion/leasehold-summary.txt`.
+//!
+//! Queues: 20,000 jobs for the baselines and the SQLite claims with 4 claimers (the
+//! runs compared with them), 3,000 for the other SQLite claim runs, 1,000 for MySQL,
+//! 2,000 for the memory ledger (whose claim scans every attempt), 3,000 one-step and
+//! 1,000 six-step deliveries. `LEASEHOLD_BENCH_JOBS=N` sets every SQLite and MySQL
+//! claim queue and the baselines to N. `LEASEHOLD_BENCH_RUNTIME=current_thread` runs
+//! the claimers and workers on a current-thread tokio runtime instead of the default
+//! multi-thread one. `cargo bench` takes about five minutes on 2 cores (plus about
+//! five more for MySQL when it is set). Run
+//! as a test (`cargo test --benches`) each benchmark runs once on a tiny queue.
+
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
+use leasehold::bench::{self, CountingLedger, Prepared, Progress};
+use leasehold::clock::SystemClock;
+use leasehold::entropy::OsEntropy;
+use leasehold::ledger::memory::MemoryLedger;
+use leasehold::ledger::sqlite::SqliteLedger;
+use leasehold::ledger::Ledger;
+use rusqlite::Connection;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::runtime::Runtime;
+use tokio::task::JoinSet;
+
+/// Threads of the raw baselines (and claimers compared with them).
+const BASELINE_THREADS: u32 = 4;
+/// The claim batch sizes and claimer counts of the grid.
+const BATCHES: [u32; 3] = [1, 5, 32];
+const WORKERS: [u32; 4] = [1, 2, 4, 8];
+/// A lease no run outlives: nothing expires mid-run.
+const LEASE_MS: u64 = 600_000;
+
+/// Queue sizes, small when run as a test.
+#[derive(Clone, Copy)]
+struct Scale {
+    /// Jobs per baseline run, and per SQLite claim run with 4 claimers (the runs
+    /// compared with the baselines).
+    jobs: u64,
+    /// Jobs per SQLite claim run with 1, 2 or 8 claimers (fewer, to bound the time).
+    grid_jobs: u64,
+    /// Jobs per MySQL claim run (every claim is several network round trips).
+    mysql_jobs: u64,
+    /// Jobs per memory claim run (its claim scans every attempt: quadratic).
+    memory_jobs: u64,
+    /// One-step deliveries per run.
+    deliveries_1: u64,
+    /// Six-step deliveries per run.
+    deliveries_6: u64,
+}
+
+impl Scale {
+    fn new(test_mode: bool) -> Self {
+        if test_mode {
+            return Self {
+                jobs: 64,
+                grid_jobs: 64,
+                mysql_jobs: 64,
+                memory_jobs: 64,
+                deliveries_1: 32,
+                deliveries_6: 16,
+            };
+        }
+        let all: Option<u64> = std::env::var("LEASEHOLD_BENCH_JOBS").ok().and_then(|v| v.parse().ok());
+        Self {
+            jobs: all.unwrap_or(20_000),
+            grid_jobs: all.unwrap_or(3_000),
+            mysql_jobs: all.unwrap_or(1_000),
+            memory_jobs: 2_000,
+            deliveries_1: 3_000,
+            deliveries_6: 1_000,
+        }
+    }
+}
+
+/// One timed run.
+struct Run {
+    id: String,
+    jobs: u64,
+    elapsed: Duration,
+    tx_per_attempt: Option<f64>,
+}
+
+/// Every timed run, for the summary.
+static RUNS: Mutex<Vec<Run>> = Mutex::new(Vec::new());
+
+fn record(id: &str, jobs: u64, elapsed: Duration, tx_per_attempt: Option<f64>) {
+    let run = Run {
+        id: id.to_owned(),
+        jobs,
+        elapsed,
+        tx_per_attempt,
+    };
+    RUNS.lock().unwrap_or_else(|e| e.into_inner()).push(run);
+}
+
+fn group<'a>(c: &'a mut Criterion, name: &str, jobs: u64) -> BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.sampling_mode(SamplingMode::Flat);
+    g.throughput(Throughput::Elements(jobs));
+    g
+}
+
+// ---------------------------------------------------------------------------------
+// Raw SQL baselines (plain rusqlite).
+
+/// A connection as every baseline thread opens it: `synchronous=NORMAL`, a 5 s busy
+/// timeout (the database is already in WAL mode: [`raw_queue`] set it).
+fn open_raw(path: &Path) -> Connection {
+    let conn = Connection::open(path).expect("open the baseline database");
+    conn.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+    conn.pragma_update(None, "synchronous", "NORMAL").expect("synchronous");
+    conn
+}
+
+/// A fresh file database in WAL mode with `jobs` PENDING jobs, and the connection
+/// that made it (kept open during the run, as a ledger's pool keeps one).
+fn raw_queue(dir: &Path, jobs: u64) -> (PathBuf, Connection) {
+    let path = dir.join("baseline.db");
+    let mut conn = open_raw(&path);
+    let _: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .expect("WAL");
+    conn.execute_batch(
+        "CREATE TABLE job (id INTEGER PRIMARY KEY, status TEXT NOT NULL, available_at INTEGER NOT NULL, \
+         lease_token TEXT, lease_until INTEGER, attempts INTEGER NOT NULL DEFAULT 0, finished_at INTEGER);
+         CREATE INDEX job_claimable ON job (status, available_at);",
+    )
+    .expect("baseline schema");
+    let tx = conn.transaction().expect("fill transaction");
+    {
+        let mut insert = tx
+            .prepare("INSERT INTO job (status, available_at) VALUES ('PENDING', ?1)")
+            .expect("insert");
+        for i in 0..jobs {
+            insert.execute([i as i64]).expect("insert a job");
+        }
+    }
+    tx.commit().expect("fill commit");
+    (path, conn)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Raw {
+    /// One conditional claim per transaction.
+    ClaimOne,
+    /// 32 claims per transaction (one conditional `UPDATE`).
+    Claim32,
+    /// Claim one, then complete it with a token-checked `UPDATE`: two transactions.
+    ClaimComplete,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `BEGIN IMMEDIATE`, tried again while SQLite answers busy at once (as it may in WAL
+/// mode without calling the busy handler), as a ledger's caller retries `Unavailable`.
+fn begin_immediate(conn: &Connection) {
+    loop {
+        match conn.prepare_cached("BEGIN IMMEDIATE").and_then(|mut s| s.execute([])) {
+            Ok(_) => return,
+            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::DatabaseBusy => {
+                std::thread::yield_now();
+            }
+            Err(e) => panic!("BEGIN IMMEDIATE: {e}"),
+        }
+    }
+}
+
+fn commit(conn: &Connection) {
+    conn.prepare_cached("COMMIT")
+        .and_then(|mut s| s.execute([]))
+        .expect("COMMIT");
+}
+
+/// One baseline thread: claims (and completes) until nothing is PENDING; answers the
+/// jobs it claimed.
+fn raw_worker(path: &Path, kind: Raw, thread: u32, start: &Barrier) -> u64 {
+    let conn = open_raw(path);
+    let mut claimed = 0u64;
+    let mut serial = 0u64;
+    let limit = if kind == Raw::Claim32 { 32 } else { 1 };
+    // `+status` keeps the planner on the primary key for the outer `UPDATE`: on the
+    // status index it would scan every PENDING job per claim.
+    let claim_sql = "UPDATE job SET status = 'PROCESSING', lease_token = ?1 || '-' || id, lease_until = ?2, \
+                     attempts = attempts + 1 \
+                     WHERE id IN (SELECT id FROM job WHERE status = 'PENDING' AND available_at <= ?3 \
+                                  ORDER BY available_at, id LIMIT ?4) AND +status = 'PENDING' \
+                     RETURNING id, lease_token";
+    let complete_sql = "UPDATE job SET status = 'DONE', lease_token = NULL, finished_at = ?3 \
+                        WHERE id = ?1 AND status = 'PROCESSING' AND lease_token = ?2";
+    start.wait();
+    loop {
+        serial += 1;
+        let token = format!("{thread:08x}{serial:024x}");
+        let now = now_ms();
+        begin_immediate(&conn);
+        let got: Vec<(i64, String)> = {
+            let mut claim = conn.prepare_cached(claim_sql).expect("claim statement");
+            let rows = claim
+                .query_map(rusqlite::params![token, now + 60_000, now, limit], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .expect("claim");
+            rows.collect::<Result<_, _>>().expect("claimed rows")
+        };
+        commit(&conn);
+        if got.is_empty() {
+            return claimed;
+        }
+        claimed += got.len() as u64;
+        if kind == Raw::ClaimComplete {
+            for (id, token) in got {
+                begin_immediate(&conn);
+                let n = conn
+                    .prepare_cached(complete_sql)
+                    .expect("complete statement")
+                    .execute(rusqlite::params![id, token, now_ms()])
+                    .expect("complete");
+                assert_eq!(n, 1, "the token-checked complete must match its job");
+                commit(&conn);
+            }
+        }
+    }
+}
+
+fn raw_run(kind: Raw, jobs: u64) -> Duration {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (path, _keep) = raw_queue(dir.path(), jobs);
+    let start = Arc::new(Barrier::new(BASELINE_THREADS as usize + 1));
+    let threads: Vec<_> = (0..BASELINE_THREADS)
+        .map(|t| {
+            let (path, start) = (path.clone(), Arc::clone(&start));
+            std::thread::spawn(move || raw_worker(&path, kind, t, &start))
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    let claimed: u64 = threads.into_iter().map(|t| t.join().expect("baseline thread")).sum();
+    let elapsed = began.elapsed();
+    assert_eq!(claimed, jobs, "every job claimed exactly once");
+    elapsed
+}
+
+fn baselines(c: &mut Criterion, scale: Scale) {
+    let mut g = group(c, "baseline", scale.jobs);
+    for (name, kind) in [
+        ("claim-1-per-tx", Raw::ClaimOne),
+        ("claim-32-per-tx", Raw::Claim32),
+        ("claim-then-complete", Raw::ClaimComplete),
+    ] {
+        let id = format!("baseline/{name}/{BASELINE_THREADS}");
+        g.bench_function(BenchmarkId::new(name, BASELINE_THREADS), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| {
+                        let elapsed = raw_run(kind, scale.jobs);
+                        record(&id, scale.jobs, elapsed, None);
+                        elapsed
+                    })
+                    .sum()
+            })
+        });
+    }
+    g.finish();
+}
+
+// ---------------------------------------------------------------------------------
+// Claims per backend.
+
+/// `workers` concurrent claimers take `batch` at a time until the queue is empty;
+/// answers the commands claimed.
+async fn claim_all<L: Ledger>(ledger: Arc<L>, workers: u32, batch: u32) -> u64 {
+    let mut tasks = JoinSet::new();
+    for w in 0..workers {
+        let ledger = Arc::clone(&ledger);
+        tasks.spawn(async move {
+            let owner = format!("claimer-{w}");
+            let mut claimed = 0u64;
+            loop {
+                match ledger.claim(&owner, batch, LEASE_MS).await {
+                    Ok(got) if got.is_empty() => return claimed,
+                    Ok(got) => claimed += got.len() as u64,
+                    Err(e) if e.is_transient() => tokio::task::yield_now().await,
+                    Err(e) => panic!("claim failed: {e}"),
+                }
+            }
+        });
+    }
+    let mut claimed = 0;
+    while let Some(n) = tasks.join_next().await {
+        claimed += n.expect("claimer task");
+    }
+    claimed
+}
+
+/// A migrated SQLite file with attempts already enqueued, copied for each run.
+struct Template {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    prepared: Prepared,
+}
+
+impl Template {
+    fn new(rt: &Runtime, attempts: u64, steps: u32) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("template.db");
+        let prepared = rt.block_on(async {
+            let ledger = Arc::new(sqlite(&path));
+            ledger.migrate().await.expect("migrate");
+            bench::prepare(ledger, "bench", attempts, steps, 1, Arc::default())
+                .await
+                .expect("prepare")
+        });
+        // Every connection is closed: the WAL is checkpointed into the file.
+        Self {
+            _dir: dir,
+            path,
+            prepared,
+        }
+    }
+
+    /// A private copy of the template, and its directory.
+    fn copy(&self) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("ledger.db");
+        std::fs::copy(&self.path, &path).expect("copy the template");
+        (dir, path)
+    }
+}
+
+fn sqlite(path: &Path) -> SqliteLedger {
+    SqliteLedger::open(
+        path.to_str().expect("a UTF-8 path"),
+        Arc::new(SystemClock),
+        Arc::new(OsEntropy),
+    )
+    .expect("open the SQLite ledger")
+}
+
+async fn memory_queue(jobs: u64) -> Arc<MemoryLedger> {
+    let ledger = Arc::new(MemoryLedger::new(Arc::new(SystemClock), Arc::new(OsEntropy)));
+    bench::prepare(Arc::clone(&ledger), "bench", jobs, 1, 1, Arc::default())
+        .await
+        .expect("prepare");
+    ledger
+}
+
+fn claims(c: &mut Criterion, rt: &Runtime, scale: Scale) {
+    let mut g = group(c, "claims/memory", scale.memory_jobs);
+    for batch in BATCHES {
+        for workers in WORKERS {
+            let id = format!("claims/memory/batch-{batch}/{workers}");
+            g.bench_function(BenchmarkId::new(format!("batch-{batch}"), workers), |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| {
+                            let ledger = rt.block_on(memory_queue(scale.memory_jobs));
+                            let began = Instant::now();
+                            let claimed = rt.block_on(claim_all(ledger, workers, batch));
+                            let elapsed = began.elapsed();
+                            assert_eq!(claimed, scale.memory_jobs);
+                            record(&id, claimed, elapsed, None);
+                            elapsed
+                        })
+                        .sum()
+                })
+            });
+        }
+    }
+    g.finish();
+
+    let big = Template::new(rt, scale.jobs, 1);
+    let small = Template::new(rt, scale.grid_jobs, 1);
+    let mut g = group(c, "claims/sqlite", scale.jobs);
+    for batch in BATCHES {
+        for workers in WORKERS {
+            let (template, jobs) = if workers == BASELINE_THREADS {
+                (&big, scale.jobs)
+            } else {
+                (&small, scale.grid_jobs)
+            };
+            g.throughput(Throughput::Elements(jobs));
+            let id = format!("claims/sqlite/batch-{batch}/{workers}");
+            g.bench_function(BenchmarkId::new(format!("batch-{batch}"), workers), |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| {
+                            let (_dir, path) = template.copy();
+                            let ledger = Arc::new(sqlite(&path));
+                            let began = Instant::now();
+                            let claimed = rt.block_on(claim_all(ledger, workers, batch));
+                            let elapsed = began.elapsed();
+                            assert_eq!(claimed, jobs);
+                            record(&id, claimed, elapsed, None);
+                            elapsed
+                        })
+                        .sum()
+                })
+            });
+        }
+    }
+    g.finish();
+    mysql::claims(c, rt, scale);
+}
+
+/// MySQL / MariaDB claims, when `LEASEHOLD_TEST_MYSQL_URL` names a server.
+mod mysql {
+    use super::*;
+    use leasehold::ledger::mysql::scratch::ScratchDatabase;
+    use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
+
+    const URL_VAR: &str = "LEASEHOLD_TEST_MYSQL_URL";
+
+    /// Lost claim races per benchmark id (summed over runs), for the summary.
+    pub(super) static LOST_RACES: Mutex<BTreeMap<String, (u64, u64)>> = Mutex::new(BTreeMap::new());
+
+    pub(super) fn claims(c: &mut Criterion, rt: &Runtime, scale: Scale) {
+        let Some(admin) = std::env::var(URL_VAR).ok().filter(|u| !u.is_empty()) else {
+            println!("claims/mysql: skipped ({URL_VAR} is not set)");
+            return;
+        };
+        let admin = MysqlUrl::parse(&admin).unwrap_or_else(|e| panic!("{URL_VAR}: {e}"));
+        let mut g = group(c, "claims/mysql", scale.mysql_jobs);
+        for batch in BATCHES {
+            for workers in WORKERS {
+                let id = format!("claims/mysql/batch-{batch}/{workers}");
+                g.bench_function(BenchmarkId::new(format!("batch-{batch}"), workers), |b| {
+                    b.iter_custom(|iters| {
+                        (0..iters)
+                            .map(|_| {
+                                let (elapsed, lost) = rt.block_on(run(&admin, scale.mysql_jobs, workers, batch));
+                                record(&id, scale.mysql_jobs, elapsed, None);
+                                let mut races = LOST_RACES.lock().unwrap_or_else(|e| e.into_inner());
+                                let entry = races.entry(id.clone()).or_default();
+                                entry.0 += lost;
+                                entry.1 += scale.mysql_jobs;
+                                elapsed
+                            })
+                            .sum()
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+
+    /// One run on a scratch database: fill it untimed, then time the claims.
+    async fn run(admin: &MysqlUrl, jobs: u64, workers: u32, batch: u32) -> (Duration, u64) {
+        let scratch = ScratchDatabase::create(admin, "lh_bench_")
+            .await
+            .expect("scratch database");
+        let ledger = Arc::new(MysqlLedger::open(scratch.url(), Arc::new(OsEntropy)));
+        ledger.migrate().await.expect("migrate");
+        bench::prepare(Arc::clone(&ledger), "bench", jobs, 1, 8, Arc::default())
+            .await
+            .expect("prepare");
+        let lost_before = ledger.lost_claim_races();
+        let began = Instant::now();
+        let claimed = claim_all(Arc::clone(&ledger), workers, batch).await;
+        let elapsed = began.elapsed();
+        assert_eq!(claimed, jobs);
+        let lost = ledger.lost_claim_races() - lost_before;
+        let _ = ledger.disconnect().await;
+        drop(scratch);
+        (elapsed, lost)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// End-to-end deliveries through the real worker.
+
+fn deliveries(c: &mut Criterion, rt: &Runtime, scale: Scale) {
+    let cases = [
+        (1u32, BASELINE_THREADS, 1u32, scale.deliveries_1),
+        (1, BASELINE_THREADS, 5, scale.deliveries_1),
+        (6, BASELINE_THREADS, 1, scale.deliveries_6),
+    ];
+    for (steps, workers, batch, attempts) in cases {
+        let template = Template::new(rt, attempts, steps);
+        let mut g = group(c, &format!("deliveries/sqlite/{steps}-step"), attempts);
+        let id = format!("deliveries/sqlite/{steps}-step/batch-{batch}/{workers}");
+        g.bench_function(BenchmarkId::new(format!("batch-{batch}"), workers), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| {
+                        let (_dir, path) = template.copy();
+                        let ledger = Arc::new(CountingLedger::new(Arc::new(sqlite(&path))));
+                        let (elapsed, tx) = rt.block_on(deliver(ledger, &template.prepared, workers, batch));
+                        record(&id, attempts, elapsed, Some(tx));
+                        elapsed
+                    })
+                    .sum()
+            })
+        });
+        g.finish();
+    }
+    for (steps, attempts) in [(1u32, scale.memory_jobs), (6, scale.memory_jobs)] {
+        let mut g = group(c, &format!("deliveries/memory/{steps}-step"), attempts);
+        let id = format!("deliveries/memory/{steps}-step/batch-1/{BASELINE_THREADS}");
+        g.bench_function(BenchmarkId::new("batch-1", BASELINE_THREADS), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| {
+                        let (ledger, prepared) = rt.block_on(async {
+                            let ledger = Arc::new(MemoryLedger::new(Arc::new(SystemClock), Arc::new(OsEntropy)));
+                            let prepared =
+                                bench::prepare(Arc::clone(&ledger), "bench", attempts, steps, 1, Arc::default())
+                                    .await
+                                    .expect("prepare");
+                            (Arc::new(CountingLedger::new(ledger)), prepared)
+                        });
+                        let (elapsed, tx) = rt.block_on(deliver(ledger, &prepared, BASELINE_THREADS, 1));
+                        record(&id, attempts, elapsed, Some(tx));
+                        elapsed
+                    })
+                    .sum()
+            })
+        });
+        g.finish();
+    }
+}
+
+/// Delivers every prepared attempt, checks exactly-once, answers the elapsed time and
+/// the transactions per attempt.
+async fn deliver<L: Ledger>(
+    ledger: Arc<CountingLedger<L>>,
+    prepared: &Prepared,
+    workers: u32,
+    batch: u32,
+) -> (Duration, f64) {
+    let measured = bench::drive(
+        Arc::clone(&ledger),
+        "bench",
+        workers,
+        batch,
+        Arc::new(Progress::default()),
+    )
+    .await;
+    let verified = bench::verify(ledger, prepared, 4).await.expect("verify");
+    let report = bench::BenchReport::new(prepared, measured, verified);
+    assert!(
+        report.exactly_once(),
+        "not delivered exactly once: {:?}",
+        report.verified.problems
+    );
+    (report.measured.elapsed, report.transactions_per_attempt)
+}
+
+// ---------------------------------------------------------------------------------
+// Summary with the issue's ratios.
+
+fn summary() -> String {
+    let runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut by_id: BTreeMap<&str, (Vec<f64>, Option<f64>)> = BTreeMap::new();
+    for run in runs.iter() {
+        let entry = by_id.entry(&run.id).or_default();
+        entry
+            .0
+            .push(run.jobs as f64 / run.elapsed.as_secs_f64().max(f64::MIN_POSITIVE));
+        if run.tx_per_attempt.is_some() {
+            entry.1 = run.tx_per_attempt;
+        }
+    }
+    let median = |id: &str| {
+        by_id.get(id).map(|(rates, _)| {
+            let mut r = rates.clone();
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        })
+    };
+    let mut out = String::from("\nleasehold throughput summary (median of every timed run, jobs per second)\n");
+    for (id, (rates, tx)) in &by_id {
+        let _ = write!(
+            out,
+            "  {id:<48} {:>10.0}/s  ({} runs)",
+            median(id).unwrap_or(0.0),
+            rates.len()
+        );
+        if let Some(tx) = tx {
+            let _ = write!(out, "  {tx:.2} transactions per attempt");
+        }
+        out.push('\n');
+    }
+    for (id, (lost, jobs)) in mysql::LOST_RACES.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let _ = writeln!(out, "  {id:<48} {lost} lost claim races over {jobs} claims");
+    }
+    out.push_str("\nratios to the raw baselines (4 workers / threads, same run):\n");
+    let t = BASELINE_THREADS;
+    let goals = [
+        (
+            format!("claims/sqlite/batch-1/{t}"),
+            format!("baseline/claim-1-per-tx/{t}"),
+            0.8,
+        ),
+        (
+            format!("claims/sqlite/batch-32/{t}"),
+            format!("baseline/claim-32-per-tx/{t}"),
+            0.7,
+        ),
+        (
+            format!("deliveries/sqlite/1-step/batch-1/{t}"),
+            format!("baseline/claim-then-complete/{t}"),
+            0.85,
+        ),
+        (
+            format!("deliveries/sqlite/1-step/batch-5/{t}"),
+            format!("baseline/claim-then-complete/{t}"),
+            0.85,
+        ),
+    ];
+    for (ours, theirs, goal) in goals {
+        if let (Some(a), Some(b)) = (median(&ours), median(&theirs)) {
+            let ratio = a / b;
+            let verdict = if ratio >= goal { "met" } else { "MISSED" };
+            let _ = writeln!(out, "  {ours} / {theirs} = {ratio:.2} (goal >= {goal}: {verdict})");
+        }
+    }
+    if let Some((_, Some(tx))) = by_id.get(format!("deliveries/sqlite/6-step/batch-1/{t}").as_str()) {
+        let _ = writeln!(out, "  six-step transactions per attempt = {tx:.2} (goal 7)");
+    }
+    out
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` does not: then every
+    // benchmark runs once, as a test, on a tiny queue.
+    let test_mode = !std::env::args().any(|a| a == "--bench");
+    let scale = Scale::new(test_mode);
+    let rt = if std::env::var("LEASEHOLD_BENCH_RUNTIME").as_deref() == Ok("current_thread") {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    }
+    .expect("tokio runtime");
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1))
+        .without_plots()
+        .configure_from_args();
+    baselines(&mut c, scale);
+    claims(&mut c, &rt, scale);
+    deliveries(&mut c, &rt, scale);
+    c.final_summary();
+    let text = summary();
+    println!("{text}");
+    if !test_mode {
+        let dir = Path::new("target").join("criterion");
+        if std::fs::create_dir_all(&dir).is_ok() {
+            let _ = std::fs::write(dir.join("leasehold-summary.txt"), &text);
+        }
+    }
+}

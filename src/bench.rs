@@ -1,0 +1,726 @@
+//! The end-to-end delivery benchmark behind `leasehold bench` and the criterion
+//! `throughput` bench.
+//!
+//! Contract: [`prepare`] registers one `dry-run:v1` plan of `steps` steps per attempt
+//! (distinct names, because the `execute` guard allows one open attempt per plan) and
+//! enqueues one attempt of each, before any worker runs. [`drive`] then runs
+//! `workers` real [`Worker`]s (fused: claim-and-begin, complete-and-continue) in this
+//! process until no attempt is open, and [`verify`] reads every attempt back: each
+//! must be SUCCEEDED with its command DELIVERED, `delivery_count` 1 and every receipt
+//! SUCCEEDED with evidence — delivered exactly once.
+//!
+//! Transactions are counted by [`CountingLedger`], which implements [`Ledger`] by
+//! delegation and counts calls. For ledgers whose every call is one transaction
+//! (memory, SQLite) a call count is a transaction count; a ledger that falls back to
+//! the trait's unfused defaults runs more transactions than it is charged for.
+//!
+//! The latency is the ledger clock's `finished_at - created_at` of each attempt.
+//! Every attempt is enqueued before the workers start, so it measures how long a
+//! backlog of `attempts` takes to drain, not the latency of a lone attempt.
+
+use crate::clock::{Clock, SystemClock};
+use crate::executor::{Executors, KNOWN_EXECUTORS};
+use crate::ledger::{Claimed, Ledger, LedgerError};
+use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
+use leasehold_engine::driver::Outcome;
+use leasehold_engine::lease::WorkerConfig;
+use leasehold_engine::transition::{Continued, ReconcileOutcome};
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Lease, Plan, PlanId, PlanSpec, ReceiptStatus, Step,
+    Timestamp,
+};
+use serde::Serialize;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// How many problems [`verify`] lists before it only counts them.
+const PROBLEMS_LISTED_MAX: usize = 10;
+
+/// Ledger calls counted by a [`CountingLedger`], by kind.
+#[derive(Debug, Default)]
+pub struct Counts {
+    claims: AtomicU64,
+    claimed: AtomicU64,
+    empty_claims: AtomicU64,
+    step_writes: AtomicU64,
+    heartbeats: AtomicU64,
+    other_writes: AtomicU64,
+    reads: AtomicU64,
+}
+
+/// A copy of [`Counts`] at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CountsSnapshot {
+    /// Claim transactions (`claim` and `claim_and_begin` calls), empty ones included.
+    pub claims: u64,
+    /// Commands those claims took.
+    pub claimed: u64,
+    /// Claims that took nothing (polls of an empty queue).
+    pub empty_claims: u64,
+    /// Worker writes after the claim: begin, complete, complete-and-continue,
+    /// finish, fail and heartbeat.
+    pub step_writes: u64,
+    /// Of those, heartbeats.
+    pub heartbeats: u64,
+    /// Every other write: migrate, register, retire, enqueue, reconcile, abort.
+    pub other_writes: u64,
+    /// Reads (attempt, plan, history, open-attempt counts).
+    pub reads: u64,
+}
+
+impl CountsSnapshot {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &CountsSnapshot) -> CountsSnapshot {
+        CountsSnapshot {
+            claims: self.claims - earlier.claims,
+            claimed: self.claimed - earlier.claimed,
+            empty_claims: self.empty_claims - earlier.empty_claims,
+            step_writes: self.step_writes - earlier.step_writes,
+            heartbeats: self.heartbeats - earlier.heartbeats,
+            other_writes: self.other_writes - earlier.other_writes,
+            reads: self.reads - earlier.reads,
+        }
+    }
+}
+
+impl Counts {
+    /// The counts now.
+    pub fn snapshot(&self) -> CountsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CountsSnapshot {
+            claims: get(&self.claims),
+            claimed: get(&self.claimed),
+            empty_claims: get(&self.empty_claims),
+            step_writes: get(&self.step_writes),
+            heartbeats: get(&self.heartbeats),
+            other_writes: get(&self.other_writes),
+            reads: get(&self.reads),
+        }
+    }
+
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn claim<T>(&self, result: &Result<Vec<T>, LedgerError>) {
+        Self::bump(&self.claims);
+        if let Ok(claimed) = result {
+            self.claimed.fetch_add(claimed.len() as u64, Ordering::Relaxed);
+            if claimed.is_empty() {
+                Self::bump(&self.empty_claims);
+            }
+        }
+    }
+}
+
+/// A [`Ledger`] that delegates every call to `L` and counts it (see [`Counts`]).
+pub struct CountingLedger<L> {
+    inner: Arc<L>,
+    counts: Arc<Counts>,
+}
+
+impl<L> std::fmt::Debug for CountingLedger<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountingLedger")
+            .field("counts", &self.counts.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<L: Ledger> CountingLedger<L> {
+    /// Wraps `inner` with every count at zero.
+    pub fn new(inner: Arc<L>) -> Self {
+        Self {
+            inner,
+            counts: Arc::default(),
+        }
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> CountsSnapshot {
+        self.counts.snapshot()
+    }
+}
+
+impl<L: Ledger> Ledger for CountingLedger<L> {
+    async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.migrate().await
+    }
+
+    async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.register_plan(spec, known_executors).await
+    }
+
+    async fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.plan(id).await
+    }
+
+    async fn list_plans(&self) -> Result<Vec<Plan>, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.list_plans().await
+    }
+
+    async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.retire_plan(id).await
+    }
+
+    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.enqueue(plan, action).await
+    }
+
+    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        let result = self.inner.claim(owner, batch, lease_ms).await;
+        self.counts.claim(&result);
+        result
+    }
+
+    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        let result = self.inner.claim_and_begin(owner, batch, lease_ms).await;
+        self.counts.claim(&result);
+        result
+    }
+
+    async fn complete_and_continue(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<Continued, LedgerError> {
+        Counts::bump(&self.counts.step_writes);
+        self.inner
+            .complete_and_continue(lease, ordinal, evidence, target_receipt, lease_ms)
+            .await
+    }
+
+    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
+        Counts::bump(&self.counts.step_writes);
+        Counts::bump(&self.counts.heartbeats);
+        self.inner.heartbeat(lease, lease_ms).await
+    }
+
+    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
+        Counts::bump(&self.counts.step_writes);
+        self.inner.begin_step(lease, ordinal, lease_ms).await
+    }
+
+    async fn complete_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<(), LedgerError> {
+        Counts::bump(&self.counts.step_writes);
+        self.inner
+            .complete_step(lease, ordinal, evidence, target_receipt, lease_ms)
+            .await
+    }
+
+    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
+        Counts::bump(&self.counts.step_writes);
+        self.inner.fail(lease, ordinal, error).await
+    }
+
+    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
+        Counts::bump(&self.counts.step_writes);
+        self.inner.finish(lease).await
+    }
+
+    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.reconcile(attempt).await
+    }
+
+    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.abort(attempt, reason).await
+    }
+
+    async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.attempt(attempt).await
+    }
+
+    async fn history(&self, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.history(plan).await
+    }
+
+    async fn open_attempts(&self) -> Result<u64, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.open_attempts().await
+    }
+}
+
+/// Live progress of a bench, for a progress line.
+#[derive(Debug, Default)]
+pub struct Progress {
+    enqueued: AtomicU64,
+    delivered: AtomicU64,
+}
+
+impl Progress {
+    /// Attempts enqueued so far by [`prepare`].
+    pub fn enqueued(&self) -> u64 {
+        self.enqueued.load(Ordering::Relaxed)
+    }
+
+    /// Attempts delivered so far by [`drive`].
+    pub fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+}
+
+/// The attempts a bench delivers, enqueued by [`prepare`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// Steps per attempt.
+    pub steps: u32,
+    /// Every attempt, in enqueue order per preparing task.
+    pub attempts: Vec<AttemptId>,
+}
+
+/// The plan spec a bench registers: `steps` `dry-run:v1` steps without delay.
+pub fn plan_spec(name: String, steps: u32) -> PlanSpec {
+    PlanSpec {
+        name,
+        recovery: "resume".to_owned(),
+        volatile_fields: Vec::new(),
+        steps: (1..=steps.max(1))
+            .map(|i| Step {
+                code: format!("step-{i}"),
+                executor: crate::executor::dry_run::NAME.to_owned(),
+                payload: serde_json::json!({}),
+            })
+            .collect(),
+    }
+}
+
+/// Registers `attempts` plans named `{tag}-{i}` of `steps` dry-run steps and enqueues
+/// one `execute` attempt of each, `concurrency` at a time. `tag` must be new to the
+/// ledger (registering content a READY plan has answers that plan).
+pub async fn prepare<L: Ledger>(
+    ledger: Arc<L>,
+    tag: &str,
+    attempts: u64,
+    steps: u32,
+    concurrency: u32,
+    progress: Arc<Progress>,
+) -> Result<Prepared, LedgerError> {
+    let concurrency = u64::from(concurrency.max(1));
+    let mut tasks = JoinSet::new();
+    for lane in 0..concurrency {
+        let (ledger, progress, tag) = (Arc::clone(&ledger), Arc::clone(&progress), tag.to_owned());
+        tasks.spawn(async move {
+            let mut ids = Vec::new();
+            let mut i = lane;
+            while i < attempts {
+                let plan = ledger
+                    .register_plan(plan_spec(format!("{tag}-{i}"), steps), KNOWN_EXECUTORS)
+                    .await?;
+                ids.push(ledger.enqueue(&plan.id, Action::Execute).await?.attempt.id);
+                progress.enqueued.fetch_add(1, Ordering::Relaxed);
+                i += concurrency;
+            }
+            Ok::<_, LedgerError>(ids)
+        });
+    }
+    let mut prepared = Prepared {
+        steps: steps.max(1),
+        attempts: Vec::new(),
+    };
+    while let Some(done) = tasks.join_next().await {
+        let ids = done.map_err(|e| LedgerError::Internal(format!("bench preparation task failed: {e}")))??;
+        prepared.attempts.extend(ids);
+    }
+    Ok(prepared)
+}
+
+/// What one [`drive`] measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Measured {
+    /// Workers run.
+    pub workers: u32,
+    /// Claim batch (and deliveries in flight) per worker.
+    pub batch: u32,
+    /// From the workers' start until the last one found nothing open.
+    #[serde(rename = "elapsed_ms", serialize_with = "as_millis")]
+    pub elapsed: Duration,
+    /// The workers' reports, added up.
+    #[serde(skip)]
+    pub report: WorkerReport,
+    /// Ledger calls during the run.
+    pub counts: CountsSnapshot,
+}
+
+fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1_000.0)
+}
+
+/// Runs `workers` workers named `{tag}-worker-{n}` with claim batch `batch` until no
+/// attempt is open. `ledger` counts the calls; `progress` counts deliveries.
+pub async fn drive<L: Ledger>(
+    ledger: Arc<CountingLedger<L>>,
+    tag: &str,
+    workers: u32,
+    batch: u32,
+    progress: Arc<Progress>,
+) -> Measured {
+    let workers = workers.max(1);
+    let config = WorkerConfig::clamped(true, 10, batch, 60_000);
+    let before = ledger.counts();
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    let executors = Arc::new(Executors::new());
+    for n in 1..=workers {
+        let progress = Arc::clone(&progress);
+        let worker = Worker::new(
+            format!("{tag}-worker-{n}"),
+            Arc::clone(&ledger),
+            Arc::clone(&executors),
+            Arc::new(SystemClock),
+            config,
+        )
+        .on_event(move |event| {
+            if let WorkerEvent::Finished {
+                outcome: Outcome::Delivered,
+                ..
+            } = event
+            {
+                progress.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let options = RunOptions {
+            until_idle: true,
+            grace_ms: 0,
+        };
+        tasks.spawn(async move { worker.run(std::future::pending(), options).await });
+    }
+    let mut report = WorkerReport::default();
+    while let Some(done) = tasks.join_next().await {
+        let r = done.unwrap_or_default();
+        report.claimed += r.claimed;
+        report.delivered += r.delivered;
+        report.failed += r.failed;
+        report.refused += r.refused;
+        report.abandoned += r.abandoned;
+    }
+    Measured {
+        workers,
+        batch: config.batch_size,
+        elapsed: started.elapsed(),
+        report,
+        counts: ledger.counts().since(&before),
+    }
+}
+
+/// What [`verify`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verified {
+    /// Attempts read back.
+    pub attempts: u64,
+    /// Attempts delivered exactly once.
+    pub exactly_once: u64,
+    /// Enqueue-to-delivered latency of each delivered attempt (ledger clock), sorted.
+    #[serde(skip)]
+    pub latencies_ms: Vec<u64>,
+    /// The first problems found, one line each.
+    pub problems: Vec<String>,
+    /// Problems found in all.
+    pub problem_count: u64,
+}
+
+impl Verified {
+    /// Whether every attempt was delivered exactly once.
+    pub fn ok(&self) -> bool {
+        self.problem_count == 0 && self.exactly_once == self.attempts
+    }
+}
+
+/// Why `record` was not delivered exactly once, if it was not.
+pub fn exactly_once_problem(record: &AttemptRecord, steps: u32) -> Option<String> {
+    let (a, c) = (&record.attempt, &record.command);
+    let id = &a.id;
+    if a.status != AttemptStatus::Succeeded {
+        return Some(format!("attempt {id} is {}, not SUCCEEDED", a.status));
+    }
+    if c.status != CommandStatus::Delivered {
+        return Some(format!("attempt {id}: command is {}, not DELIVERED", c.status));
+    }
+    if c.delivery_count != 1 {
+        return Some(format!("attempt {id}: delivered {} times, not once", c.delivery_count));
+    }
+    if record.receipts.len() != steps as usize {
+        return Some(format!(
+            "attempt {id} has {} receipts, not {steps}",
+            record.receipts.len()
+        ));
+    }
+    if let Some(r) = record
+        .receipts
+        .iter()
+        .find(|r| r.status != ReceiptStatus::Succeeded || r.evidence.is_none())
+    {
+        return Some(format!(
+            "attempt {id} step {} is {} (evidence: {})",
+            r.ordinal,
+            r.status,
+            r.evidence.is_some()
+        ));
+    }
+    None
+}
+
+/// Reads every prepared attempt back, `concurrency` reads at a time, and checks that
+/// each was delivered exactly once.
+pub async fn verify<L: Ledger>(ledger: Arc<L>, prepared: &Prepared, concurrency: u32) -> Result<Verified, LedgerError> {
+    let concurrency = concurrency.max(1) as usize;
+    let mut tasks = JoinSet::new();
+    for lane in 0..concurrency {
+        let ledger = Arc::clone(&ledger);
+        let ids: Vec<AttemptId> = prepared
+            .attempts
+            .iter()
+            .skip(lane)
+            .step_by(concurrency)
+            .cloned()
+            .collect();
+        let steps = prepared.steps;
+        tasks.spawn(async move {
+            let mut found = Vec::with_capacity(ids.len());
+            for id in ids {
+                let record = ledger.attempt(&id).await?;
+                let latency = record
+                    .attempt
+                    .finished_at
+                    .map(|f| f.millis_since(record.attempt.created_at));
+                found.push((exactly_once_problem(&record, steps), latency));
+            }
+            Ok::<_, LedgerError>(found)
+        });
+    }
+    let mut verified = Verified {
+        attempts: prepared.attempts.len() as u64,
+        exactly_once: 0,
+        latencies_ms: Vec::new(),
+        problems: Vec::new(),
+        problem_count: 0,
+    };
+    while let Some(done) = tasks.join_next().await {
+        let found = done.map_err(|e| LedgerError::Internal(format!("bench verification task failed: {e}")))??;
+        for (problem, latency) in found {
+            match problem {
+                None => verified.exactly_once += 1,
+                Some(p) => {
+                    verified.problem_count += 1;
+                    if verified.problems.len() < PROBLEMS_LISTED_MAX {
+                        verified.problems.push(p);
+                    }
+                }
+            }
+            verified.latencies_ms.extend(latency);
+        }
+    }
+    verified.latencies_ms.sort_unstable();
+    Ok(verified)
+}
+
+/// The nearest-rank `p`-th percentile (0–100) of sorted values.
+pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// The figures of one bench run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchReport {
+    /// Attempts enqueued.
+    pub attempts: u64,
+    /// Steps per attempt.
+    pub steps: u32,
+    /// The run.
+    #[serde(flatten)]
+    pub measured: Measured,
+    /// Deliveries per second.
+    pub deliveries_per_s: f64,
+    /// Commands claimed per second.
+    pub claims_per_s: f64,
+    /// Steps completed per second.
+    pub steps_per_s: f64,
+    /// Write transactions that touched each attempt: its claim plus its step writes.
+    pub transactions_per_attempt: f64,
+    /// Every write transaction of the run (batched claims shared, empty polls
+    /// included) per attempt.
+    pub write_transactions_per_attempt: f64,
+    /// Median enqueue-to-delivered latency.
+    pub latency_p50_ms: Option<u64>,
+    /// 99th percentile enqueue-to-delivered latency.
+    pub latency_p99_ms: Option<u64>,
+    /// The exactly-once check.
+    pub verified: Verified,
+}
+
+impl BenchReport {
+    /// Computes the figures from a run and its verification.
+    pub fn new(prepared: &Prepared, measured: Measured, verified: Verified) -> Self {
+        let attempts = prepared.attempts.len() as u64;
+        let secs = measured.elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
+        let per_attempt = |n: u64| if attempts == 0 { 0.0 } else { n as f64 / attempts as f64 };
+        let c = measured.counts;
+        Self {
+            attempts,
+            steps: prepared.steps,
+            deliveries_per_s: measured.report.delivered as f64 / secs,
+            claims_per_s: c.claimed as f64 / secs,
+            steps_per_s: (measured.report.delivered * u64::from(prepared.steps)) as f64 / secs,
+            transactions_per_attempt: per_attempt(c.claimed + c.step_writes),
+            write_transactions_per_attempt: per_attempt(c.claims + c.step_writes),
+            latency_p50_ms: percentile(&verified.latencies_ms, 50.0),
+            latency_p99_ms: percentile(&verified.latencies_ms, 99.0),
+            measured,
+            verified,
+        }
+    }
+
+    /// Whether the run delivered every attempt exactly once, and the workers agree.
+    pub fn exactly_once(&self) -> bool {
+        let r = &self.measured.report;
+        self.verified.ok()
+            && r.delivered == self.attempts
+            && r.claimed == self.attempts
+            && r.failed + r.refused + r.abandoned == 0
+    }
+}
+
+/// How to run a whole bench with [`run`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchOptions {
+    /// Attempts to enqueue and deliver.
+    pub attempts: u64,
+    /// In-process workers.
+    pub workers: u32,
+    /// Steps per attempt.
+    pub steps: u32,
+    /// Claim batch per worker.
+    pub batch: u32,
+    /// Names the plans (`{tag}-{i}`) and workers; must be new to the ledger.
+    pub tag: String,
+}
+
+/// Migrates, prepares, drives and verifies: a whole bench on `ledger`.
+pub async fn run<L: Ledger>(
+    ledger: Arc<L>,
+    options: &BenchOptions,
+    progress: Arc<Progress>,
+) -> Result<BenchReport, LedgerError> {
+    ledger.migrate().await?;
+    let counting = Arc::new(CountingLedger::new(ledger));
+    let concurrency = options.workers.max(1) * 2;
+    let prepared = prepare(
+        Arc::clone(&counting),
+        &options.tag,
+        options.attempts,
+        options.steps,
+        concurrency,
+        Arc::clone(&progress),
+    )
+    .await?;
+    let measured = drive(
+        Arc::clone(&counting),
+        &options.tag,
+        options.workers,
+        options.batch,
+        progress,
+    )
+    .await;
+    let verified = verify(counting, &prepared, concurrency).await?;
+    Ok(BenchReport::new(&prepared, measured, verified))
+}
+
+/// A tag no earlier bench on the same ledger used: `bench-` and the wall clock.
+pub fn fresh_tag() -> String {
+    format!("bench-{}", SystemClock.now().as_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::entropy::SeededEntropy;
+    use crate::ledger::memory::MemoryLedger;
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50));
+        assert_eq!(percentile(&v, 99.0), Some(99));
+        assert_eq!(percentile(&[7], 99.0), Some(7));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_six_step_bench_on_the_memory_ledger_takes_seven_transactions_per_attempt() {
+        let ledger = Arc::new(MemoryLedger::new(
+            Arc::new(SystemClock),
+            Arc::new(SeededEntropy::new(6)),
+        ));
+        let options = BenchOptions {
+            attempts: 40,
+            workers: 3,
+            steps: 6,
+            batch: 1,
+            tag: "t".into(),
+        };
+        let report = run(ledger, &options, Arc::default()).await.unwrap();
+        assert!(report.exactly_once(), "{report:?}");
+        assert_eq!(report.verified.exactly_once, 40);
+        assert_eq!(report.measured.counts.claimed, 40);
+        assert_eq!(report.measured.counts.step_writes, 40 * 6);
+        assert_eq!(report.transactions_per_attempt, 7.0);
+        assert!(report.latency_p99_ms >= report.latency_p50_ms);
+    }
+
+    #[test]
+    fn only_a_single_successful_delivery_passes_the_check() {
+        use leasehold_engine::transition::{self, NewIds};
+        use leasehold_engine::{CommandId, LeaseToken};
+        let now = Timestamp::from_millis(1_000);
+        let plan = plan_spec("p".into(), 1)
+            .into_plan(KNOWN_EXECUTORS, PlanId::new("p"), now)
+            .unwrap();
+        let ids = NewIds {
+            attempt: AttemptId::new("a"),
+            command: CommandId::new("c"),
+        };
+        let mut record = transition::enqueue(&plan, &[], Action::Execute, ids, now).unwrap();
+        assert!(exactly_once_problem(&record, 1).unwrap().contains("is QUEUED"));
+        let token = LeaseToken::new("t");
+        transition::claim_and_begin(&record, plan.recovery, "w", token.clone(), 60_000, now)
+            .unwrap()
+            .apply_to(&mut record);
+        let evidence = serde_json::json!({"ok": true});
+        let (_, writes) =
+            transition::complete_and_continue(&record, 1, &evidence, &evidence, &token, 60_000, now).unwrap();
+        writes.apply_to(&mut record);
+        assert_eq!(exactly_once_problem(&record, 1), None);
+        record.command.delivery_count = 2;
+        assert_eq!(
+            exactly_once_problem(&record, 1).unwrap(),
+            "attempt a: delivered 2 times, not once"
+        );
+    }
+}

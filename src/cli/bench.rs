@@ -1,0 +1,178 @@
+//! `leasehold bench`: a quick end-to-end measurement against the user's own database.
+//!
+//! It writes to that database: `attempts` plans named `bench-<millis>-<i>` and one
+//! attempt of each, all delivered by in-process workers (see [`leasehold::bench`]).
+//! A progress line goes to stderr; the figures to stdout (as JSON with `--json`).
+//! A run that did not deliver every attempt exactly once fails with exit code 1.
+
+use super::{Failure, Outcome};
+use leasehold::bench::{self, BenchOptions, BenchReport, Progress};
+use leasehold::ledger::Ledger;
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The `bench` arguments.
+#[derive(clap::Args, Debug)]
+pub(super) struct BenchArgs {
+    /// Attempts to enqueue and deliver (one plan each).
+    #[arg(long, default_value_t = 2_000)]
+    attempts: u64,
+    /// In-process workers.
+    #[arg(long, default_value_t = 4)]
+    workers: u32,
+    /// Dry-run steps per attempt.
+    #[arg(long, default_value_t = 1)]
+    steps: u32,
+    /// Commands each worker claims per poll (and delivers at once; clamped to 1..=256).
+    #[arg(long, default_value_t = 5)]
+    batch: u32,
+}
+
+/// Runs the bench and prints its figures.
+pub(super) async fn run<L: Ledger>(ledger: Arc<L>, args: BenchArgs, json: bool) -> Outcome {
+    if args.attempts == 0 {
+        return Err(Failure::bad_input("--attempts: must be at least 1"));
+    }
+    if args.workers == 0 || args.steps == 0 {
+        return Err(Failure::bad_input("--workers and --steps: must be at least 1"));
+    }
+    let backend = std::any::type_name::<L>()
+        .rsplit("::")
+        .next()
+        .unwrap_or("ledger")
+        .to_owned();
+    let options = BenchOptions {
+        attempts: args.attempts,
+        workers: args.workers,
+        steps: args.steps,
+        batch: args.batch,
+        tag: bench::fresh_tag(),
+    };
+    let progress = Arc::new(Progress::default());
+    let ticker = tokio::spawn(show_progress(Arc::clone(&progress), args.attempts));
+    let result = bench::run(ledger, &options, progress).await;
+    ticker.abort();
+    let _ = ticker.await;
+    let report = result?;
+    if json {
+        super::render::print_json(&report);
+    } else {
+        print!("{}", render(&report, &backend));
+    }
+    if report.exactly_once() {
+        Ok(())
+    } else {
+        Err(Failure {
+            code: 1,
+            message: format!("exactly-once check failed: {}", failure_summary(&report)),
+        })
+    }
+}
+
+fn failure_summary(report: &BenchReport) -> String {
+    let r = &report.measured.report;
+    let mut parts = vec![format!(
+        "{} of {} attempts delivered exactly once",
+        report.verified.exactly_once, report.attempts
+    )];
+    if r.failed + r.refused + r.abandoned > 0 {
+        parts.push(format!(
+            "workers report {} failed, {} refused, {} abandoned",
+            r.failed, r.refused, r.abandoned
+        ));
+    }
+    parts.extend(report.verified.problems.iter().cloned());
+    parts.join("; ")
+}
+
+/// The report as text, one figure a line.
+fn render(report: &BenchReport, backend: &str) -> String {
+    let m = &report.measured;
+    let c = &m.counts;
+    let ms = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    let mut out = String::new();
+    out.push_str(&format!(
+        "bench: {} attempts of a {}-step dry-run plan, {} workers, batch {}, on {backend}\n",
+        report.attempts, report.steps, m.workers, m.batch
+    ));
+    out.push_str(&format!(
+        "delivered {} in {:.2} s\n",
+        m.report.delivered,
+        m.elapsed.as_secs_f64()
+    ));
+    out.push_str(&format!("deliveries/s              {:.0}\n", report.deliveries_per_s));
+    out.push_str(&format!("claims/s                  {:.0}\n", report.claims_per_s));
+    out.push_str(&format!("steps/s                   {:.0}\n", report.steps_per_s));
+    out.push_str(&format!(
+        "transactions per attempt  {:.2} (its claim + {:.2} step writes; {} heartbeats)\n",
+        report.transactions_per_attempt,
+        report.transactions_per_attempt - 1.0,
+        c.heartbeats
+    ));
+    out.push_str(&format!(
+        "write transactions        {:.2} per attempt over the run ({} claim transactions, {} of them empty polls)\n",
+        report.write_transactions_per_attempt, c.claims, c.empty_claims
+    ));
+    out.push_str(&format!(
+        "latency p50 / p99         {} / {} ms (enqueue to delivered; all enqueued before the workers started)\n",
+        ms(report.latency_p50_ms),
+        ms(report.latency_p99_ms)
+    ));
+    if report.exactly_once() {
+        out.push_str(&format!(
+            "exactly once              ok: {} attempts SUCCEEDED, commands DELIVERED, delivery_count 1\n",
+            report.verified.exactly_once
+        ));
+    } else {
+        out.push_str(&format!(
+            "exactly once              FAILED: {}\n",
+            failure_summary(report)
+        ));
+    }
+    out
+}
+
+/// Redraws a progress line on stderr (a terminal: ten times a second; otherwise one
+/// line a second) until aborted.
+async fn show_progress(progress: Arc<Progress>, total: u64) {
+    let terminal = std::io::stderr().is_terminal();
+    let period = Duration::from_millis(if terminal { 100 } else { 1_000 });
+    let started = Instant::now();
+    let mut stderr = std::io::stderr();
+    let _guard = ClearLine(terminal);
+    loop {
+        tokio::time::sleep(period).await;
+        let (enqueued, delivered) = (progress.enqueued(), progress.delivered());
+        let (phase, done) = if enqueued < total {
+            ("enqueued", enqueued)
+        } else {
+            ("delivered", delivered)
+        };
+        let width = 30usize;
+        let filled = (done.saturating_mul(width as u64) / total.max(1)) as usize;
+        let line = format!(
+            "[{}{}] {done}/{total} {phase} ({:.1} s)",
+            "#".repeat(filled.min(width)),
+            "-".repeat(width - filled.min(width)),
+            started.elapsed().as_secs_f64()
+        );
+        let _ = if terminal {
+            write!(stderr, "\r{line}\x1b[K")
+        } else {
+            writeln!(stderr, "{line}")
+        };
+        let _ = stderr.flush();
+    }
+}
+
+/// Clears the progress line when the progress task ends.
+struct ClearLine(bool);
+
+impl Drop for ClearLine {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = write!(std::io::stderr(), "\r\x1b[K");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! `leasehold bench` end to end: it prints its figures and checks that every attempt
+//! was delivered exactly once, and the database agrees.
+
+use serde_json::Value;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+struct Db {
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Db {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        Db { _dir: dir, url }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--db")
+            .arg(&self.url)
+            .args(args)
+            .env_remove("LEASEHOLD_DB")
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "leasehold {args:?} failed ({:?}): {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+/// The value after `label` on the line that starts with it.
+fn figure<'a>(out: &'a str, label: &str) -> &'a str {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label:?} line:\n{out}"));
+    line[label.len()..].trim()
+}
+
+#[test]
+fn bench_delivers_every_attempt_exactly_once_and_prints_its_figures() {
+    let db = Db::new();
+    let out = db.ok(&[
+        "bench",
+        "--attempts",
+        "30",
+        "--workers",
+        "2",
+        "--steps",
+        "6",
+        "--batch",
+        "1",
+    ]);
+    assert!(
+        out.starts_with("bench: 30 attempts of a 6-step dry-run plan, 2 workers, batch 1, on SqliteLedger\n"),
+        "{out}"
+    );
+    assert!(out.contains("delivered 30 in "), "{out}");
+    for label in ["deliveries/s", "claims/s", "steps/s"] {
+        let value: f64 = figure(&out, label)
+            .parse()
+            .unwrap_or_else(|e| panic!("{label}: {e}\n{out}"));
+        assert!(value > 0.0, "{label} {value}\n{out}");
+    }
+    assert!(
+        figure(&out, "transactions per attempt").starts_with("7.00 (its claim + 6.00 step writes"),
+        "{out}"
+    );
+    assert!(
+        figure(&out, "latency p50 / p99").ends_with("all enqueued before the workers started)"),
+        "{out}"
+    );
+    assert_eq!(
+        figure(&out, "exactly once"),
+        "ok: 30 attempts SUCCEEDED, commands DELIVERED, delivery_count 1",
+        "{out}"
+    );
+
+    // The database agrees: thirty bench plans, each with one delivered attempt.
+    let plans: Value = serde_json::from_str(&db.ok(&["plan", "list", "--json"])).unwrap();
+    let plans = plans.as_array().unwrap();
+    assert_eq!(plans.len(), 30);
+    let name = plans[0]["name"].as_str().unwrap();
+    assert!(name.starts_with("bench-"), "{name}");
+    let history: Value = serde_json::from_str(&db.ok(&["history", name, "--json"])).unwrap();
+    let history = history.as_array().unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0]["attempt"]["status"], "SUCCEEDED");
+    assert_eq!(history[0]["command"]["status"], "DELIVERED");
+    assert_eq!(history[0]["command"]["delivery_count"], 1);
+}
+
+#[test]
+fn bench_json_reports_the_exactly_once_check_and_a_second_run_uses_new_plans() {
+    let db = Db::new();
+    for _ in 0..2 {
+        let report: Value = serde_json::from_str(&db.ok(&["bench", "--attempts", "12", "--workers", "3", "--json"]))
+            .expect("the report is JSON");
+        assert_eq!(report["attempts"], 12);
+        assert_eq!(report["steps"], 1);
+        assert_eq!(report["workers"], 3);
+        assert_eq!(report["counts"]["claimed"], 12);
+        assert_eq!(report["transactions_per_attempt"], 2.0);
+        assert_eq!(report["verified"]["exactly_once"], 12);
+        assert_eq!(report["verified"]["problem_count"], 0);
+        assert!(report["deliveries_per_s"].as_f64().unwrap() > 0.0);
+        assert!(report["latency_p99_ms"].as_u64() >= report["latency_p50_ms"].as_u64());
+    }
+    let plans: Value = serde_json::from_str(&db.ok(&["plan", "list", "--json"])).unwrap();
+    assert_eq!(plans.as_array().unwrap().len(), 24);
+}
+
+#[test]
+fn bench_refuses_zero_attempts_as_bad_input() {
+    let db = Db::new();
+    let out = db.run(&["bench", "--attempts", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "error: --attempts: must be at least 1"
+    );
+}
