@@ -123,7 +123,7 @@ enum Command {
         /// Plan id or name.
         plan: String,
     },
-    /// Run the rehearsal plan twice on an embedded SQLite file and show the outcome.
+    /// Run the rehearsal plan twice (embedded SQLite by default) and show outcomes, comparison and gate.
     Demo,
     /// Measure end-to-end dry-run deliveries on this database (writes bench plans to it).
     Bench(bench::BenchArgs),
