@@ -418,9 +418,19 @@ fn a_second_connection_waits_for_the_write_lock_then_proceeds() {
     let (_dir, clock, core, _lease) = claimed_fixture();
     let path = core.connection().path().unwrap().to_owned();
     let other = core_at(&path, &clock, 99);
+    // The waiter reports (through its busy handler) that it found the lock taken.
+    static WAITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    fn note_busy(_attempts: i32) -> bool {
+        WAITED.store(true, std::sync::atomic::Ordering::SeqCst);
+        std::thread::yield_now();
+        true
+    }
+    other.connection().busy_handler(Some(note_busy)).unwrap();
     let tx = core.write_tx().unwrap();
     let waiter = std::thread::spawn(move || other.open_attempts().and_then(|_| other.claim("w2", 1, LEASE_MS)));
-    std::thread::sleep(std::time::Duration::from_millis(50));
+    while !WAITED.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
     tx.commit().unwrap();
     assert_eq!(waiter.join().unwrap().unwrap(), Vec::new());
 }
