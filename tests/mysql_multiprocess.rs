@@ -143,17 +143,24 @@ fn run_workers(url: &str) -> Vec<WorkerRun> {
         .collect();
     let started = Instant::now();
     let mut runs = Vec::new();
-    for (id, mut child, out, err) in children {
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait for a worker") {
-                break status;
-            }
-            if started.elapsed() > DEADLINE {
-                let _ = child.kill();
-                break child.wait().expect("reap a killed worker");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+    for (id, child, out, err) in children {
+        // Wait on a thread so the deadline can end a worker that never exits.
+        let pid = child.id();
+        let (done, exited) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let mut child = child;
+            let status = child.wait().expect("wait for a worker");
+            let _ = done.send(());
+            status
+        });
+        let left = DEADLINE.saturating_sub(started.elapsed());
+        if exited.recv_timeout(left).is_err() {
+            let _ = std::process::Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
+        }
+        let status = waiter.join().expect("reap a worker");
         runs.push(WorkerRun {
             id,
             success: status.success(),
