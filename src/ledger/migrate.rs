@@ -30,11 +30,18 @@ pub struct Migration {
 }
 
 /// The SQLite migrations, in version order.
-pub static SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../migrations/sqlite/0001_init.sql"),
-}];
+pub static SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../migrations/sqlite/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "claim_indexes",
+        sql: include_str!("../../migrations/sqlite/0002_claim_indexes.sql"),
+    },
+];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.
 pub trait MigrationTarget {

@@ -10,9 +10,9 @@ use leasehold_engine::{
     Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp,
     Writes,
 };
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::Connection;
 use serde_json::Value;
-use std::collections::BTreeMap;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +37,65 @@ pub struct SqliteCore {
     conn: Connection,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
+}
+
+/// One call of a [`SqliteCore::group`].
+pub type GroupCall<'a, T> = Box<dyn FnOnce(&SqliteCore) -> T + 'a>;
+
+/// A transaction on a core's connection: `BEGIN …` … `COMMIT`, or, when the
+/// connection is already inside a transaction (a group), `SAVEPOINT` … `RELEASE`.
+/// Dropped without [`Tx::commit`], it rolls back what it wrote (and only that).
+pub(super) struct Tx<'c> {
+    conn: &'c Connection,
+    nested: bool,
+    open: bool,
+}
+
+impl<'c> Tx<'c> {
+    fn begin(conn: &'c Connection, begin: &str) -> Result<Self, LedgerError> {
+        let nested = !conn.is_autocommit();
+        let sql = if nested { "SAVEPOINT leasehold_call" } else { begin };
+        conn.prepare_cached(sql).and_then(|mut s| s.execute([])).sql()?;
+        Ok(Self {
+            conn,
+            nested,
+            open: true,
+        })
+    }
+
+    /// Commits (or releases the savepoint).
+    pub(super) fn commit(mut self) -> Result<(), LedgerError> {
+        let sql = if self.nested {
+            "RELEASE leasehold_call"
+        } else {
+            "COMMIT"
+        };
+        let done = self.conn.prepare_cached(sql).and_then(|mut s| s.execute([])).sql();
+        // A failed COMMIT leaves the transaction open: Drop rolls it back.
+        self.open = done.is_err();
+        done.map(drop)
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            let sql = if self.nested {
+                "ROLLBACK TO leasehold_call; RELEASE leasehold_call"
+            } else {
+                "ROLLBACK"
+            };
+            let _ = self.conn.execute_batch(sql);
+        }
+    }
+}
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.conn
+    }
 }
 
 impl std::fmt::Debug for SqliteCore {
@@ -75,6 +134,33 @@ impl SqliteCore {
         Ok(Self { conn, clock, entropy })
     }
 
+    /// Stops this connection from checkpointing the WAL when it commits (SQLite
+    /// does so by default once the WAL holds 1,000 pages, inside the commit that
+    /// crossed it, fsyncs included): a [`super::SqliteLedger`]'s writer leaves
+    /// checkpoints to its checkpointer thread.
+    pub(super) fn disable_autocheckpoint(&self) -> Result<(), LedgerError> {
+        self.conn.pragma_update(None, "wal_autocheckpoint", 0).sql()
+    }
+
+    /// Runs a checkpoint: `PASSIVE` (copies what it can without waiting for the
+    /// writer), then `RESTART` (waits for the writer, so that the next write starts
+    /// the WAL over) if the WAL still holds more than `max_frames` pages. Answers the
+    /// WAL's size in pages as the last checkpoint found it.
+    pub(super) fn checkpoint(&self, max_frames: i64) -> Result<i64, LedgerError> {
+        let run = |mode: &str| -> Result<i64, LedgerError> {
+            self.conn
+                .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+                    row.get::<_, i64>(1)
+                })
+                .sql()
+        };
+        let frames = run("PASSIVE")?;
+        if frames > max_frames {
+            return run("RESTART");
+        }
+        Ok(frames)
+    }
+
     /// The underlying connection (tests and diagnostics).
     #[cfg(test)]
     pub(super) fn connection(&self) -> &Connection {
@@ -82,13 +168,33 @@ impl SqliteCore {
     }
 
     /// A write transaction: takes the database's write lock now, so that what it
-    /// reads cannot change before it writes.
-    pub(super) fn write_tx(&self) -> Result<Transaction<'_>, LedgerError> {
-        Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate).sql()
+    /// reads cannot change before it writes. Inside a group (see
+    /// [`SqliteCore::group`]) it is a savepoint of the group's transaction instead.
+    pub(super) fn write_tx(&self) -> Result<Tx<'_>, LedgerError> {
+        Tx::begin(&self.conn, "BEGIN IMMEDIATE")
     }
 
-    fn read_tx(&self) -> Result<Transaction<'_>, LedgerError> {
-        Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred).sql()
+    fn read_tx(&self) -> Result<Tx<'_>, LedgerError> {
+        Tx::begin(&self.conn, "BEGIN DEFERRED")
+    }
+
+    /// Runs `calls` in one write transaction (group commit): each call's own
+    /// transaction becomes a savepoint of it, so a call that fails rolls back only
+    /// its own writes, and one `COMMIT` makes every call's writes durable at once.
+    /// Answers each call's result and then the group's commit: a call's success
+    /// counts only if the commit succeeded. A group of one is just that call.
+    pub fn group<T>(&self, calls: Vec<GroupCall<'_, T>>) -> (Vec<T>, Result<(), LedgerError>) {
+        if calls.len() <= 1 {
+            return (calls.into_iter().map(|call| call(self)).collect(), Ok(()));
+        }
+        let outer = match self.write_tx() {
+            Ok(tx) => tx,
+            // No group (another process holds the lock past the busy timeout): each
+            // call tries alone and answers its own error.
+            Err(_) => return (calls.into_iter().map(|call| call(self)).collect(), Ok(())),
+        };
+        let results = calls.into_iter().map(|call| call(self)).collect();
+        (results, outer.commit())
     }
 
     /// Applies pending schema migrations; answers the versions applied now.
@@ -96,7 +202,7 @@ impl SqliteCore {
         let tx = self.write_tx()?;
         let now = self.clock.now();
         let applied = migrate::run(&mut rows::SqliteMigrations { conn: &tx }, SQLITE, now)?;
-        tx.commit().sql()?;
+        tx.commit()?;
         Ok(applied)
     }
 
@@ -110,7 +216,7 @@ impl SqliteCore {
             return Ok(existing);
         }
         rows::insert_plan(&tx, &plan)?;
-        tx.commit().sql()?;
+        tx.commit()?;
         Ok(plan)
     }
 
@@ -133,13 +239,13 @@ impl SqliteCore {
             return Err(not_found("plan", id));
         }
         let plan = rows::read_plan(&tx, id)?.ok_or_else(|| not_found("plan", id))?;
-        tx.commit().sql()?;
+        tx.commit()?;
         Ok(plan)
     }
 
     /// Enqueues an attempt: attempt, receipts and command in one transaction.
     pub fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
-        let mut tx = self.write_tx()?;
+        let tx = self.write_tx()?;
         let now = self.clock.now();
         let plan = rows::read_plan(&tx, plan)?.ok_or_else(|| not_found("plan", plan))?;
         let history = rows::read_history(&tx, &plan.id)?;
@@ -154,8 +260,8 @@ impl SqliteCore {
             command: Some(record.command.clone()),
             receipts: record.receipts.clone(),
         };
-        rows::apply_writes(&mut tx, &writes)?;
-        tx.commit().sql()?;
+        rows::insert_writes(&tx, &writes)?;
+        tx.commit()?;
         Ok(record)
     }
 
@@ -175,50 +281,42 @@ impl SqliteCore {
         if batch == 0 {
             return Ok(Vec::new());
         }
-        let mut tx = self.write_tx()?;
+        let tx = self.write_tx()?;
         let now = self.clock.now();
-        let mut plans: BTreeMap<PlanId, Plan> = BTreeMap::new();
-        let mut claimed = Vec::new();
-        for (command_id, attempt_id) in rows::claim_candidates(&tx, now, batch)? {
-            let Some(mut record) = rows::read_record(&tx, &attempt_id)? else {
-                continue;
-            };
-            let plan = match plans.get(&record.attempt.plan_id) {
-                Some(p) => p.clone(),
-                None => {
-                    let p = rows::read_plan(&tx, &record.attempt.plan_id)?
-                        .ok_or_else(|| LedgerError::Integrity(format!("attempt {attempt_id} names a missing plan")))?;
-                    plans.insert(p.id.clone(), p.clone());
-                    p
-                }
-            };
+        let mut decided = Vec::new();
+        for (record, plan) in rows::claim_candidates(&tx, now, batch)? {
             let token = self.entropy.token();
-            let decided = if begin {
+            let writes = if begin {
                 transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
             } else {
                 transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
             };
-            let Ok(writes) = decided else {
-                continue;
-            };
-            match rows::apply_writes(&mut tx, &writes) {
-                Ok(()) => {}
-                // Taken by someone else between the candidate query and the write.
-                Err(LedgerError::Refused(_)) => continue,
-                Err(e) => return Err(e),
+            if let Ok(writes) = writes {
+                decided.push((record, plan, token, writes));
             }
-            writes.apply_to(&mut record);
-            claimed.push(Claimed {
-                lease: Lease {
-                    command_id,
-                    attempt_id,
-                    token,
-                },
-                plan,
-                record,
-            });
         }
-        tx.commit().sql()?;
+        let items: Vec<_> = decided.iter().map(|(record, _, _, writes)| (record, writes)).collect();
+        // A command taken by someone else between the candidate query and the write
+        // is refused and skipped (nothing was written for it).
+        let applied = rows::update_many(&tx, &items)?;
+        let claimed = decided
+            .into_iter()
+            .zip(applied)
+            .filter(|(_, applied)| *applied)
+            .map(|((mut record, plan, token, writes), _)| {
+                writes.apply_to(&mut record);
+                Claimed {
+                    lease: Lease {
+                        command_id: record.command.id.clone(),
+                        attempt_id: record.attempt.id.clone(),
+                        token,
+                    },
+                    plan,
+                    record,
+                }
+            })
+            .collect();
+        tx.commit()?;
         Ok(claimed)
     }
 
@@ -290,27 +388,27 @@ impl SqliteCore {
 
     /// Requeues an attempt whose lease expired; refuses a live lease.
     pub fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
-        let mut tx = self.write_tx()?;
+        let tx = self.write_tx()?;
         let now = self.clock.now();
         let mut record = rows::read_record(&tx, attempt)?.ok_or_else(|| not_found("attempt", attempt))?;
         let plan =
             rows::read_plan(&tx, &record.attempt.plan_id)?.ok_or_else(|| not_found("plan", &record.attempt.plan_id))?;
         let (outcome, writes) = transition::reconcile(&record, plan.recovery, now)?;
-        rows::apply_writes(&mut tx, &writes)?;
+        rows::update_writes(&tx, &record, &writes)?;
         writes.apply_to(&mut record);
-        tx.commit().sql()?;
+        tx.commit()?;
         Ok((outcome, record))
     }
 
     /// Aborts a QUEUED or RUNNING attempt, fencing its worker.
     pub fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        let mut tx = self.write_tx()?;
+        let tx = self.write_tx()?;
         let now = self.clock.now();
         let mut record = rows::read_record(&tx, attempt)?.ok_or_else(|| not_found("attempt", attempt))?;
         let writes = transition::abort(&record, reason, now)?;
-        rows::apply_writes(&mut tx, &writes)?;
+        rows::update_writes(&tx, &record, &writes)?;
         writes.apply_to(&mut record);
-        tx.commit().sql()?;
+        tx.commit()?;
         Ok(record)
     }
 
@@ -341,7 +439,7 @@ impl SqliteCore {
         lease: &Lease,
         decide: impl FnOnce(&AttemptRecord, Timestamp) -> Result<Writes, Refusal>,
     ) -> Result<AttemptRecord, LedgerError> {
-        let mut tx = self.write_tx()?;
+        let tx = self.write_tx()?;
         let now = self.clock.now();
         let mut record =
             rows::read_record(&tx, &lease.attempt_id)?.ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
@@ -349,9 +447,9 @@ impl SqliteCore {
             return Err(not_found("command", &lease.command_id));
         }
         let writes = decide(&record, now)?;
-        rows::apply_writes(&mut tx, &writes)?;
+        rows::update_writes(&tx, &record, &writes)?;
         writes.apply_to(&mut record);
-        tx.commit().sql()?;
+        tx.commit()?;
         Ok(record)
     }
 }

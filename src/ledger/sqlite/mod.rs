@@ -36,7 +36,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-pub use connection::{SqliteCore, BUSY_TIMEOUT};
+pub use connection::{GroupCall, SqliteCore, BUSY_TIMEOUT};
 
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
@@ -60,26 +60,116 @@ enum Pool {
     File(Mutex<Vec<SqliteCore>>),
 }
 
-/// A call for the writer thread.
-type Job = Box<dyn FnOnce(&SqliteCore) + Send>;
+/// A call for the writer thread: runs on the writer's core and answers how to send
+/// its result once the group it ran in has committed (or failed to).
+type Job = Box<dyn FnOnce(&SqliteCore) -> Reply + Send>;
+/// Sends a call's result, given its group's commit outcome.
+type Reply = Box<dyn FnOnce(Result<(), LedgerError>) + Send>;
 
-/// The writer thread: owns one core and runs the jobs sent to it in order.
+/// The most calls the writer commits in one group.
+const MAX_GROUP: usize = 64;
+/// The writer asks for a checkpoint after this many commits.
+const CHECKPOINT_EVERY: u64 = 32;
+/// A WAL longer than this (pages) after a passive checkpoint gets a `RESTART`
+/// checkpoint, which waits for the writer: the bound on the WAL's growth when
+/// passive checkpoints cannot keep up.
+const WAL_MAX_FRAMES: i64 = 16_384;
+
+/// The checkpointer thread of a file database: runs the WAL checkpoints the writer
+/// asks for on its own connection, so that their copying and fsyncs happen beside
+/// the writer instead of inside one of its commits.
+struct Checkpointer {
+    wake: Option<mpsc::SyncSender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn spawn(core: SqliteCore) -> Result<Self, LedgerError> {
+        // One pending request is enough: requests made while one waits add nothing.
+        let (wake, asked) = mpsc::sync_channel::<()>(1);
+        let thread = std::thread::Builder::new()
+            .name("leasehold-sqlite-checkpointer".into())
+            .spawn(move || {
+                while asked.recv().is_ok() {
+                    // A failed checkpoint (another process busy) is tried again at
+                    // the next request; the writer's commits never depend on it.
+                    let _ = core.checkpoint(WAL_MAX_FRAMES);
+                }
+            })
+            .map_err(|e| LedgerError::Internal(format!("cannot start the sqlite checkpointer thread: {e}")))?;
+        Ok(Self {
+            wake: Some(wake),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.wake.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writer thread: owns one core and runs the jobs sent to it in order, the jobs
+/// waiting together in one transaction (group commit, [`SqliteCore::group`]). With a
+/// checkpointer, the writer's own connection never checkpoints: it wakes the
+/// checkpointer every [`CHECKPOINT_EVERY`] commits.
 struct Writer {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Writer {
-    fn spawn(core: SqliteCore) -> Result<Self, LedgerError> {
+    fn spawn(core: SqliteCore, checkpointer: Option<SqliteCore>) -> Result<Self, LedgerError> {
+        let checkpointer = match checkpointer {
+            Some(other) => {
+                core.disable_autocheckpoint()?;
+                Some(Checkpointer::spawn(other)?)
+            }
+            None => None,
+        };
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("leasehold-sqlite-writer".into())
             .spawn(move || {
-                while let Ok(job) = queue.recv() {
-                    // A panicking call loses only its own reply (its caller sees an
-                    // internal error); its transaction rolled back on unwind.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&core)));
+                let mut commits = 0u64;
+                while let Ok(first) = queue.recv() {
+                    // Group commit: the calls already waiting join the first one.
+                    let mut jobs = vec![first];
+                    while jobs.len() < MAX_GROUP {
+                        match queue.try_recv() {
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    let calls: Vec<GroupCall<'_, Option<Reply>>> = jobs
+                        .into_iter()
+                        .map(|job| {
+                            Box::new(move |core: &SqliteCore| {
+                                // A panicking call loses only its own reply (its
+                                // caller sees an internal error); its transaction
+                                // or savepoint rolled back on unwind.
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(core))).ok()
+                            }) as GroupCall<'_, Option<Reply>>
+                        })
+                        .collect();
+                    let (replies, committed) = core.group(calls);
+                    for reply in replies.into_iter().flatten() {
+                        reply(committed.clone());
+                    }
+                    commits += 1;
+                    if commits % CHECKPOINT_EVERY == 0 {
+                        if let Some(Checkpointer { wake: Some(wake), .. }) = &checkpointer {
+                            let _ = wake.try_send(());
+                        }
+                    }
                 }
+                // The checkpointer ends before the writer's connection closes (the
+                // last connection to close checkpoints the WAL into the file).
+                drop(checkpointer);
             })
             .map_err(|e| LedgerError::Internal(format!("cannot start the sqlite writer thread: {e}")))?;
         Ok(Self {
@@ -161,9 +251,12 @@ impl SqliteLedger {
     pub fn open(path: &str, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
         let first = SqliteCore::open(path, clock.clone(), entropy.clone())?;
         let (pool, writer) = if connection::is_private(path) {
-            (Pool::Private, Writer::spawn(first)?)
+            (Pool::Private, Writer::spawn(first, None)?)
         } else {
-            let writer = Writer::spawn(SqliteCore::open(path, clock.clone(), entropy.clone())?)?;
+            let writer = Writer::spawn(
+                SqliteCore::open(path, clock.clone(), entropy.clone())?,
+                Some(SqliteCore::open(path, clock.clone(), entropy.clone())?),
+            )?;
             (Pool::File(Mutex::new(vec![first])), writer)
         };
         Ok(Self {
@@ -185,7 +278,14 @@ impl SqliteLedger {
     ) -> Result<T, LedgerError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let job: Job = Box::new(move |core| {
-            let _ = reply.send(f(core));
+            let out = f(core);
+            Box::new(move |committed: Result<(), LedgerError>| {
+                let _ = reply.send(match (out, committed) {
+                    // Its writes are durable only if its group committed.
+                    (Ok(_), Err(e)) => Err(e),
+                    (out, _) => out,
+                });
+            })
         });
         let sent = self.shared.writer.jobs.as_ref().map(|jobs| jobs.send(job));
         if !matches!(sent, Some(Ok(()))) {

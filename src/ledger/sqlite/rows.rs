@@ -13,7 +13,7 @@ use leasehold_engine::{
     Timestamp, Writes,
 };
 use rusqlite::types::{FromSql, Value as SqlValue};
-use rusqlite::{params_from_iter, Connection, ErrorCode, Row, Transaction};
+use rusqlite::{params_from_iter, Connection, ErrorCode, Row};
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
@@ -63,11 +63,18 @@ const RECEIPT_COLUMNS: &str = "attempt_id, ordinal, step_code, idempotency_key, 
 struct Cols<'a, 'b> {
     row: &'a Row<'b>,
     table: &'static str,
+    /// The index of the table's first column in the row (joins put several tables
+    /// side by side).
+    base: usize,
 }
 
-impl Cols<'_, '_> {
+impl<'a, 'b> Cols<'a, 'b> {
+    fn new(row: &'a Row<'b>, table: &'static str) -> Self {
+        Self { row, table, base: 0 }
+    }
+
     fn get<T: FromSql>(&self, idx: usize) -> Result<T, LedgerError> {
-        self.row.get(idx).map_err(|e| match sql_error(e) {
+        self.row.get(self.base + idx).map_err(|e| match sql_error(e) {
             LedgerError::Integrity(m) => LedgerError::Integrity(format!("{} row: {m}", self.table)),
             other => other,
         })
@@ -102,7 +109,16 @@ impl Cols<'_, '_> {
 }
 
 fn plan_from_row(row: &Row<'_>) -> Result<Plan, LedgerError> {
-    let c = Cols { row, table: "plan" };
+    plan_at(row, 0)
+}
+
+/// The plan whose [`PLAN_COLUMNS`] start at column `base`.
+fn plan_at(row: &Row<'_>, base: usize) -> Result<Plan, LedgerError> {
+    let c = Cols {
+        row,
+        table: "plan",
+        base,
+    };
     Ok(Plan {
         id: PlanId::new(c.get::<String>(0)?),
         name: c.get(1)?,
@@ -116,7 +132,16 @@ fn plan_from_row(row: &Row<'_>) -> Result<Plan, LedgerError> {
 }
 
 fn attempt_from_row(row: &Row<'_>) -> Result<Attempt, LedgerError> {
-    let c = Cols { row, table: "attempt" };
+    attempt_at(row, 0)
+}
+
+/// The attempt whose [`ATTEMPT_COLUMNS`] start at column `base`.
+fn attempt_at(row: &Row<'_>, base: usize) -> Result<Attempt, LedgerError> {
+    let c = Cols {
+        row,
+        table: "attempt",
+        base,
+    };
     Ok(Attempt {
         id: AttemptId::new(c.get::<String>(0)?),
         plan_id: PlanId::new(c.get::<String>(1)?),
@@ -131,7 +156,16 @@ fn attempt_from_row(row: &Row<'_>) -> Result<Attempt, LedgerError> {
 }
 
 fn command_from_row(row: &Row<'_>) -> Result<Command, LedgerError> {
-    let c = Cols { row, table: "command" };
+    command_at(row, 0)
+}
+
+/// The command whose [`COMMAND_COLUMNS`] start at column `base`.
+fn command_at(row: &Row<'_>, base: usize) -> Result<Command, LedgerError> {
+    let c = Cols {
+        row,
+        table: "command",
+        base,
+    };
     Ok(Command {
         id: CommandId::new(c.get::<String>(0)?),
         attempt_id: AttemptId::new(c.get::<String>(1)?),
@@ -148,7 +182,16 @@ fn command_from_row(row: &Row<'_>) -> Result<Command, LedgerError> {
 }
 
 fn receipt_from_row(row: &Row<'_>) -> Result<Receipt, LedgerError> {
-    let c = Cols { row, table: "receipt" };
+    receipt_at(row, 0)
+}
+
+/// The receipt whose [`RECEIPT_COLUMNS`] start at column `base`.
+fn receipt_at(row: &Row<'_>, base: usize) -> Result<Receipt, LedgerError> {
+    let c = Cols {
+        row,
+        table: "receipt",
+        base,
+    };
     Ok(Receipt {
         attempt_id: AttemptId::new(c.get::<String>(0)?),
         ordinal: c.count(1)?,
@@ -262,30 +305,57 @@ pub(super) fn set_plan_status(conn: &Connection, id: &PlanId, status: PlanStatus
     Ok(n > 0)
 }
 
-/// An attempt with its command and receipts, read in lock order.
+/// [`ATTEMPT_COLUMNS`] of the attempt aliased `a`, then [`COMMAND_COLUMNS`] of the
+/// command aliased `c`: one row of an attempt beside its command.
+const ATTEMPT_AND_COMMAND: &str = "a.id, a.plan_id, a.number, a.action, a.status, a.created_at, a.started_at, \
+     a.finished_at, a.error, c.id, c.attempt_id, c.status, c.available_at, c.lease_owner, c.lease_token, \
+     c.lease_until, c.last_heartbeat_at, c.delivery_count, c.last_error, c.finished_at";
+/// Where the command's columns start in an [`ATTEMPT_AND_COMMAND`] row.
+const COMMAND_BASE: usize = 9;
+
+/// An attempt and its command from one [`ATTEMPT_AND_COMMAND`] row (the command's
+/// columns NULL when the attempt has none: an integrity error).
+fn attempt_and_command(row: &Row<'_>) -> Result<(Attempt, Command), LedgerError> {
+    let attempt = attempt_at(row, 0)?;
+    let has_command = Cols {
+        row,
+        table: "command",
+        base: COMMAND_BASE,
+    }
+    .get::<Option<String>>(0)?
+    .is_some();
+    if !has_command {
+        return Err(LedgerError::Integrity(format!("attempt {} has no command", attempt.id)));
+    }
+    Ok((attempt, command_at(row, COMMAND_BASE)?))
+}
+
+/// An attempt's receipts, by ordinal.
+pub(super) fn read_receipts(conn: &Connection, id: &AttemptId) -> Result<Vec<Receipt>, LedgerError> {
+    query_all(conn, RECEIPTS_OF_ATTEMPT, [id.as_str()], receipt_from_row)
+}
+
+/// An attempt's receipts ([`RECEIPT_COLUMNS`]) by ordinal.
+const RECEIPTS_OF_ATTEMPT: &str = "SELECT attempt_id, ordinal, step_code, idempotency_key, status, evidence, \
+     evidence_sha256, target_receipt, error, started_at, finished_at FROM receipt WHERE attempt_id = ?1 \
+     ORDER BY ordinal";
+
+/// An attempt with its command and receipts: the attempt and its command in one
+/// statement, then the receipts. (In a write transaction SQLite's lock is the whole
+/// database, taken before the first read, so the order of reads cannot deadlock.)
 pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<AttemptRecord>, LedgerError> {
-    let Some(attempt) = query_one(
+    let Some((attempt, command)) = query_one(
         conn,
-        &format!("SELECT {ATTEMPT_COLUMNS} FROM attempt WHERE id = ?1"),
+        &format!(
+            "SELECT {ATTEMPT_AND_COMMAND} FROM attempt a LEFT JOIN command c ON c.attempt_id = a.id WHERE a.id = ?1"
+        ),
         [id.as_str()],
-        attempt_from_row,
+        attempt_and_command,
     )?
     else {
         return Ok(None);
     };
-    let command = query_one(
-        conn,
-        &format!("SELECT {COMMAND_COLUMNS} FROM command WHERE attempt_id = ?1"),
-        [id.as_str()],
-        command_from_row,
-    )?
-    .ok_or_else(|| LedgerError::Integrity(format!("attempt {id} has no command")))?;
-    let receipts = query_all(
-        conn,
-        &format!("SELECT {RECEIPT_COLUMNS} FROM receipt WHERE attempt_id = ?1 ORDER BY ordinal"),
-        [id.as_str()],
-        receipt_from_row,
-    )?;
+    let receipts = read_receipts(conn, id)?;
     Ok(Some(AttemptRecord {
         attempt,
         command,
@@ -344,38 +414,93 @@ pub(super) fn read_history(conn: &Connection, plan: &PlanId) -> Result<Vec<Attem
         .collect()
 }
 
-/// The claim's candidates: two index range scans, each limited, then merged. Written
-/// as one `OR`, SQLite unions both whole ranges and sorts every claimable command on
-/// each claim, which made a claim cost linear in the queue's length.
-pub(super) const CLAIM_CANDIDATES_SQL: &str = "SELECT id, attempt_id FROM ( \
-       SELECT * FROM (SELECT id, attempt_id, available_at FROM command \
-                      WHERE status = 'PENDING' AND available_at <= ?1 ORDER BY available_at, id LIMIT ?2) \
-       UNION ALL \
-       SELECT * FROM (SELECT id, attempt_id, available_at FROM command \
-                      WHERE status = 'PROCESSING' AND lease_until < ?1 ORDER BY available_at, id LIMIT ?2)) \
-     ORDER BY available_at, id LIMIT ?2";
+/// A claim's candidates of one kind, with everything a claim reads: the limited
+/// range of one partial index (`command_pending` for PENDING commands by
+/// availability, `command_leased` for PROCESSING ones whose lease has expired), each
+/// command beside its attempt and its plan, once per receipt (or once with
+/// NULL receipt columns for an attempt without any). Rows come in no particular
+/// order: [`claim_candidates`] sorts them.
+pub(super) const CLAIM_PENDING_SQL: &str = "SELECT a.id, a.plan_id, a.number, a.action, a.status, a.created_at, \
+     a.started_at, a.finished_at, a.error, c.id, c.attempt_id, c.status, c.available_at, c.lease_owner, \
+     c.lease_token, c.lease_until, c.last_heartbeat_at, c.delivery_count, c.last_error, c.finished_at, p.id, \
+     p.name, p.status, p.recovery, p.steps_json, p.volatile_fields_json, p.fingerprint, p.created_at, r.attempt_id, r.ordinal, r.step_code, r.idempotency_key, r.status, r.evidence, r.evidence_sha256, \
+     r.target_receipt, r.error, r.started_at, r.finished_at \
+     FROM (SELECT rowid AS rid FROM command WHERE status = 'PENDING' AND available_at <= ?1 \
+           ORDER BY available_at, id LIMIT ?2) k \
+     JOIN command c ON c.rowid = k.rid JOIN attempt a ON a.id = c.attempt_id JOIN plan p ON p.id = a.plan_id \
+     LEFT JOIN receipt r ON r.attempt_id = a.id";
+/// [`CLAIM_PENDING_SQL`] for PROCESSING commands whose lease has expired.
+pub(super) const CLAIM_EXPIRED_SQL: &str = "SELECT a.id, a.plan_id, a.number, a.action, a.status, a.created_at, \
+     a.started_at, a.finished_at, a.error, c.id, c.attempt_id, c.status, c.available_at, c.lease_owner, \
+     c.lease_token, c.lease_until, c.last_heartbeat_at, c.delivery_count, c.last_error, c.finished_at, p.id, \
+     p.name, p.status, p.recovery, p.steps_json, p.volatile_fields_json, p.fingerprint, p.created_at, r.attempt_id, r.ordinal, r.step_code, r.idempotency_key, r.status, r.evidence, r.evidence_sha256, \
+     r.target_receipt, r.error, r.started_at, r.finished_at \
+     FROM (SELECT rowid AS rid FROM command WHERE status = 'PROCESSING' AND lease_until < ?1 \
+           ORDER BY available_at, id LIMIT ?2) k \
+     JOIN command c ON c.rowid = k.rid JOIN attempt a ON a.id = c.attempt_id JOIN plan p ON p.id = a.plan_id \
+     LEFT JOIN receipt r ON r.attempt_id = a.id";
+/// Where the plan's and then the receipt's columns start in a claim row.
+const CLAIM_PLAN_BASE: usize = COMMAND_BASE + 11;
+const CLAIM_RECEIPT_BASE: usize = CLAIM_PLAN_BASE + 8;
 
-/// Commands a claim at `now` may take, oldest `available_at` first (then by id).
-pub(super) fn claim_candidates(
-    conn: &Connection,
-    now: Timestamp,
-    batch: u32,
-) -> Result<Vec<(CommandId, AttemptId)>, LedgerError> {
-    query_all(
-        conn,
-        CLAIM_CANDIDATES_SQL,
-        rusqlite::params![now.as_millis(), i64::from(batch)],
-        |row| {
-            let c = Cols { row, table: "command" };
-            Ok((CommandId::new(c.get::<String>(0)?), AttemptId::new(c.get::<String>(1)?)))
-        },
-    )
+/// A claim candidate: its attempt's record as read, and its plan.
+pub(super) type Candidate = (AttemptRecord, Plan);
+
+/// The commands a claim at `now` may take, oldest `available_at` first (then by
+/// command id), at most `batch`, each with its attempt, receipts (by ordinal) and
+/// plan: two statements, one per partial index, each an index range scan
+/// limited to `batch` (written as one `OR`, SQLite unions both whole ranges and sorts
+/// every claimable command on each claim).
+pub(super) fn claim_candidates(conn: &Connection, now: Timestamp, batch: u32) -> Result<Vec<Candidate>, LedgerError> {
+    let mut found: BTreeMap<(Timestamp, CommandId), Candidate> = BTreeMap::new();
+    for sql in [CLAIM_PENDING_SQL, CLAIM_EXPIRED_SQL] {
+        let mut stmt = conn.prepare_cached(sql).sql()?;
+        let mut rows = stmt.query(rusqlite::params![now.as_millis(), i64::from(batch)]).sql()?;
+        while let Some(row) = rows.next().sql()? {
+            let command = command_at(row, COMMAND_BASE)?;
+            let key = (command.available_at, command.id.clone());
+            let (record, _) = match found.entry(key) {
+                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    let record = AttemptRecord {
+                        attempt: attempt_at(row, 0)?,
+                        command,
+                        receipts: Vec::new(),
+                    };
+                    v.insert((record, plan_at(row, CLAIM_PLAN_BASE)?))
+                }
+            };
+            let has_receipt = Cols {
+                row,
+                table: "receipt",
+                base: CLAIM_RECEIPT_BASE,
+            }
+            .get::<Option<String>>(0)?
+            .is_some();
+            if has_receipt {
+                record.receipts.push(receipt_at(row, CLAIM_RECEIPT_BASE)?);
+            }
+        }
+    }
+    Ok(found
+        .into_values()
+        .take(batch as usize)
+        .map(|(mut record, plan)| {
+            record.receipts.sort_by_key(|r| r.ordinal);
+            (record, plan)
+        })
+        .collect())
 }
 
 /// How many attempts are QUEUED or RUNNING.
 pub(super) fn count_open_attempts(conn: &Connection) -> Result<u64, LedgerError> {
     let n: i64 = conn
-        .prepare_cached("SELECT COUNT(*) FROM attempt WHERE status IN ('QUEUED', 'RUNNING')")
+        // QUEUED attempts have PENDING commands and RUNNING ones PROCESSING commands:
+        // both counts are read from the commands' partial indexes.
+        .prepare_cached(
+            "SELECT (SELECT COUNT(*) FROM command WHERE status = 'PENDING') \
+                  + (SELECT COUNT(*) FROM command WHERE status = 'PROCESSING')",
+        )
         .sql()?
         .query_row([], |row| row.get(0))
         .sql()?;
@@ -476,24 +601,320 @@ fn stale(command: &CommandId) -> LedgerError {
     })
 }
 
-/// Applies the engine's writes inside `tx`, all or nothing (under a savepoint).
+/// Inserts the engine's images of a new attempt (`Guard::Absent`: attempt, command,
+/// receipts) inside the caller's transaction, all or nothing (under a savepoint). A command that already
+/// exists answers [`Refusal::StaleToken`] and leaves every row as it was.
+pub(super) fn insert_writes(conn: &Connection, writes: &Writes) -> Result<(), LedgerError> {
+    if writes.guard != Guard::Absent {
+        return Err(LedgerError::Internal("an insert needs the absent guard".into()));
+    }
+    conn.prepare_cached("SAVEPOINT leasehold_insert")
+        .and_then(|mut s| s.execute([]))
+        .sql()?;
+    let done = insert_images(conn, writes);
+    let end = if done.is_ok() {
+        "RELEASE leasehold_insert"
+    } else {
+        "ROLLBACK TO leasehold_insert; RELEASE leasehold_insert"
+    };
+    conn.execute_batch(end).sql()?;
+    done
+}
+
+/// Applies the engine's writes over `before`, the attempt's rows as read in this same
+/// write transaction: each row's `UPDATE` sets only the columns whose value changes,
+/// so that no index over an unchanged column is rewritten.
 ///
-/// `Guard::Absent` inserts the images as new rows (attempt, command, receipts); any
-/// other guard updates them (attempt, command, receipts: the lock order) with the
-/// command's `UPDATE` conditioned on the guard. A guard that no longer holds answers
-/// [`Refusal::StaleToken`] and leaves every row as it was. Writes without any image
-/// write nothing.
-pub(super) fn apply_writes(tx: &mut Transaction<'_>, writes: &Writes) -> Result<(), LedgerError> {
+/// The command's `UPDATE` goes first and carries the guard as its `WHERE` clause: a
+/// guard that no longer holds answers [`Refusal::StaleToken`] having written nothing
+/// (no savepoint needed). Then the attempt, then the receipts. Any other error may
+/// leave earlier writes of the transaction in place: the caller must then abandon the
+/// transaction (every caller returns the error, and dropping the transaction rolls
+/// it back). Writes without any image write nothing. (SQLite's write lock is the
+/// whole database, taken by `BEGIN IMMEDIATE` before the first read, so the order of
+/// the statements inside cannot deadlock with another transition.)
+pub(super) fn update_writes(conn: &Connection, before: &AttemptRecord, writes: &Writes) -> Result<(), LedgerError> {
     if writes.is_empty() {
         return Ok(());
     }
-    let sp = tx.savepoint().sql()?;
     if writes.guard == Guard::Absent {
-        insert_images(&sp, writes)?;
-    } else {
-        update_images(&sp, writes)?;
+        return Err(LedgerError::Internal(
+            "an update needs a guard other than absent".into(),
+        ));
     }
-    sp.commit().sql()
+    match &writes.command {
+        Some(c) => update_command(conn, &before.command, c, &writes.guard)?,
+        // The engine renews or rewrites the command whenever it changes anything;
+        // should it ever not, the guard must still hold.
+        None => check_guard(conn, &before.attempt.id, &writes.guard)?,
+    }
+    if let Some(a) = &writes.attempt {
+        let (sets, mut values) = changed(&ATTEMPT_MUTABLE, &attempt_values(&before.attempt), attempt_values(a));
+        if !sets.is_empty() {
+            values.push(text(a.id.as_str()));
+            let n = execute(
+                conn,
+                &format!("UPDATE attempt SET {sets} WHERE id = ?{}", values.len()),
+                values,
+            )?;
+            if n == 0 {
+                return Err(LedgerError::Integrity(format!(
+                    "attempt {} vanished during a transition",
+                    a.id
+                )));
+            }
+        }
+    }
+    for r in &writes.receipts {
+        let old = before.receipt(r.ordinal).ok_or_else(|| {
+            LedgerError::Internal(format!(
+                "attempt {} has no receipt {} to update",
+                r.attempt_id, r.ordinal
+            ))
+        })?;
+        let (sets, mut values) = changed(&RECEIPT_MUTABLE, &receipt_values(old), receipt_values(r));
+        if sets.is_empty() {
+            continue;
+        }
+        values.push(text(r.attempt_id.as_str()));
+        values.push(SqlValue::Integer(r.ordinal.into()));
+        let n = execute(
+            conn,
+            &format!(
+                "UPDATE receipt SET {sets} WHERE attempt_id = ?{} AND ordinal = ?{}",
+                values.len() - 1,
+                values.len()
+            ),
+            values,
+        )?;
+        if n == 0 {
+            return Err(LedgerError::Integrity(format!(
+                "receipt {} of attempt {} vanished during a transition",
+                r.ordinal, r.attempt_id
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Applies the writes of several transitions that share one guard (a claim's batch)
+/// over the rows read for each (`before`), as [`update_writes`] would one after the
+/// other but in a few statements: one `UPDATE … FROM json_each(?)` per table and
+/// shape of change (the set of columns that change), the new values bound as one JSON
+/// array. The commands go first, under the guard; answers, for each item, whether its
+/// guard held and its writes were applied (a refused item wrote nothing). On any
+/// other error the caller must abandon the transaction.
+pub(super) fn update_many(conn: &Connection, items: &[(&AttemptRecord, &Writes)]) -> Result<Vec<bool>, LedgerError> {
+    let Some(guard) = items.first().map(|(_, w)| &w.guard) else {
+        return Ok(Vec::new());
+    };
+    let uniform = items
+        .iter()
+        .all(|(_, w)| &w.guard == guard && w.command.is_some() && !w.is_empty());
+    if items.len() == 1 || !uniform || *guard == Guard::Absent {
+        return items
+            .iter()
+            .map(|(before, writes)| match update_writes(conn, before, writes) {
+                Ok(()) => Ok(true),
+                Err(LedgerError::Refused(_)) => Ok(false),
+                Err(e) => Err(e),
+            })
+            .collect();
+    }
+    // Commands, under the guard: the ids the guard admitted come back.
+    let mut shapes: BTreeMap<Vec<&str>, Vec<serde_json::Value>> = BTreeMap::new();
+    for (before, writes) in items {
+        let c = writes.command.as_ref().expect("uniform items have command images");
+        let (names, values) = changed_columns(&COMMAND_MUTABLE, &command_values(&before.command), command_values(c));
+        let mut row = vec![serde_json::Value::String(c.id.as_str().to_owned())];
+        row.extend(values.into_iter().map(json_value));
+        shapes.entry(names).or_default().push(serde_json::Value::Array(row));
+    }
+    let mut admitted: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    for (names, rows) in shapes {
+        let json = serde_json::Value::Array(rows).to_string();
+        let (condition, guard_values) = guard_condition(guard, 2)
+            .ok_or_else(|| LedgerError::Internal("an update needs a guard other than absent".into()))?;
+        let sql = if names.is_empty() {
+            format!(
+                "SELECT command.id FROM command JOIN json_each(?1) AS j ON command.id = j.value ->> 0 WHERE {condition}"
+            )
+        } else {
+            format!(
+                "UPDATE command SET {} FROM json_each(?1) AS j WHERE command.id = j.value ->> 0 AND {condition} \
+                 RETURNING command.id",
+                set_from_json(&names)
+            )
+        };
+        let mut values = vec![SqlValue::Text(json)];
+        values.extend(guard_values);
+        let mut stmt = conn.prepare_cached(&sql).sql()?;
+        let mut rows = stmt.query(params_from_iter(values)).sql()?;
+        while let Some(row) = rows.next().sql()? {
+            admitted.insert(Cols::new(row, "command").get::<String>(0)?);
+        }
+    }
+    let applied: Vec<bool> = items
+        .iter()
+        .map(|(_, w)| w.command.as_ref().is_some_and(|c| admitted.contains(c.id.as_str())))
+        .collect();
+    // Attempts, then receipts, of the admitted items.
+    let mut attempts: BTreeMap<Vec<&str>, Vec<serde_json::Value>> = BTreeMap::new();
+    let mut receipts: BTreeMap<Vec<&str>, Vec<serde_json::Value>> = BTreeMap::new();
+    for ((before, writes), _) in items.iter().zip(&applied).filter(|(_, applied)| **applied) {
+        if let Some(a) = &writes.attempt {
+            let (names, values) =
+                changed_columns(&ATTEMPT_MUTABLE, &attempt_values(&before.attempt), attempt_values(a));
+            if !names.is_empty() {
+                let mut row = vec![serde_json::Value::String(a.id.as_str().to_owned())];
+                row.extend(values.into_iter().map(json_value));
+                attempts.entry(names).or_default().push(serde_json::Value::Array(row));
+            }
+        }
+        for r in &writes.receipts {
+            let old = before.receipt(r.ordinal).ok_or_else(|| {
+                LedgerError::Internal(format!(
+                    "attempt {} has no receipt {} to update",
+                    r.attempt_id, r.ordinal
+                ))
+            })?;
+            let (names, values) = changed_columns(&RECEIPT_MUTABLE, &receipt_values(old), receipt_values(r));
+            if !names.is_empty() {
+                let mut row = vec![
+                    serde_json::Value::String(r.attempt_id.as_str().to_owned()),
+                    serde_json::Value::from(r.ordinal),
+                ];
+                row.extend(values.into_iter().map(json_value));
+                receipts.entry(names).or_default().push(serde_json::Value::Array(row));
+            }
+        }
+    }
+    for (names, rows) in attempts {
+        let expected = rows.len();
+        let sql = format!(
+            "UPDATE attempt SET {} FROM json_each(?1) AS j WHERE attempt.id = j.value ->> 0",
+            set_from_json(&names)
+        );
+        let n = execute(
+            conn,
+            &sql,
+            vec![SqlValue::Text(serde_json::Value::Array(rows).to_string())],
+        )?;
+        if n != expected {
+            return Err(LedgerError::Integrity(format!(
+                "{} of {expected} attempts vanished during a claim",
+                expected - n
+            )));
+        }
+    }
+    for (names, rows) in receipts {
+        let expected = rows.len();
+        let sql = format!(
+            "UPDATE receipt SET {} FROM json_each(?1) AS j \
+             WHERE receipt.attempt_id = j.value ->> 0 AND receipt.ordinal = j.value ->> 1",
+            set_from_json_from(&names, 2)
+        );
+        let n = execute(
+            conn,
+            &sql,
+            vec![SqlValue::Text(serde_json::Value::Array(rows).to_string())],
+        )?;
+        if n != expected {
+            return Err(LedgerError::Integrity(format!(
+                "{} of {expected} receipts vanished during a claim",
+                expected - n
+            )));
+        }
+    }
+    Ok(applied)
+}
+
+/// `col = j.value ->> 1, …`: the columns set from a JSON row whose first element is
+/// the key.
+fn set_from_json(names: &[&str]) -> String {
+    set_from_json_from(names, 1)
+}
+
+/// `col = j.value ->> first, …`.
+fn set_from_json_from(names: &[&str], first: usize) -> String {
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("{name} = j.value ->> {}", first + i))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A column value as JSON (`->>` answers it back as the same SQL type).
+fn json_value(v: SqlValue) -> serde_json::Value {
+    match v {
+        SqlValue::Null => serde_json::Value::Null,
+        SqlValue::Integer(i) => serde_json::Value::from(i),
+        SqlValue::Real(f) => serde_json::Value::from(f),
+        SqlValue::Text(t) => serde_json::Value::String(t),
+        SqlValue::Blob(_) => serde_json::Value::Null,
+    }
+}
+
+/// The names and new values of the mutable columns whose value differs.
+fn changed_columns<'n>(
+    mutable: &[(usize, &'n str)],
+    before: &[SqlValue],
+    mut after: Vec<SqlValue>,
+) -> (Vec<&'n str>, Vec<SqlValue>) {
+    let mut names = Vec::new();
+    let mut values = Vec::new();
+    for &(i, name) in mutable {
+        if before[i] != after[i] {
+            names.push(name);
+            values.push(std::mem::replace(&mut after[i], SqlValue::Null));
+        }
+    }
+    (names, values)
+}
+
+/// The columns a transition may change, by their index in the table's values
+/// ([`attempt_values`], [`command_values`], [`receipt_values`]); the others are
+/// identity.
+const ATTEMPT_MUTABLE: [(usize, &str); 4] = [(4, "status"), (6, "started_at"), (7, "finished_at"), (8, "error")];
+const COMMAND_MUTABLE: [(usize, &str); 9] = [
+    (2, "status"),
+    (3, "available_at"),
+    (4, "lease_owner"),
+    (5, "lease_token"),
+    (6, "lease_until"),
+    (7, "last_heartbeat_at"),
+    (8, "delivery_count"),
+    (9, "last_error"),
+    (10, "finished_at"),
+];
+const RECEIPT_MUTABLE: [(usize, &str); 7] = [
+    (4, "status"),
+    (5, "evidence"),
+    (6, "evidence_sha256"),
+    (7, "target_receipt"),
+    (8, "error"),
+    (9, "started_at"),
+    (10, "finished_at"),
+];
+
+/// The `SET` clause (`col = ?1, …`) of the mutable columns whose value differs
+/// between `before` and `after`, and their new values in parameter order.
+fn changed(mutable: &[(usize, &str)], before: &[SqlValue], mut after: Vec<SqlValue>) -> (String, Vec<SqlValue>) {
+    let mut sets = String::new();
+    let mut values = Vec::new();
+    for &(i, name) in mutable {
+        if before[i] != after[i] {
+            if !sets.is_empty() {
+                sets.push_str(", ");
+            }
+            values.push(std::mem::replace(&mut after[i], SqlValue::Null));
+            sets.push_str(name);
+            sets.push_str(" = ?");
+            sets.push_str(&values.len().to_string());
+        }
+    }
+    (sets, values)
 }
 
 fn insert_images(conn: &Connection, writes: &Writes) -> Result<(), LedgerError> {
@@ -528,92 +949,20 @@ fn insert_images(conn: &Connection, writes: &Writes) -> Result<(), LedgerError> 
     Ok(())
 }
 
-fn update_images(conn: &Connection, writes: &Writes) -> Result<(), LedgerError> {
-    if let Some(a) = &writes.attempt {
-        // Only the lifecycle columns change; the rest is identity.
-        let n = execute(
-            conn,
-            "UPDATE attempt SET status = ?1, started_at = ?2, finished_at = ?3, error = ?4 WHERE id = ?5",
-            vec![
-                text(a.status.as_str()),
-                opt_ts(a.started_at),
-                opt_ts(a.finished_at),
-                opt_text(a.error.as_deref()),
-                text(a.id.as_str()),
-            ],
-        )?;
-        if n == 0 {
-            return Err(LedgerError::Integrity(format!(
-                "attempt {} vanished during a transition",
-                a.id
-            )));
-        }
+/// The command's new image over `before`, written only where the guard holds.
+fn update_command(conn: &Connection, before: &Command, c: &Command, guard: &Guard) -> Result<(), LedgerError> {
+    let (sets, mut values) = changed(&COMMAND_MUTABLE, &command_values(before), command_values(c));
+    if sets.is_empty() {
+        return check_guard(conn, &c.attempt_id, guard);
     }
-    match &writes.command {
-        Some(c) => update_command(conn, c, &writes.guard)?,
-        None => {
-            // The engine renews or rewrites the command whenever it changes anything;
-            // should it ever not, the guard must still hold.
-            let attempt_id = writes
-                .attempt
-                .as_ref()
-                .map(|a| &a.id)
-                .or_else(|| writes.receipts.first().map(|r| &r.attempt_id))
-                .ok_or_else(|| LedgerError::Internal("writes name no attempt".into()))?;
-            check_guard(conn, attempt_id, &writes.guard)?;
-        }
-    }
-    for r in &writes.receipts {
-        let n = execute(
-            conn,
-            "UPDATE receipt SET status = ?1, evidence = ?2, evidence_sha256 = ?3, target_receipt = ?4, error = ?5, \
-             started_at = ?6, finished_at = ?7 WHERE attempt_id = ?8 AND ordinal = ?9",
-            vec![
-                text(r.status.as_str()),
-                opt_text(r.evidence.as_deref()),
-                opt_text(r.evidence_sha256.as_deref()),
-                opt_text(r.target_receipt.as_deref()),
-                opt_text(r.error.as_deref()),
-                opt_ts(r.started_at),
-                opt_ts(r.finished_at),
-                text(r.attempt_id.as_str()),
-                SqlValue::Integer(r.ordinal.into()),
-            ],
-        )?;
-        if n == 0 {
-            return Err(LedgerError::Integrity(format!(
-                "receipt {} of attempt {} vanished during a transition",
-                r.ordinal, r.attempt_id
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The command's new image, written only where the guard holds.
-fn update_command(conn: &Connection, c: &Command, guard: &Guard) -> Result<(), LedgerError> {
-    let mut values = vec![
-        text(c.status.as_str()),
-        ts(c.available_at),
-        opt_text(c.lease_owner.as_deref()),
-        opt_text(c.lease_token.as_ref().map(|t| t.expose())),
-        opt_ts(c.lease_until),
-        opt_ts(c.last_heartbeat_at),
-        SqlValue::Integer(c.delivery_count.into()),
-        opt_text(c.last_error.as_deref()),
-        opt_ts(c.finished_at),
-        text(c.id.as_str()),
-    ];
+    values.push(text(c.id.as_str()));
+    let id_param = values.len();
     let (condition, guard_values) = guard_condition(guard, values.len() + 1)
         .ok_or_else(|| LedgerError::Internal("an update needs a guard other than absent".into()))?;
     values.extend(guard_values);
     let n = execute(
         conn,
-        &format!(
-            "UPDATE command SET status = ?1, available_at = ?2, lease_owner = ?3, lease_token = ?4, \
-             lease_until = ?5, last_heartbeat_at = ?6, delivery_count = ?7, last_error = ?8, finished_at = ?9 \
-             WHERE id = ?10 AND {condition}"
-        ),
+        &format!("UPDATE command SET {sets} WHERE id = ?{id_param} AND {condition}"),
         values,
     )?;
     if n == 0 {
@@ -633,7 +982,7 @@ fn check_guard(conn: &Connection, attempt_id: &AttemptId, guard: &Guard) -> Resu
         &format!("SELECT id, coalesce(({condition}), 0) FROM command WHERE attempt_id = ?1"),
         params_from_iter(values),
         |row| {
-            let c = Cols { row, table: "command" };
+            let c = Cols::new(row, "command");
             Ok((CommandId::new(c.get::<String>(0)?), c.get::<bool>(1)?))
         },
     )?;
@@ -665,13 +1014,7 @@ impl MigrationTarget for SqliteMigrations<'_> {
             self.conn,
             "SELECT version FROM schema_migrations ORDER BY version",
             [],
-            |row| {
-                Cols {
-                    row,
-                    table: "schema_migrations",
-                }
-                .count(0)
-            },
+            |row| Cols::new(row, "schema_migrations").count(0),
         )
     }
 

@@ -76,7 +76,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -116,7 +116,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -182,7 +182,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -254,14 +254,14 @@ fn the_guard_refuses_when_the_row_changed_behind_the_engines_back() {
     let writes = transition::begin_step(&before, 1, &lease.token, LEASE_MS, now).unwrap();
     assert!(!writes.receipts.is_empty());
 
-    let mut tx = core.write_tx().unwrap();
+    let tx = core.write_tx().unwrap();
     // Another writer replaces the lease between the engine's read and our write.
     tx.execute(
         "UPDATE command SET lease_token = 'someone-else' WHERE id = ?1",
         [lease.command_id.as_str()],
     )
     .unwrap();
-    let e = rows::apply_writes(&mut tx, &writes).unwrap_err();
+    let e = rows::update_writes(&tx, &before, &writes).unwrap_err();
     assert_eq!(
         e,
         LedgerError::Refused(Refusal::StaleToken {
@@ -301,8 +301,8 @@ fn writes_under_a_guard_that_does_not_hold_write_nothing() {
     ];
     for guard in guards {
         full.guard = guard.clone();
-        let mut tx = core.write_tx().unwrap();
-        let e = rows::apply_writes(&mut tx, &full).unwrap_err();
+        let tx = core.write_tx().unwrap();
+        let e = rows::update_writes(&tx, &before, &full).unwrap_err();
         assert!(
             matches!(e, LedgerError::Refused(Refusal::StaleToken { .. })),
             "{guard:?}: {e}"
@@ -320,17 +320,17 @@ fn writes_under_a_guard_that_does_not_hold_write_nothing() {
         command: None,
         ..full.clone()
     };
-    let mut tx = core.write_tx().unwrap();
+    let tx = core.write_tx().unwrap();
     assert!(matches!(
-        rows::apply_writes(&mut tx, &no_command),
+        rows::update_writes(&tx, &before, &no_command),
         Err(LedgerError::Refused(_))
     ));
     drop(tx);
     assert_eq!(core.attempt(&lease.attempt_id).unwrap(), before);
     // And the matching guard applies.
     full.guard = Guard::Holds(lease.token.clone());
-    let mut tx = core.write_tx().unwrap();
-    rows::apply_writes(&mut tx, &full).unwrap();
+    let tx = core.write_tx().unwrap();
+    rows::update_writes(&tx, &before, &full).unwrap();
     tx.commit().unwrap();
     assert_eq!(
         core.attempt(&lease.attempt_id).unwrap().attempt.status,
@@ -613,7 +613,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     }))
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
-    assert_eq!(applied.iter().filter(|v| **v == vec![1]).count(), 1, "{applied:?}");
+    assert_eq!(applied.iter().filter(|v| **v == vec![1, 2]).count(), 1, "{applied:?}");
 
     let seed = core_at(&path, &clock, 1);
     for i in 0..COMMANDS {
@@ -666,26 +666,170 @@ async fn futures_join_all<T>(
 }
 
 #[test]
-fn the_claim_candidate_query_searches_each_range_by_its_own_index() {
+fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
     let (_dir, path) = temp_db();
     let core = core_at(&path, &clock(), 1);
     core.migrate().unwrap();
-    let plan: Vec<String> = core
-        .connection()
-        .prepare(&format!("EXPLAIN QUERY PLAN {}", super::rows::CLAIM_CANDIDATES_SQL))
-        .unwrap()
-        .query_map(rusqlite::params![0i64, 1i64], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<Result<_, _>>()
+    for (sql, index) in [
+        (super::rows::CLAIM_PENDING_SQL, "INDEX command_pending (available_at<?)"),
+        (super::rows::CLAIM_EXPIRED_SQL, "INDEX command_leased (lease_until<?)"),
+    ] {
+        let plan: Vec<String> = core
+            .connection()
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(rusqlite::params![0i64, 1i64], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let text = plan.join("\n");
+        assert!(text.contains(index), "{text}");
+        assert!(!text.contains("SCAN command"), "{text}");
+        assert!(!text.contains("SCAN a"), "{text}");
+        assert!(!text.contains("SCAN r"), "{text}");
+        assert!(text.contains("SEARCH c USING INTEGER PRIMARY KEY (rowid=?)"), "{text}");
+    }
+}
+
+/// Three plans with one queued attempt each, on a migrated core, enqueued 1 ms
+/// apart (so claimed in this order).
+fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
+    (1..=3)
+        .map(|i| {
+            let plan = core.register_plan(spec(&format!("p{i}"), "replay", 2), KNOWN).unwrap();
+            core.enqueue(&plan.id, Action::Execute).unwrap();
+            clock.advance_ms(1);
+            plan.id
+        })
+        .collect()
+}
+
+#[test]
+fn a_group_commits_every_call_but_rolls_back_only_a_failing_one() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plans = three_queued(&core, &clock);
+    let calls: Vec<super::GroupCall<'_, Result<usize, LedgerError>>> = vec![
+        Box::new(|c: &SqliteCore| c.claim("w1", 1, LEASE_MS).map(|v| v.len())),
+        // Writes, then fails: its own writes must vanish, nobody else's.
+        Box::new(|c: &SqliteCore| {
+            let tx = c.write_tx()?;
+            tx.execute("UPDATE plan SET name = 'scribbled'", []).sql()?;
+            Err(LedgerError::Internal("fails after writing".into()))
+        }),
+        Box::new(|c: &SqliteCore| c.claim("w2", 1, LEASE_MS).map(|v| v.len())),
+    ];
+    let (results, committed) = core.group(calls);
+    committed.unwrap();
+    assert_eq!(results[0], Ok(1));
+    assert!(matches!(results[1], Err(LedgerError::Internal(_))));
+    assert_eq!(results[2], Ok(1), "the second claim saw the first one's write");
+    let names: Vec<String> = core.list_plans().unwrap().into_iter().map(|p| p.name).collect();
+    assert_eq!(names, ["p1", "p2", "p3"], "the failing call's write was rolled back");
+    let owners: Vec<Option<String>> = plans
+        .iter()
+        .map(|p| core.history(p).unwrap().remove(0).command.lease_owner)
+        .collect();
+    assert_eq!(owners, [Some("w1".into()), Some("w2".into()), None]);
+    // Durable: another connection sees both claims.
+    assert_eq!(core_at(&path, &clock, 2).open_attempts().unwrap(), 3);
+    assert_eq!(core_at(&path, &clock, 2).claim("w3", 5, LEASE_MS).unwrap().len(), 1);
+}
+
+#[test]
+fn a_batch_claim_skips_a_command_taken_behind_its_back_and_writes_nothing_for_it() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plans = three_queued(&core, &clock);
+    let records: Vec<_> = plans.iter().map(|p| core.history(p).unwrap().remove(0)).collect();
+    clock.advance_ms(5);
+    let now = clock.now();
+    let decided: Vec<Writes> = records
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let token = LeaseToken::new(format!("token-{i}"));
+            transition::claim_and_begin(r, leasehold_engine::Recovery::Replay, "w1", token, LEASE_MS, now).unwrap()
+        })
+        .collect();
+    let tx = core.write_tx().unwrap();
+    // Someone else claims the second command between the read and the write.
+    tx.execute(
+        "UPDATE command SET status = 'PROCESSING', lease_token = 'theirs', lease_until = ?2 WHERE id = ?1",
+        rusqlite::params![records[1].command.id.as_str(), T0 + 60_000],
+    )
+    .unwrap();
+    let items: Vec<_> = records.iter().zip(&decided).collect();
+    assert_eq!(rows::update_many(&tx, &items).unwrap(), [true, false, true]);
+    tx.commit().unwrap();
+    for (i, (record, writes)) in records.iter().zip(&decided).enumerate() {
+        let now = core.attempt(&record.attempt.id).unwrap();
+        if i == 1 {
+            assert_eq!(now.attempt, record.attempt, "the refused claim wrote no attempt");
+            assert_eq!(now.receipts, record.receipts, "nor any receipt");
+            assert_eq!(now.command.lease_token, Some(LeaseToken::new("theirs")));
+        } else {
+            let mut expected = record.clone();
+            writes.apply_to(&mut expected);
+            assert_eq!(now, expected, "claim {i} wrote exactly the engine's images");
+            assert_eq!(now.receipts[0].status, ReceiptStatus::Running);
+        }
+    }
+}
+
+#[test]
+fn migration_2_keeps_a_version_1_ledger_and_its_claim_order() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    {
+        let tx = core.write_tx().unwrap();
+        let applied = crate::ledger::migrate::run(
+            &mut rows::SqliteMigrations { conn: &tx },
+            &crate::ledger::migrate::SQLITE[..1],
+            clock.now(),
+        )
         .unwrap();
-    let text = plan.join("\n");
-    assert!(
-        text.contains("USING INDEX command_claimable (status=? AND available_at<?)"),
-        "{text}"
-    );
-    assert!(
-        text.contains("USING INDEX command_expired (status=? AND lease_until<?)"),
-        "{text}"
-    );
-    assert!(!text.contains("SCAN command"), "{text}");
+        assert_eq!(applied, vec![1]);
+        tx.commit().unwrap();
+    }
+    let plans = three_queued(&core, &clock);
+    clock.advance_ms(1);
+    let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
+    assert_eq!(core.migrate().unwrap(), vec![2]);
+    assert_eq!(core.open_attempts().unwrap(), 3);
+    // The claimed one expires and is taken over after the two others, in order.
+    clock.advance_ms(LEASE_MS + 1);
+    let order: Vec<PlanId> = core
+        .claim("w2", 5, LEASE_MS)
+        .unwrap()
+        .into_iter()
+        .map(|c| c.plan.id)
+        .collect();
+    assert_eq!(order, plans, "oldest available_at first, the takeover included");
+    let taken = core.attempt(&first.lease.attempt_id).unwrap();
+    assert_eq!(taken.command.delivery_count, 2);
+    assert_eq!(taken.command.lease_owner.as_deref(), Some("w2"));
+}
+
+#[test]
+fn a_checkpoint_copies_the_wal_and_restarts_it_past_the_bound() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let writer = core_at(&path, &clock, 1);
+    writer.migrate().unwrap();
+    writer.disable_autocheckpoint().unwrap();
+    three_queued(&writer, &clock);
+    let checkpointer = core_at(&path, &clock, 2);
+    let frames = checkpointer.checkpoint(i64::MAX).unwrap();
+    assert!(frames > 0, "the writer's commits stayed in the WAL: {frames}");
+    // Past the bound, a RESTART checkpoint: the next write starts the WAL over.
+    assert_eq!(checkpointer.checkpoint(0).unwrap(), frames);
+    writer.claim("w1", 1, LEASE_MS).unwrap();
+    let after = checkpointer.checkpoint(i64::MAX).unwrap();
+    assert!(after < frames, "the WAL started over: {after} pages after {frames}");
 }
