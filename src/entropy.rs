@@ -53,6 +53,16 @@ impl Entropy for OsEntropy {
         getrandom::getrandom(&mut bytes).expect("the operating system's random source is unavailable");
         u64::from_le_bytes(bytes)
     }
+
+    /// The same 128 bits as the default, drawn from the OS in one call instead of
+    /// two (a claim mints one token per command).
+    fn token(&self) -> LeaseToken {
+        let mut bytes = [0u8; 16];
+        getrandom::getrandom(&mut bytes).expect("the operating system's random source is unavailable");
+        let (high, low) = bytes.split_at(8);
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("eight bytes"));
+        LeaseToken::new(format!("{:016x}{:016x}", word(high), word(low)))
+    }
 }
 
 /// A deterministic generator (splitmix64) for tests and simulation.

@@ -1,12 +1,17 @@
 //! The SQLite ledger.
 //!
-//! Contract: every transition is one `BEGIN IMMEDIATE` transaction that reads the rows
-//! in lock order (attempt, command, receipts by ordinal), lets the engine
-//! ([`leasehold_engine::transition`]) decide at the ledger clock's `now` (read inside
-//! the transaction), and writes the engine's row images with conditional `UPDATE`s:
-//! the command row's `UPDATE` carries the engine's [`leasehold_engine::Guard`] as its
+//! Contract: every transition is one `BEGIN IMMEDIATE` transaction (or, inside a group
+//! commit, one savepoint of it) that reads its rows (attempt, command and receipts in
+//! one statement; a claim reads its whole batch, plans included, in one statement per
+//! partial index), lets the engine ([`leasehold_engine::transition`]) decide at the
+//! ledger clock's `now` (read inside the transaction), and writes the engine's row
+//! images with `UPDATE`s that set only the columns that change: the command row's
+//! `UPDATE` goes first and carries the engine's [`leasehold_engine::Guard`] as its
 //! `WHERE` clause, and zero affected rows is a refusal
-//! ([`leasehold_engine::Refusal::StaleToken`]) that leaves every row as it was. Reads
+//! ([`leasehold_engine::Refusal::StaleToken`]) that leaves every row as it was. (The
+//! lock order of DESIGN.md is about row locks; SQLite's write lock is the whole
+//! database, taken by `BEGIN IMMEDIATE` before the first read.) A claim writes its
+//! batch set-wise: one `UPDATE … FROM json_each(?)` per table. Reads
 //! are consistent snapshots (one deferred transaction each). The semantics are those
 //! of the reference [`super::memory::MemoryLedger`], call for call, including the order
 //! in which ids and tokens are drawn from the entropy.
@@ -25,8 +30,13 @@
 //! writer at a time anyway: queueing a process's writes in memory instead of letting
 //! them race for the file lock spares the busy handler's sleeps (1 ms and up while
 //! the lock is free again within a few microseconds) and keeps the writer's
-//! statements prepared. Writers in other processes still meet at the file lock and
-//! the busy timeout. (A paused tokio clock does not know about the writer thread: it
+//! statements prepared. The writes waiting together run in one transaction, each in
+//! its own savepoint (group commit, [`SqliteCore::group`]): a failing call rolls back
+//! only its own writes, every reply is sent only after the group's `COMMIT`, and a
+//! failed `COMMIT` fails every call of the group. A checkpointer thread with its own
+//! connection runs the WAL checkpoints (`PASSIVE`, then `RESTART` past 16,384
+//! pages), so the writer's commits never copy pages back or wait for an fsync.
+//! Writers in other processes still meet at the file lock and the busy timeout. (A paused tokio clock does not know about the writer thread: it
 //! may auto-advance while a write is queued, as it would during any other I/O.) The
 //! schema lives in `migrations/sqlite/` and is applied by `migrate()`
 //! ([`super::migrate`]), never by opening.

@@ -330,37 +330,48 @@ fn attempt_and_command(row: &Row<'_>) -> Result<(Attempt, Command), LedgerError>
     Ok((attempt, command_at(row, COMMAND_BASE)?))
 }
 
-/// An attempt's receipts, by ordinal.
-pub(super) fn read_receipts(conn: &Connection, id: &AttemptId) -> Result<Vec<Receipt>, LedgerError> {
-    query_all(conn, RECEIPTS_OF_ATTEMPT, [id.as_str()], receipt_from_row)
-}
-
-/// An attempt's receipts ([`RECEIPT_COLUMNS`]) by ordinal.
-const RECEIPTS_OF_ATTEMPT: &str = "SELECT attempt_id, ordinal, step_code, idempotency_key, status, evidence, \
-     evidence_sha256, target_receipt, error, started_at, finished_at FROM receipt WHERE attempt_id = ?1 \
-     ORDER BY ordinal";
-
-/// An attempt with its command and receipts: the attempt and its command in one
-/// statement, then the receipts. (In a write transaction SQLite's lock is the whole
-/// database, taken before the first read, so the order of reads cannot deadlock.)
+/// An attempt with its command and receipts, in one statement (one row per
+/// receipt). (In a write transaction SQLite's lock is the whole database, taken
+/// before the first read, so the order in which rows are read cannot deadlock.)
 pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<AttemptRecord>, LedgerError> {
-    let Some((attempt, command)) = query_one(
-        conn,
-        &format!(
-            "SELECT {ATTEMPT_AND_COMMAND} FROM attempt a LEFT JOIN command c ON c.attempt_id = a.id WHERE a.id = ?1"
-        ),
-        [id.as_str()],
-        attempt_and_command,
-    )?
-    else {
-        return Ok(None);
-    };
-    let receipts = read_receipts(conn, id)?;
-    Ok(Some(AttemptRecord {
-        attempt,
-        command,
-        receipts,
-    }))
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {ATTEMPT_AND_COMMAND}, r.attempt_id, r.ordinal, r.step_code, r.idempotency_key, r.status, \
+             r.evidence, r.evidence_sha256, r.target_receipt, r.error, r.started_at, r.finished_at \
+             FROM attempt a LEFT JOIN command c ON c.attempt_id = a.id LEFT JOIN receipt r ON r.attempt_id = a.id \
+             WHERE a.id = ?1"
+        ))
+        .sql()?;
+    let mut rows = stmt.query([id.as_str()]).sql()?;
+    let mut record: Option<AttemptRecord> = None;
+    const RECEIPT_BASE: usize = COMMAND_BASE + 11;
+    while let Some(row) = rows.next().sql()? {
+        let record = match &mut record {
+            Some(r) => r,
+            None => {
+                let (attempt, command) = attempt_and_command(row)?;
+                record.insert(AttemptRecord {
+                    attempt,
+                    command,
+                    receipts: Vec::new(),
+                })
+            }
+        };
+        let has_receipt = Cols {
+            row,
+            table: "receipt",
+            base: RECEIPT_BASE,
+        }
+        .get::<Option<String>>(0)?
+        .is_some();
+        if has_receipt {
+            record.receipts.push(receipt_at(row, RECEIPT_BASE)?);
+        }
+    }
+    if let Some(record) = &mut record {
+        record.receipts.sort_by_key(|r| r.ordinal);
+    }
+    Ok(record)
 }
 
 /// Every attempt of a plan with its command and receipts, by number; read in lock
