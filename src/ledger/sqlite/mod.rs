@@ -54,6 +54,7 @@ use crate::entropy::Entropy;
 use leasehold_engine::transition::{Continued, ReconcileOutcome};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
 use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -130,6 +131,35 @@ impl Drop for Checkpointer {
 struct Writer {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
+    stats: Arc<Counters>,
+}
+
+/// What the writer thread has done, counted as it goes.
+#[derive(Default)]
+struct Counters {
+    groups: AtomicU64,
+    calls: AtomicU64,
+}
+
+/// How a [`SqliteLedger`]'s writer thread grouped the writes it ran (see
+/// [`SqliteLedger::writer_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions the writer committed (or tried to): one per group.
+    pub groups: u64,
+    /// Calls it ran in them (every write, and the reads of a private database).
+    pub calls: u64,
+}
+
+impl WriterStats {
+    /// Calls per committed transaction (1 means no grouping happened).
+    pub fn calls_per_group(&self) -> f64 {
+        if self.groups == 0 {
+            0.0
+        } else {
+            self.calls as f64 / self.groups as f64
+        }
+    }
 }
 
 impl Writer {
@@ -142,6 +172,8 @@ impl Writer {
             None => None,
         };
         let (jobs, queue) = mpsc::channel::<Job>();
+        let stats = Arc::new(Counters::default());
+        let counters = Arc::clone(&stats);
         let thread = std::thread::Builder::new()
             .name("leasehold-sqlite-writer".into())
             .spawn(move || {
@@ -166,6 +198,8 @@ impl Writer {
                             }) as GroupCall<'_, Option<Reply>>
                         })
                         .collect();
+                    counters.groups.fetch_add(1, Ordering::Relaxed);
+                    counters.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
                     let (replies, committed) = core.group(calls);
                     for reply in replies.into_iter().flatten() {
                         reply(committed.clone());
@@ -185,6 +219,7 @@ impl Writer {
         Ok(Self {
             jobs: Some(jobs),
             thread: Some(thread),
+            stats,
         })
     }
 }
@@ -278,6 +313,16 @@ impl SqliteLedger {
                 writer,
             }),
         })
+    }
+
+    /// How the writer thread has grouped this ledger's writes so far (all clones
+    /// share one writer).
+    pub fn writer_stats(&self) -> WriterStats {
+        let stats = &self.shared.writer.stats;
+        WriterStats {
+            groups: stats.groups.load(Ordering::Relaxed),
+            calls: stats.calls.load(Ordering::Relaxed),
+        }
     }
 
     /// Runs a write transition `f` on the writer thread, after the writes sent
