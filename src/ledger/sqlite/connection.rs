@@ -181,20 +181,42 @@ impl SqliteCore {
     /// Runs `calls` in one write transaction (group commit): each call's own
     /// transaction becomes a savepoint of it, so a call that fails rolls back only
     /// its own writes, and one `COMMIT` makes every call's writes durable at once.
-    /// Answers each call's result and then the group's commit: a call's success
-    /// counts only if the commit succeeded. A group of one is just that call.
-    pub fn group<T>(&self, calls: Vec<GroupCall<'_, T>>) -> (Vec<T>, Result<(), LedgerError>) {
+    /// Answers, for each call, its result and whether the transaction holding its
+    /// writes committed: a call's success counts only if that is `Ok`. A group of
+    /// one is just that call. Should SQLite roll the whole group back by itself (an
+    /// I/O error, a full disk), the calls run so far answer that error and the
+    /// others run alone, each in its own transaction.
+    pub fn group<T>(&self, calls: Vec<GroupCall<'_, T>>) -> Vec<(T, Result<(), LedgerError>)> {
+        let alone = |call: GroupCall<'_, T>| (call(self), Ok(()));
         if calls.len() <= 1 {
-            return (calls.into_iter().map(|call| call(self)).collect(), Ok(()));
+            return calls.into_iter().map(alone).collect();
         }
-        let outer = match self.write_tx() {
-            Ok(tx) => tx,
+        let Ok(outer) = self.write_tx() else {
             // No group (another process holds the lock past the busy timeout): each
             // call tries alone and answers its own error.
-            Err(_) => return (calls.into_iter().map(|call| call(self)).collect(), Ok(())),
+            return calls.into_iter().map(alone).collect();
         };
-        let results = calls.into_iter().map(|call| call(self)).collect();
-        (results, outer.commit())
+        let mut calls = calls.into_iter();
+        let mut grouped = Vec::new();
+        let mut lost = false;
+        for call in calls.by_ref() {
+            grouped.push(call(self));
+            if self.conn.is_autocommit() {
+                lost = true;
+                break;
+            }
+        }
+        let committed = if lost {
+            drop(outer);
+            Err(LedgerError::Internal(
+                "sqlite rolled back the transaction of a group commit".into(),
+            ))
+        } else {
+            outer.commit()
+        };
+        let mut out: Vec<_> = grouped.into_iter().map(|r| (r, committed.clone())).collect();
+        out.extend(calls.map(alone));
+        out
     }
 
     /// Applies pending schema migrations; answers the versions applied now.

@@ -200,9 +200,10 @@ impl Writer {
                         .collect();
                     counters.groups.fetch_add(1, Ordering::Relaxed);
                     counters.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
-                    let (replies, committed) = core.group(calls);
-                    for reply in replies.into_iter().flatten() {
-                        reply(committed.clone());
+                    for (reply, committed) in core.group(calls) {
+                        if let Some(reply) = reply {
+                            reply(committed);
+                        }
                     }
                     commits += 1;
                     if commits % CHECKPOINT_EVERY == 0 {

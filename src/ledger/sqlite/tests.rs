@@ -721,8 +721,14 @@ fn a_group_commits_every_call_but_rolls_back_only_a_failing_one() {
         }),
         Box::new(|c: &SqliteCore| c.claim("w2", 1, LEASE_MS).map(|v| v.len())),
     ];
-    let (results, committed) = core.group(calls);
-    committed.unwrap();
+    let results: Vec<_> = core
+        .group(calls)
+        .into_iter()
+        .map(|(result, committed)| {
+            committed.unwrap();
+            result
+        })
+        .collect();
     assert_eq!(results[0], Ok(1));
     assert!(matches!(results[1], Err(LedgerError::Internal(_))));
     assert_eq!(results[2], Ok(1), "the second claim saw the first one's write");
@@ -832,4 +838,36 @@ fn a_checkpoint_copies_the_wal_and_restarts_it_past_the_bound() {
     writer.claim("w1", 1, LEASE_MS).unwrap();
     let after = checkpointer.checkpoint(i64::MAX).unwrap();
     assert!(after < frames, "the WAL started over: {after} pages after {frames}");
+}
+
+#[test]
+fn a_group_that_sqlite_rolls_back_fails_its_calls_so_far_and_runs_the_rest_alone() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plans = three_queued(&core, &clock);
+    let calls: Vec<super::GroupCall<'_, Result<usize, LedgerError>>> = vec![
+        Box::new(|c: &SqliteCore| c.claim("w1", 1, LEASE_MS).map(|v| v.len())),
+        // Ends the whole transaction behind the group's back, as SQLite does after an
+        // I/O error or a full disk.
+        Box::new(|c: &SqliteCore| {
+            c.connection().execute_batch("ROLLBACK").sql()?;
+            Ok(0)
+        }),
+        Box::new(|c: &SqliteCore| c.claim("w2", 1, LEASE_MS).map(|v| v.len())),
+    ];
+    let out = core.group(calls);
+    assert!(out[0].1.is_err(), "the first claim was rolled back with the group");
+    assert!(out[1].1.is_err());
+    assert_eq!(out[2], (Ok(1), Ok(())), "the last call ran and committed alone");
+    let owners: Vec<Option<String>> = plans
+        .iter()
+        .map(|p| core.history(p).unwrap().remove(0).command.lease_owner)
+        .collect();
+    assert_eq!(
+        owners,
+        [Some("w2".into()), None, None],
+        "only the lone claim is durable"
+    );
 }
