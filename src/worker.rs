@@ -17,7 +17,7 @@ use crate::executor::{ExecRequest, Executor, ExecutorResult};
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::driver::{Driver, DriverAction, Outcome};
 use leasehold_engine::lease::WorkerConfig;
-use leasehold_engine::{AttemptId, Lease, Refusal, Timestamp};
+use leasehold_engine::{AttemptId, Refusal, Timestamp};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -176,7 +176,9 @@ pub struct WorkerReport {
     pub abandoned: u64,
 }
 
-type Observer = Arc<dyn Fn(&WorkerEvent) + Send + Sync>;
+/// Who hears a worker's events; `None` when nobody listens, so that no event is
+/// built for nobody.
+type Observer = Option<Arc<dyn Fn(&WorkerEvent) + Send + Sync>>;
 
 /// A worker: claims commands and delivers them.
 pub struct Worker<L, E, C> {
@@ -206,13 +208,13 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             executor,
             clock,
             config,
-            observer: Arc::new(|_| {}),
+            observer: None,
         }
     }
 
     /// Calls `observer` for every [`WorkerEvent`].
     pub fn on_event(mut self, observer: impl Fn(&WorkerEvent) + Send + Sync + 'static) -> Self {
-        self.observer = Arc::new(observer);
+        self.observer = Some(Arc::new(observer));
         self
     }
 
@@ -259,11 +261,15 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             if grace_until.is_some() && tasks.is_empty() {
                 break;
             }
+            // Waking up to poll only helps with a free slot: with every slot busy the
+            // next claim waits for a delivery to end, which wakes the loop anyway. So
+            // a busy worker arms no poll timer per delivery.
+            let poll = grace_until.is_none() && tasks.len() < self.config.batch_size as usize;
             tokio::select! {
                 biased;
                 () = &mut stop, if grace_until.is_none() => {
                     grace_until = Some(tokio::time::Instant::now() + Duration::from_millis(options.grace_ms));
-                    self.emit(&WorkerEvent::Stopping { in_flight: tasks.len(), grace_ms: options.grace_ms });
+                    self.emit(|| WorkerEvent::Stopping { in_flight: tasks.len(), grace_ms: options.grace_ms });
                 }
                 Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                     match done {
@@ -277,10 +283,10 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
                     let dropped = tasks.len();
                     tasks.abort_all();
                     report.abandoned += dropped as u64;
-                    self.emit(&WorkerEvent::GraceExpired { dropped });
+                    self.emit(|| WorkerEvent::GraceExpired { dropped });
                     break;
                 }
-                () = tokio::time::sleep(Duration::from_millis(wait_ms)), if grace_until.is_none() => {}
+                () = sleep_ms_opt(poll.then_some(wait_ms)) => {}
             }
         }
         report
@@ -289,15 +295,16 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     fn back_off(&self, backoff_ms: &mut u64, error: &LedgerError) -> u64 {
         let cap = self.config.poll_interval_ms;
         *backoff_ms = (*backoff_ms * 2).clamp((cap / 8).max(10), cap);
-        self.emit(&WorkerEvent::LedgerUnavailable {
+        let retry_in_ms = *backoff_ms;
+        self.emit(|| WorkerEvent::LedgerUnavailable {
             error: error.to_string(),
-            retry_in_ms: *backoff_ms,
+            retry_in_ms,
         });
-        *backoff_ms
+        retry_in_ms
     }
 
-    fn emit(&self, event: &WorkerEvent) {
-        (self.observer)(event);
+    fn emit(&self, event: impl FnOnce() -> WorkerEvent) {
+        emit(&self.observer, event);
     }
 
     /// Delivers one claimed command to its end (for this worker).
@@ -306,9 +313,9 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             ledger: Arc::clone(&self.ledger),
             executor: Arc::clone(&self.executor),
             clock: Arc::clone(&self.clock),
-            observer: Arc::clone(&self.observer),
+            observer: self.observer.clone(),
             lease_ms: self.config.lease_ms,
-            claimed,
+            claimed: Box::new(claimed),
             claimed_at,
         };
         delivery.run()
@@ -322,7 +329,28 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
-type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// Builds an event only when somebody listens.
+fn emit(observer: &Observer, event: impl FnOnce() -> WorkerEvent) {
+    if let Some(observer) = observer {
+        observer(&event());
+    }
+}
+
+/// A request in flight. It borrows the delivery (its ledger, executor and lease),
+/// which outlives it: no reference count or lease is copied per request.
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The ledger request in flight, as far as its reply's handling needs it (the
+/// request itself, evidence included, moved into its future).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Begin(u32),
+    Complete(u32),
+    CompleteAndContinue(u32),
+    Fail,
+    Finish,
+    Heartbeat,
+}
 
 struct Delivery<L, E, C> {
     ledger: Arc<L>,
@@ -330,69 +358,73 @@ struct Delivery<L, E, C> {
     clock: Arc<C>,
     observer: Observer,
     lease_ms: u64,
-    claimed: Claimed,
+    // Boxed: the task that owns this future is allocated per delivery, and a
+    // smaller one is cheaper to allocate and to move.
+    claimed: Box<Claimed>,
     claimed_at: Timestamp,
 }
 
 impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
     async fn run(self) -> Outcome {
         let record = &self.claimed.record;
-        let attempt = record.attempt.id.clone();
+        let attempt = &record.attempt.id;
         let steps = record.receipts.len() as u32;
-        let statuses: Vec<_> = record.receipts.iter().map(|r| (r.ordinal, r.status)).collect();
-        let skipped = statuses
-            .iter()
-            .filter(|(_, s)| *s == leasehold_engine::ReceiptStatus::Succeeded)
-            .count();
         let delivery = record.command.delivery_count;
-        (self.observer)(&WorkerEvent::Claimed {
-            attempt: attempt.clone(),
-            plan: self.claimed.plan.name.clone(),
-            delivery,
-            steps,
-            skipped: skipped as u32,
-        });
-        for (ordinal, status) in &statuses {
-            if *status == leasehold_engine::ReceiptStatus::Running {
-                (self.observer)(&self.step_event(true, *ordinal, &attempt, steps));
+        let mut driver = {
+            let statuses: Vec<_> = record.receipts.iter().map(|r| (r.ordinal, r.status)).collect();
+            emit(&self.observer, || WorkerEvent::Claimed {
+                attempt: attempt.clone(),
+                plan: self.claimed.plan.name.clone(),
+                delivery,
+                steps,
+                skipped: statuses
+                    .iter()
+                    .filter(|(_, s)| *s == leasehold_engine::ReceiptStatus::Succeeded)
+                    .count() as u32,
+            });
+            for (ordinal, status) in &statuses {
+                if *status == leasehold_engine::ReceiptStatus::Running {
+                    self.step_event(true, *ordinal, steps);
+                }
             }
-        }
-        let mut driver = Driver::fused(&statuses, self.lease_ms, self.claimed_at);
-        let mut ledger_call: Option<(DriverAction, Boxed<Result<(), LedgerError>>)> = None;
-        let mut executor_call: Option<(u32, Boxed<ExecutorResult>)> = None;
+            // Boxed, like the claim: it keeps the delivery's task small.
+            Box::new(Driver::fused(&statuses, self.lease_ms, self.claimed_at))
+        };
+        let mut ledger_call: Option<(Sent, Boxed<'_, Result<(), LedgerError>>)> = None;
+        let mut executor_call: Option<(u32, Boxed<'_, ExecutorResult>)> = None;
         // Whether the request now in flight repeats one whose outcome was unknown.
         let mut retried = false;
         let outcome = loop {
-            while let Some(action) = driver.poll_action(self.clock.now()) {
+            // One reading for the whole turn: the actions drained now are sent now.
+            let now = self.clock.now();
+            while let Some(action) = driver.poll_action(now) {
                 match action {
                     DriverAction::Execute { ordinal } => {
-                        executor_call = Some((ordinal, Box::pin(self.execute(ordinal))));
+                        executor_call = Some((ordinal, self.execute(ordinal)));
                     }
-                    other => {
-                        let call = self.ledger_request(&other);
-                        ledger_call = Some((other, call));
-                    }
+                    other => ledger_call = Some(self.ledger_request(other)),
                 }
             }
             if let Some(outcome) = driver.outcome() {
                 break outcome.clone();
             }
-            let wait_ms = driver.poll_timeout().map(|d| d.at.millis_since(self.clock.now()));
+            let wait_ms = driver.poll_timeout().map(|d| d.at.millis_since(now));
             tokio::select! {
                 biased;
                 result = maybe(ledger_call.as_mut().map(|(_, f)| f)) => {
-                    let (action, _) = ledger_call.take().expect("a ledger call was in flight");
+                    let (sent, _) = ledger_call.take().expect("a ledger call was in flight");
                     let now = self.clock.now();
                     match result {
                         Ok(()) => {
                             retried = false;
-                            self.report_commit(&action, &attempt, steps);
+                            self.report_commit(sent, steps);
                             driver.handle_committed(now);
                         }
                         Err(LedgerError::Refused(refusal)) => {
-                            if std::mem::take(&mut retried) && self.ended_by_us(&action).await {
+                            // (Boxed: a rare path, kept out of the delivery's task.)
+                            if std::mem::take(&mut retried) && Box::pin(self.ended_by_us(sent)).await {
                                 // The first try committed and only its reply was lost.
-                                self.report_commit(&action, &attempt, steps);
+                                self.report_commit(sent, steps);
                                 driver.handle_committed(now);
                             } else {
                                 driver.handle_refused(now, refusal);
@@ -415,9 +447,9 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                 () = sleep_ms_opt(wait_ms) => driver.handle_timeout(self.clock.now()),
             }
         };
-        self.executor.release(&attempt, delivery);
-        (self.observer)(&WorkerEvent::Finished {
-            attempt,
+        self.executor.release(attempt, delivery);
+        emit(&self.observer, || WorkerEvent::Finished {
+            attempt: attempt.clone(),
             outcome: outcome.clone(),
         });
         outcome
@@ -426,12 +458,10 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
     /// After a retried request that ends an attempt (finish, fail, the last
     /// complete-and-continue) is refused: whether the first try had in fact ended it
     /// under this very lease (same owner and delivery), its reply lost.
-    async fn ended_by_us(&self, action: &DriverAction) -> bool {
-        let ends = match action {
-            DriverAction::Finish | DriverAction::Fail { .. } => true,
-            DriverAction::CompleteAndContinue { ordinal, .. } => {
-                self.claimed.record.receipts.iter().all(|r| r.ordinal <= *ordinal)
-            }
+    async fn ended_by_us(&self, sent: Sent) -> bool {
+        let ends = match sent {
+            Sent::Finish | Sent::Fail => true,
+            Sent::CompleteAndContinue(ordinal) => self.claimed.record.receipts.iter().all(|r| r.ordinal <= ordinal),
             _ => false,
         };
         if !ends {
@@ -441,8 +471,8 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             return false;
         };
         let mine = &self.claimed.record.command;
-        let expected = match action {
-            DriverAction::Fail { .. } => leasehold_engine::CommandStatus::Failed,
+        let expected = match sent {
+            Sent::Fail => leasehold_engine::CommandStatus::Failed,
             _ => leasehold_engine::CommandStatus::Delivered,
         };
         now.command.status == expected
@@ -450,100 +480,104 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             && now.command.delivery_count == mine.delivery_count
     }
 
-    fn lease(&self) -> Lease {
-        self.claimed.lease.clone()
+    /// Emits a step's begun (or succeeded) event.
+    fn step_event(&self, begun: bool, ordinal: u32, steps: u32) {
+        emit(&self.observer, || {
+            let attempt = self.claimed.record.attempt.id.clone();
+            let step = self
+                .claimed
+                .record
+                .receipt(ordinal)
+                .map(|r| r.step_code.clone())
+                .unwrap_or_default();
+            if begun {
+                WorkerEvent::StepBegun {
+                    attempt,
+                    ordinal,
+                    steps,
+                    step,
+                }
+            } else {
+                WorkerEvent::StepSucceeded {
+                    attempt,
+                    ordinal,
+                    steps,
+                    step,
+                }
+            }
+        });
     }
 
-    fn step_code(&self, ordinal: u32) -> String {
-        self.claimed
-            .record
-            .receipt(ordinal)
-            .map(|r| r.step_code.clone())
-            .unwrap_or_default()
-    }
-
-    fn step_event(&self, begun: bool, ordinal: u32, attempt: &AttemptId, steps: u32) -> WorkerEvent {
-        let (attempt, step) = (attempt.clone(), self.step_code(ordinal));
-        if begun {
-            WorkerEvent::StepBegun {
-                attempt,
-                ordinal,
-                steps,
-                step,
-            }
-        } else {
-            WorkerEvent::StepSucceeded {
-                attempt,
-                ordinal,
-                steps,
-                step,
-            }
-        }
-    }
-
-    fn report_commit(&self, action: &DriverAction, attempt: &AttemptId, steps: u32) {
-        match action {
-            DriverAction::BeginStep { ordinal } => (self.observer)(&self.step_event(true, *ordinal, attempt, steps)),
-            DriverAction::CompleteStep { ordinal, .. } => {
-                (self.observer)(&self.step_event(false, *ordinal, attempt, steps));
-            }
-            DriverAction::CompleteAndContinue { ordinal, .. } => {
-                (self.observer)(&self.step_event(false, *ordinal, attempt, steps));
+    fn report_commit(&self, sent: Sent, steps: u32) {
+        match sent {
+            Sent::Begin(ordinal) => self.step_event(true, ordinal, steps),
+            Sent::Complete(ordinal) => self.step_event(false, ordinal, steps),
+            Sent::CompleteAndContinue(ordinal) => {
+                self.step_event(false, ordinal, steps);
                 let next = self
                     .claimed
                     .record
                     .receipts
                     .iter()
                     .map(|r| r.ordinal)
-                    .filter(|o| o > ordinal)
+                    .filter(|o| *o > ordinal)
                     .min();
                 if let Some(next) = next {
-                    (self.observer)(&self.step_event(true, next, attempt, steps));
+                    self.step_event(true, next, steps);
                 }
             }
-            _ => {}
+            Sent::Fail | Sent::Finish | Sent::Heartbeat => {}
         }
     }
 
-    fn ledger_request(&self, action: &DriverAction) -> Boxed<Result<(), LedgerError>> {
-        let ledger = Arc::clone(&self.ledger);
-        let lease = self.lease();
-        let lease_ms = self.lease_ms;
-        match action.clone() {
-            DriverAction::BeginStep { ordinal } => {
-                Box::pin(async move { ledger.begin_step(&lease, ordinal, lease_ms).await })
-            }
+    /// Sends a ledger request; the action (and its evidence) moves into the future.
+    fn ledger_request(&self, action: DriverAction) -> (Sent, Boxed<'_, Result<(), LedgerError>>) {
+        let (ledger, lease, lease_ms) = (&*self.ledger, &self.claimed.lease, self.lease_ms);
+        match action {
+            DriverAction::BeginStep { ordinal } => (
+                Sent::Begin(ordinal),
+                Box::pin(ledger.begin_step(lease, ordinal, lease_ms)),
+            ),
             DriverAction::CompleteStep {
                 ordinal,
                 evidence,
                 target_receipt,
-            } => Box::pin(async move {
-                ledger
-                    .complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms)
-                    .await
-            }),
+            } => (
+                Sent::Complete(ordinal),
+                Box::pin(async move {
+                    ledger
+                        .complete_step(lease, ordinal, &evidence, &target_receipt, lease_ms)
+                        .await
+                }),
+            ),
             DriverAction::CompleteAndContinue {
                 ordinal,
                 evidence,
                 target_receipt,
-            } => Box::pin(async move {
-                ledger
-                    .complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms)
-                    .await
-                    .map(drop)
-            }),
-            DriverAction::Fail { ordinal, error } => {
-                Box::pin(async move { ledger.fail(&lease, ordinal, &error).await })
-            }
-            DriverAction::Finish => Box::pin(async move { ledger.finish(&lease).await }),
-            DriverAction::Heartbeat | DriverAction::Execute { .. } => {
-                Box::pin(async move { ledger.heartbeat(&lease, lease_ms).await.map(drop) })
-            }
+            } => (
+                Sent::CompleteAndContinue(ordinal),
+                Box::pin(async move {
+                    ledger
+                        .complete_and_continue(lease, ordinal, &evidence, &target_receipt, lease_ms)
+                        .await
+                        .map(drop)
+                }),
+            ),
+            DriverAction::Fail { ordinal, error } => (
+                Sent::Fail,
+                Box::pin(async move { ledger.fail(lease, ordinal, &error).await }),
+            ),
+            DriverAction::Finish => (Sent::Finish, Box::pin(ledger.finish(lease))),
+            DriverAction::Heartbeat | DriverAction::Execute { .. } => (
+                Sent::Heartbeat,
+                Box::pin(async move { ledger.heartbeat(lease, lease_ms).await.map(drop) }),
+            ),
         }
     }
 
-    fn execute(&self, ordinal: u32) -> impl Future<Output = ExecutorResult> + Send + 'static {
-        let executor = Arc::clone(&self.executor);
+    /// Calls the executor for a step (the request is built now, the call runs when
+    /// polled).
+    fn execute(&self, ordinal: u32) -> Boxed<'_, ExecutorResult> {
         let record = &self.claimed.record;
         let receipt = record.receipt(ordinal);
         let step = receipt.and_then(|r| self.claimed.plan.step(&r.step_code)).cloned();
@@ -557,11 +591,11 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             step,
             idempotency_key: receipt.idempotency_key.clone(),
         });
-        async move {
-            match request {
-                Some(request) => executor.execute(request).await,
-                None => ExecutorResult::Permanent(format!("step {ordinal} is not in the plan")),
-            }
+        match request {
+            Some(request) => Box::pin(self.executor.execute(request)),
+            None => Box::pin(std::future::ready(ExecutorResult::Permanent(format!(
+                "step {ordinal} is not in the plan"
+            )))),
         }
     }
 }
@@ -573,9 +607,86 @@ async fn maybe<F: Future + Unpin>(future: Option<&mut F>) -> F::Output {
     }
 }
 
+/// Sleeps `ms`, or forever. The timer is created (and boxed, keeping the futures
+/// that embed this one small) only when first polled: a `select!` whose other
+/// branch is ready at once never makes one.
 async fn sleep_ms_opt(ms: Option<u64>) {
     match ms {
-        Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        Some(ms) => Box::pin(tokio::time::sleep(Duration::from_millis(ms))).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::entropy::SeededEntropy;
+    use crate::executor::{DryRun, KNOWN_EXECUTORS};
+    use crate::ledger::memory::MemoryLedger;
+    use leasehold_engine::{Action, PlanSpec, Step};
+    use std::sync::Mutex;
+
+    #[tokio::test]
+    async fn a_delivery_reports_claim_steps_and_end_in_order() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(3))));
+        let spec = PlanSpec {
+            name: "two".into(),
+            recovery: "resume".into(),
+            volatile_fields: Vec::new(),
+            steps: ["first", "second"]
+                .into_iter()
+                .map(|code| Step {
+                    code: code.into(),
+                    executor: crate::executor::dry_run::NAME.into(),
+                    payload: serde_json::json!({}),
+                })
+                .collect(),
+        };
+        let plan = ledger.register_plan(spec, KNOWN_EXECUTORS).await.unwrap();
+        let attempt = ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id;
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&events);
+        let config = WorkerConfig::clamped(true, 10, 1, 60_000);
+        let worker = Worker::new("w", ledger, Arc::new(DryRun), clock, config)
+            .on_event(move |e| seen.lock().unwrap().push(e.to_string()));
+        let options = RunOptions {
+            until_idle: true,
+            grace_ms: 0,
+        };
+        let report = worker.run(std::future::pending(), options).await;
+        assert_eq!((report.claimed, report.delivered), (1, 1));
+        let expected = [
+            format!("claimed attempt {attempt} of plan two (delivery 1, 2 steps)"),
+            format!("attempt {attempt} step 1/2 first: running"),
+            format!("attempt {attempt} step 1/2 first: succeeded"),
+            format!("attempt {attempt} step 2/2 second: running"),
+            format!("attempt {attempt} step 2/2 second: succeeded"),
+            format!("attempt {attempt}: delivered"),
+        ];
+        assert_eq!(*events.lock().unwrap(), expected);
+    }
+
+    #[tokio::test]
+    async fn a_worker_nobody_listens_to_still_delivers() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(4))));
+        for i in 0..3 {
+            let plan = ledger
+                .register_plan(crate::bench::plan_spec(format!("p{i}"), 2), KNOWN_EXECUTORS)
+                .await
+                .unwrap();
+            ledger.enqueue(&plan.id, Action::Execute).await.unwrap();
+        }
+        let config = WorkerConfig::clamped(true, 10, 2, 60_000);
+        let worker = Worker::new("w", Arc::clone(&ledger), Arc::new(DryRun), clock, config);
+        let options = RunOptions {
+            until_idle: true,
+            grace_ms: 0,
+        };
+        let report = worker.run(std::future::pending(), options).await;
+        assert_eq!((report.claimed, report.delivered), (3, 3));
+        assert_eq!(ledger.open_attempts().await.unwrap(), 0);
     }
 }

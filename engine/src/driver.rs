@@ -286,29 +286,24 @@ impl Driver {
         if self.outcome.is_some() {
             return None;
         }
-        let mut deadlines = vec![Deadline {
-            at: self.lease_expiry(),
-            reason: DeadlineReason::LeaseExpiry,
-        }];
-        if !self.heartbeat_due && !matches!(self.in_flight, Some((Request::Heartbeat, _))) {
-            deadlines.push(Deadline {
-                at: self.renewed_at.plus_ms(heartbeat_ms(self.lease_ms)),
-                reason: DeadlineReason::Heartbeat,
-            });
-        }
-        if let Some(at) = self.ledger_retry_at {
-            deadlines.push(Deadline {
-                at,
-                reason: DeadlineReason::RetryLedger,
-            });
-        }
-        if let Some(at) = self.executor_retry_at {
-            deadlines.push(Deadline {
-                at,
-                reason: DeadlineReason::RetryExecutor,
-            });
-        }
-        deadlines.into_iter().min_by_key(|d| (d.at, d.reason))
+        // A fixed array, not a Vec: the runtime asks once per wake-up.
+        let heartbeat = !self.heartbeat_due && !matches!(self.in_flight, Some((Request::Heartbeat, _)));
+        let deadlines = [
+            Some((self.lease_expiry(), DeadlineReason::LeaseExpiry)),
+            heartbeat.then(|| {
+                (
+                    self.renewed_at.plus_ms(heartbeat_ms(self.lease_ms)),
+                    DeadlineReason::Heartbeat,
+                )
+            }),
+            self.ledger_retry_at.map(|at| (at, DeadlineReason::RetryLedger)),
+            self.executor_retry_at.map(|at| (at, DeadlineReason::RetryExecutor)),
+        ];
+        deadlines
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|(at, reason)| Deadline { at, reason })
     }
 
     /// Wakes the driver at `now`: fires every timer that is due.

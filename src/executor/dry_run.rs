@@ -17,6 +17,7 @@ use super::{describe, pace, payload_delay_ms, ExecRequest, Executor, ExecutorRes
 use leasehold_engine::canonical::fingerprint;
 use leasehold_engine::Action;
 use serde_json::{json, Value};
+use std::future::Future;
 
 /// The executor name plans use for [`DryRun`].
 pub const NAME: &str = "dry-run:v1";
@@ -33,41 +34,55 @@ impl DryRun {
 }
 
 impl Executor for DryRun {
-    async fn execute(&self, request: ExecRequest) -> ExecutorResult {
-        let step = &request.step;
-        let delay_ms = match payload_delay_ms(step) {
-            Ok(delay_ms) => delay_ms,
-            Err(message) => return ExecutorResult::Permanent(message),
-        };
-        let failure = match step.payload.get("fail") {
-            None | Some(Value::Bool(false)) => None,
-            Some(Value::Bool(true)) => Some(format!("step {}: failed on request (payload fail = true)", step.code)),
-            Some(Value::String(message)) => Some(message.clone()),
-            Some(other) => {
-                return ExecutorResult::Permanent(format!(
+    fn execute(&self, request: ExecRequest) -> impl Future<Output = ExecutorResult> + Send {
+        // The answer is a pure function of the request, so it is computed up front:
+        // the future then holds only the answer while it sleeps, not the request.
+        let (delay_ms, result) = answer(&request);
+        async move {
+            pace(delay_ms).await;
+            result
+        }
+    }
+}
+
+/// The delay to sleep for, and the answer to give after it.
+fn answer(request: &ExecRequest) -> (Option<u64>, ExecutorResult) {
+    let step = &request.step;
+    let delay_ms = match payload_delay_ms(step) {
+        Ok(delay_ms) => delay_ms,
+        Err(message) => return (None, ExecutorResult::Permanent(message)),
+    };
+    let failure = match step.payload.get("fail") {
+        None | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(format!("step {}: failed on request (payload fail = true)", step.code)),
+        Some(Value::String(message)) => Some(message.clone()),
+        Some(other) => {
+            return (
+                None,
+                ExecutorResult::Permanent(format!(
                     "step {}: payload field fail must be a string or a boolean, not {}",
                     step.code,
                     describe(other)
-                ))
-            }
-        };
-        pace(delay_ms).await;
-        if let Some(message) = failure {
-            return ExecutorResult::Permanent(message);
+                )),
+            )
         }
-        let mut evidence = json!({
-            "executor": NAME,
-            "step": step.code,
-            "payload_sha256": fingerprint(&step.payload),
-        });
-        if request.action == Action::Compensate {
-            evidence["compensated"] = json!(true);
-        }
-        ExecutorResult::Done {
-            evidence,
-            target_receipt: json!({ "dry_run": request.idempotency_key }),
-        }
+    };
+    if let Some(message) = failure {
+        return (delay_ms, ExecutorResult::Permanent(message));
     }
+    let mut evidence = json!({
+        "executor": NAME,
+        "step": step.code,
+        "payload_sha256": fingerprint(&step.payload),
+    });
+    if request.action == Action::Compensate {
+        evidence["compensated"] = json!(true);
+    }
+    let result = ExecutorResult::Done {
+        evidence,
+        target_receipt: json!({ "dry_run": request.idempotency_key }),
+    };
+    (delay_ms, result)
 }
 
 #[cfg(test)]

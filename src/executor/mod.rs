@@ -93,7 +93,9 @@ impl Executor for Executors {
     async fn execute(&self, request: ExecRequest) -> ExecutorResult {
         match request.step.executor.as_str() {
             dry_run::NAME => self.dry_run.execute(request).await,
-            sandbox::NAME => self.sandbox.execute(request).await,
+            // Boxed: the sandbox's future is large, and inline it would make every
+            // dry-run call's future as large (an allocation glibc serves slowly).
+            sandbox::NAME => Box::pin(self.sandbox.execute(request)).await,
             other => ExecutorResult::Permanent(format!(
                 "step {}: unknown executor {other:?} (known: {})",
                 request.step.code,

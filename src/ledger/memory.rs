@@ -1,26 +1,197 @@
 //! The memory ledger: the reference interpreter of the engine's transitions.
 //!
 //! One mutex over the whole state makes every transition atomic; the engine's
-//! [`Guard`] is checked directly against the stored command. Nothing survives the
-//! process. Clones share the same state (several "connections" to one ledger).
+//! [`Guard`](leasehold_engine::Guard) is checked directly against the stored
+//! command. Nothing survives the process. Clones share the same state (several
+//! "connections" to one ledger).
+//!
+//! Claims do not scan: ordered indexes of the PENDING commands (by `available_at`,
+//! then command id) and of the PROCESSING ones (by `lease_until`) are kept in step
+//! with every write, so a claim reads the claimable commands in claim order
+//! directly, and the count of open attempts is kept the same way.
 
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, CommandId, CommandStatus, Lease, Plan, PlanId, PlanSpec, PlanStatus, Timestamp,
+    Writes,
 };
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A map that is only looked up, never iterated (its order would be the hasher's).
+/// The hasher has fixed keys: no OS randomness, the same layout on every run.
+type Lookup<K, V> = HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
 
 #[derive(Debug, Default)]
 struct State {
-    plans: BTreeMap<PlanId, Plan>,
+    // Looked up by id only: hashed, because a lookup in an ordered map of string
+    // ids compares (and so reads) a dozen or more keys, each elsewhere in memory.
+    plans: Lookup<PlanId, Plan>,
     plan_order: Vec<PlanId>,
-    attempts: BTreeMap<AttemptId, AttemptRecord>,
-    commands: BTreeMap<CommandId, AttemptId>,
+    /// The READY plan of each fingerprint (registering it again answers that plan;
+    /// only retiring it lets another READY plan have the same content).
+    ready: Lookup<String, PlanId>,
+    attempts: Lookup<AttemptId, AttemptRecord>,
+    /// Every attempt of each plan: what an enqueue's guard and a history read.
+    by_plan: Lookup<PlanId, Vec<AttemptId>>,
+    index: ClaimIndex,
+}
+
+/// What a claim and an idle worker ask about, kept in step with every command and
+/// attempt row so that neither scans the attempts.
+#[derive(Debug, Default)]
+struct ClaimIndex {
+    /// PENDING commands in claim order, `(available_at, command id)`: the available
+    /// ones are a prefix.
+    pending: BTreeSet<(Timestamp, CommandId, AttemptId)>,
+    /// PROCESSING commands by `lease_until`: the expired ones are a prefix.
+    leased: BTreeSet<(Timestamp, AttemptId)>,
+    /// Attempts QUEUED or RUNNING.
+    open: u64,
+}
+
+/// Where a record sits in the [`ClaimIndex`]: its command's slot (the command id
+/// never changes, so the timestamp tells slots apart) and whether it is open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    command: CommandSlot,
+    open: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommandSlot {
+    Pending(Timestamp),
+    Leased(Timestamp),
+    Neither,
+}
+
+impl Slot {
+    fn of(record: &AttemptRecord) -> Self {
+        let c = &record.command;
+        let command = match (c.status, c.lease_until) {
+            (CommandStatus::Pending, _) => CommandSlot::Pending(c.available_at),
+            (CommandStatus::Processing, Some(until)) => CommandSlot::Leased(until),
+            _ => CommandSlot::Neither,
+        };
+        Slot {
+            command,
+            open: !record.attempt.status.is_terminal(),
+        }
+    }
+}
+
+impl ClaimIndex {
+    fn add(&mut self, record: &AttemptRecord, slot: Slot) {
+        let id = &record.attempt.id;
+        match slot.command {
+            CommandSlot::Pending(at) => {
+                self.pending.insert((at, record.command.id.clone(), id.clone()));
+            }
+            CommandSlot::Leased(until) => {
+                self.leased.insert((until, id.clone()));
+            }
+            CommandSlot::Neither => {}
+        }
+        self.open += u64::from(slot.open);
+    }
+
+    fn remove(&mut self, record: &AttemptRecord, slot: Slot) {
+        let id = &record.attempt.id;
+        match slot.command {
+            CommandSlot::Pending(at) => {
+                self.pending.remove(&(at, record.command.id.clone(), id.clone()));
+            }
+            CommandSlot::Leased(until) => {
+                self.leased.remove(&(until, id.clone()));
+            }
+            CommandSlot::Neither => {}
+        }
+        self.open -= u64::from(slot.open);
+    }
+
+    /// Applies writes whose guard still admits the stored command, and re-indexes
+    /// the record.
+    fn apply(&mut self, record: &mut AttemptRecord, writes: Writes) -> Result<(), LedgerError> {
+        if !writes.guard.admits(Some(&record.command)) {
+            return Err(LedgerError::Refused(leasehold_engine::Refusal::StaleToken {
+                command: record.command.id.clone(),
+            }));
+        }
+        let before = Slot::of(record);
+        apply_writes(record, writes);
+        let after = Slot::of(record);
+        if after != before {
+            self.remove(record, before);
+            self.add(record, after);
+        }
+        Ok(())
+    }
+
+    /// The first `batch` claimable commands at `now` in claim order (oldest
+    /// `available_at` first, then command id): PENDING and available, or PROCESSING
+    /// with `lease_until < now`.
+    fn claimable(
+        &self,
+        attempts: &Lookup<AttemptId, AttemptRecord>,
+        now: Timestamp,
+        batch: usize,
+    ) -> Vec<(Timestamp, CommandId, AttemptId)> {
+        let mut candidates: Vec<(Timestamp, CommandId, AttemptId)> = self
+            .pending
+            .iter()
+            .take_while(|(at, _, _)| *at <= now)
+            .take(batch)
+            .cloned()
+            .collect();
+        let pending = candidates.len();
+        candidates.extend(
+            self.leased
+                .iter()
+                .take_while(|(until, _)| *until < now)
+                .filter_map(|(_, id)| attempts.get(id))
+                .map(|r| (r.command.available_at, r.command.id.clone(), r.attempt.id.clone())),
+        );
+        if candidates.len() > pending {
+            candidates.sort();
+            candidates.truncate(batch);
+        }
+        candidates
+    }
+}
+
+/// [`Writes::apply_to`], moving the new row images into the record instead of
+/// copying them (the writes are spent).
+fn apply_writes(record: &mut AttemptRecord, writes: Writes) {
+    if let Some(attempt) = writes.attempt {
+        record.attempt = attempt;
+    }
+    if let Some(command) = writes.command {
+        record.command = command;
+    }
+    for receipt in writes.receipts {
+        if let Some(slot) = record.receipts.iter_mut().find(|x| x.ordinal == receipt.ordinal) {
+            *slot = receipt;
+        }
+    }
+}
+
+impl State {
+    /// Stores a new record and indexes it.
+    fn insert(&mut self, record: AttemptRecord) {
+        let id = record.attempt.id.clone();
+        self.by_plan
+            .entry(record.attempt.plan_id.clone())
+            .or_default()
+            .push(id.clone());
+        self.index.add(&record, Slot::of(&record));
+        self.attempts.insert(id, record);
+    }
 }
 
 /// The in-memory reference ledger.
@@ -53,90 +224,100 @@ impl MemoryLedger {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn not_found(kind: &'static str, id: &impl std::fmt::Display) -> LedgerError {
+        LedgerError::NotFound {
+            kind,
+            id: id.to_string(),
+        }
+    }
+
     fn record(state: &State, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
         state
             .attempts
             .get(attempt)
             .cloned()
-            .ok_or_else(|| LedgerError::NotFound {
-                kind: "attempt",
-                id: attempt.to_string(),
-            })
+            .ok_or_else(|| Self::not_found("attempt", attempt))
     }
 
     fn plan_of(state: &State, id: &PlanId) -> Result<Plan, LedgerError> {
-        state.plans.get(id).cloned().ok_or_else(|| LedgerError::NotFound {
-            kind: "plan",
-            id: id.to_string(),
-        })
+        state.plans.get(id).cloned().ok_or_else(|| Self::not_found("plan", id))
     }
 
-    /// Applies writes whose guard still admits the stored command.
-    fn apply(state: &mut State, attempt: &AttemptId, writes: &Writes) -> Result<(), LedgerError> {
-        let record = state.attempts.get_mut(attempt).ok_or_else(|| LedgerError::NotFound {
-            kind: "attempt",
-            id: attempt.to_string(),
-        })?;
-        if !writes.guard.admits(Some(&record.command)) {
-            return Err(LedgerError::Refused(leasehold_engine::Refusal::StaleToken {
-                command: record.command.id.clone(),
-            }));
-        }
-        writes.apply_to(record);
-        Ok(())
+    /// Decides a transition on the stored record at `at` (or, if `None`, at the
+    /// clock's reading under the lock) and applies it; answers `answer` of the
+    /// record as it left it. The record is looked up once and not copied.
+    fn transition<T>(
+        &self,
+        attempt: &AttemptId,
+        at: Option<Timestamp>,
+        decide: impl FnOnce(&Lookup<PlanId, Plan>, &AttemptRecord, Timestamp) -> Result<Writes, LedgerError>,
+        answer: impl FnOnce(&AttemptRecord) -> T,
+    ) -> Result<T, LedgerError> {
+        let mut guard = self.lock();
+        let now = at.unwrap_or_else(|| self.clock.now());
+        let state = &mut *guard;
+        let record = state
+            .attempts
+            .get_mut(attempt)
+            .ok_or_else(|| Self::not_found("attempt", attempt))?;
+        let writes = decide(&state.plans, record, now)?;
+        state.index.apply(record, writes)?;
+        Ok(answer(record))
     }
 
-    fn worker_transition(
+    fn worker_transition<T>(
         &self,
         lease: &Lease,
         decide: impl FnOnce(&AttemptRecord, Timestamp) -> Result<Writes, leasehold_engine::Refusal>,
-    ) -> Result<AttemptRecord, LedgerError> {
-        let mut state = self.lock();
-        let record = Self::record(&state, &lease.attempt_id)?;
-        if record.command.id != lease.command_id {
-            return Err(LedgerError::NotFound {
-                kind: "command",
-                id: lease.command_id.to_string(),
-            });
-        }
-        let writes = decide(&record, self.clock.now())?;
-        Self::apply(&mut state, &lease.attempt_id, &writes)?;
-        Self::record(&state, &lease.attempt_id)
+        answer: impl FnOnce(&AttemptRecord) -> T,
+    ) -> Result<T, LedgerError> {
+        self.transition(
+            &lease.attempt_id,
+            None,
+            |_, record, now| {
+                if record.command.id != lease.command_id {
+                    return Err(Self::not_found("command", &lease.command_id));
+                }
+                Ok(decide(record, now)?)
+            },
+            answer,
+        )
     }
 
     fn claim_with(&self, owner: &str, batch: u32, lease_ms: u64, begin: bool) -> Result<Vec<Claimed>, LedgerError> {
         let now = self.clock.now();
-        let mut state = self.lock();
-        let mut candidates: Vec<(Timestamp, CommandId, AttemptId)> = state
-            .attempts
-            .values()
-            .filter(|r| Guard::Claimable(now).admits(Some(&r.command)))
-            .map(|r| (r.command.available_at, r.command.id.clone(), r.attempt.id.clone()))
-            .collect();
-        candidates.sort();
-        let mut claimed = Vec::new();
-        for (_, command_id, attempt_id) in candidates.into_iter().take(batch as usize) {
-            let record = Self::record(&state, &attempt_id)?;
-            let plan = Self::plan_of(&state, &record.attempt.plan_id)?;
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let candidates = state.index.claimable(&state.attempts, now, batch as usize);
+        let mut claimed = Vec::with_capacity(candidates.len());
+        for (_, command_id, attempt_id) in candidates {
+            let record = state
+                .attempts
+                .get_mut(&attempt_id)
+                .ok_or_else(|| Self::not_found("attempt", &attempt_id))?;
+            let plan = state
+                .plans
+                .get(&record.attempt.plan_id)
+                .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
             let token = self.entropy.token();
             let decided = if begin {
-                transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+                transition::claim_and_begin(record, plan.recovery, owner, token.clone(), lease_ms, now)
             } else {
-                transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+                transition::claim(record, plan.recovery, owner, token.clone(), lease_ms, now)
             };
             let writes = match decided {
                 Ok(w) => w,
                 Err(_) => continue,
             };
-            Self::apply(&mut state, &attempt_id, &writes)?;
+            state.index.apply(record, writes)?;
             claimed.push(Claimed {
                 lease: Lease {
                     command_id,
-                    attempt_id: attempt_id.clone(),
+                    attempt_id,
                     token,
                 },
-                plan,
-                record: Self::record(&state, &attempt_id)?,
+                plan: plan.clone(),
+                record: record.clone(),
             });
         }
         Ok(claimed)
@@ -152,14 +333,12 @@ impl Ledger for MemoryLedger {
         let now = self.clock.now();
         let mut state = self.lock();
         let plan = spec.into_plan(known_executors, PlanId::new(self.entropy.id(IdKind::Plan)), now)?;
-        if let Some(existing) = state
-            .plans
-            .values()
-            .find(|p| p.fingerprint == plan.fingerprint && p.status == PlanStatus::Ready)
-        {
+        let existing = state.ready.get(&plan.fingerprint).and_then(|id| state.plans.get(id));
+        if let Some(existing) = existing.filter(|p| p.status == PlanStatus::Ready) {
             return Ok(existing.clone());
         }
         state.plan_order.push(plan.id.clone());
+        state.ready.insert(plan.fingerprint.clone(), plan.id.clone());
         state.plans.insert(plan.id.clone(), plan.clone());
         Ok(plan)
     }
@@ -184,7 +363,11 @@ impl Ledger for MemoryLedger {
             id: id.to_string(),
         })?;
         plan.status = PlanStatus::Retired;
-        Ok(plan.clone())
+        let plan = plan.clone();
+        if state.ready.get(&plan.fingerprint) == Some(&plan.id) {
+            state.ready.remove(&plan.fingerprint);
+        }
+        Ok(plan)
     }
 
     async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
@@ -192,9 +375,11 @@ impl Ledger for MemoryLedger {
         let mut state = self.lock();
         let plan = Self::plan_of(&state, plan)?;
         let history: Vec<AttemptRecord> = state
-            .attempts
-            .values()
-            .filter(|r| r.attempt.plan_id == plan.id)
+            .by_plan
+            .get(&plan.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| state.attempts.get(id))
             .cloned()
             .collect();
         let ids = NewIds {
@@ -202,10 +387,7 @@ impl Ledger for MemoryLedger {
             command: CommandId::new(self.entropy.id(IdKind::Command)),
         };
         let record = transition::enqueue(&plan, &history, action, ids, now)?;
-        state
-            .commands
-            .insert(record.command.id.clone(), record.attempt.id.clone());
-        state.attempts.insert(record.attempt.id.clone(), record.clone());
+        state.insert(record.clone());
         Ok(record)
     }
 
@@ -226,30 +408,41 @@ impl Ledger for MemoryLedger {
         lease_ms: u64,
     ) -> Result<Continued, LedgerError> {
         let mut continued = Continued::Finished;
-        self.worker_transition(lease, |r, now| {
-            let (c, writes) =
-                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)?;
-            continued = c;
-            Ok(writes)
-        })?;
+        self.worker_transition(
+            lease,
+            |r, now| {
+                let (c, writes) = transition::complete_and_continue(
+                    r,
+                    ordinal,
+                    evidence,
+                    target_receipt,
+                    &lease.token,
+                    lease_ms,
+                    now,
+                )?;
+                continued = c;
+                Ok(writes)
+            },
+            |_| (),
+        )?;
         Ok(continued)
     }
 
     async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        let record = self.worker_transition(lease, |r, now| {
-            transition::heartbeat(&r.command, &lease.token, lease_ms, now)
-        })?;
-        record
-            .command
-            .lease_until
-            .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
+        self.worker_transition(
+            lease,
+            |r, now| transition::heartbeat(&r.command, &lease.token, lease_ms, now),
+            |r| r.command.lease_until,
+        )?
+        .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
     }
 
     async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| {
-            transition::begin_step(r, ordinal, &lease.token, lease_ms, now)
-        })
-        .map(drop)
+        self.worker_transition(
+            lease,
+            |r, now| transition::begin_step(r, ordinal, &lease.token, lease_ms, now),
+            |_| (),
+        )
     }
 
     async fn complete_step(
@@ -260,39 +453,53 @@ impl Ledger for MemoryLedger {
         target_receipt: &Value,
         lease_ms: u64,
     ) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| {
-            transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
-        })
-        .map(drop)
+        self.worker_transition(
+            lease,
+            |r, now| transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now),
+            |_| (),
+        )
     }
 
     async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::fail(r, ordinal, error, &lease.token, now))
-            .map(drop)
+        self.worker_transition(
+            lease,
+            |r, now| transition::fail(r, ordinal, error, &lease.token, now),
+            |_| (),
+        )
     }
 
     async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::finish(r, &lease.token, now))
-            .map(drop)
+        self.worker_transition(lease, |r, now| transition::finish(r, &lease.token, now), |_| ())
     }
 
     async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
         let now = self.clock.now();
-        let mut state = self.lock();
-        let record = Self::record(&state, attempt)?;
-        let plan = Self::plan_of(&state, &record.attempt.plan_id)?;
-        let (outcome, writes) = transition::reconcile(&record, plan.recovery, now)?;
-        Self::apply(&mut state, attempt, &writes)?;
-        Ok((outcome, Self::record(&state, attempt)?))
+        let mut outcome = None;
+        let record = self.transition(
+            attempt,
+            Some(now),
+            |plans, record, now| {
+                let plan = plans
+                    .get(&record.attempt.plan_id)
+                    .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
+                let (o, writes) = transition::reconcile(record, plan.recovery, now)?;
+                outcome = Some(o);
+                Ok(writes)
+            },
+            AttemptRecord::clone,
+        )?;
+        let outcome = outcome.ok_or_else(|| LedgerError::Internal("reconcile decided nothing".into()))?;
+        Ok((outcome, record))
     }
 
     async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
         let now = self.clock.now();
-        let mut state = self.lock();
-        let record = Self::record(&state, attempt)?;
-        let writes = transition::abort(&record, reason, now)?;
-        Self::apply(&mut state, attempt, &writes)?;
-        Self::record(&state, attempt)
+        self.transition(
+            attempt,
+            Some(now),
+            |_, record, now| Ok(transition::abort(record, reason, now)?),
+            AttemptRecord::clone,
+        )
     }
 
     async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
@@ -303,9 +510,11 @@ impl Ledger for MemoryLedger {
         let state = self.lock();
         Self::plan_of(&state, plan)?;
         let mut records: Vec<AttemptRecord> = state
-            .attempts
-            .values()
-            .filter(|r| &r.attempt.plan_id == plan)
+            .by_plan
+            .get(plan)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| state.attempts.get(id))
             .cloned()
             .collect();
         records.sort_by_key(|r| r.attempt.number);
@@ -313,11 +522,190 @@ impl Ledger for MemoryLedger {
     }
 
     async fn open_attempts(&self) -> Result<u64, LedgerError> {
-        let state = self.lock();
-        Ok(state
+        Ok(self.lock().index.open)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::entropy::SeededEntropy;
+    use crate::executor::KNOWN_EXECUTORS;
+    use leasehold_engine::{Guard, Step};
+
+    fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
+        PlanSpec {
+            name: name.to_owned(),
+            recovery: recovery.to_owned(),
+            volatile_fields: Vec::new(),
+            steps: (1..=steps)
+                .map(|i| Step {
+                    code: format!("step-{i}"),
+                    executor: "dry-run:v1".to_owned(),
+                    payload: serde_json::json!({ "n": i }),
+                })
+                .collect(),
+        }
+    }
+
+    /// What a claim took before the indexes: every claimable command, sorted.
+    fn scanned(state: &State, now: Timestamp, batch: usize) -> Vec<(Timestamp, CommandId, AttemptId)> {
+        let mut all: Vec<_> = state
+            .attempts
+            .values()
+            .filter(|r| Guard::Claimable(now).admits(Some(&r.command)))
+            .map(|r| (r.command.available_at, r.command.id.clone(), r.attempt.id.clone()))
+            .collect();
+        all.sort();
+        all.truncate(batch);
+        all
+    }
+
+    fn assert_indexes_match_a_scan(ledger: &MemoryLedger, now: Timestamp, why: &str) {
+        let state = ledger.lock();
+        for batch in [1, 2, 5, 1_000] {
+            assert_eq!(
+                state.index.claimable(&state.attempts, now, batch),
+                scanned(&state, now, batch),
+                "claim order (batch {batch}) after {why}"
+            );
+        }
+        let open = state
             .attempts
             .values()
             .filter(|r| !r.attempt.status.is_terminal())
-            .count() as u64)
+            .count() as u64;
+        assert_eq!(state.index.open, open, "open attempts after {why}");
+        let indexed = state.index.pending.len() + state.index.leased.len();
+        let expected = state
+            .attempts
+            .values()
+            .filter(|r| matches!(Slot::of(r).command, CommandSlot::Pending(_) | CommandSlot::Leased(_)))
+            .count();
+        assert_eq!(indexed, expected, "index entries after {why}");
+    }
+
+    #[tokio::test]
+    async fn an_expired_lease_is_claimed_in_available_at_order_with_the_pending_commands() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let ledger = MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(7)));
+        let mut attempts = Vec::new();
+        for name in ["a", "b", "c"] {
+            let plan = ledger
+                .register_plan(spec(name, "resume", 2), KNOWN_EXECUTORS)
+                .await
+                .unwrap();
+            attempts.push(ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id);
+            clock.advance_ms(1);
+        }
+        let first = ledger.claim("w1", 1, 100).await.unwrap();
+        assert_eq!(first[0].lease.attempt_id, attempts[0]);
+        clock.advance_ms(101);
+        // The lease of a (enqueued first) has expired: it comes before b and c again.
+        let again: Vec<AttemptId> = ledger
+            .claim("w2", 2, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.lease.attempt_id)
+            .collect();
+        assert_eq!(again, attempts[..2]);
+        assert_eq!(ledger.open_attempts().await.unwrap(), 3);
+    }
+
+    /// Drives a pseudo-random mix of every transition and checks after each one that
+    /// the indexes answer what a scan of every attempt answers.
+    #[tokio::test]
+    async fn the_claim_indexes_agree_with_a_scan_through_every_transition() {
+        let start = Timestamp::from_millis(2_000_000);
+        let clock = Arc::new(ManualClock::new(start));
+        let ledger = MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(11)));
+        let mut plans = Vec::new();
+        for i in 0..12 {
+            let recovery = if i % 2 == 0 { "resume" } else { "replay" };
+            plans.push(
+                ledger
+                    .register_plan(spec(&format!("p{i}"), recovery, 1 + i % 3), KNOWN_EXECUTORS)
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut leases: Vec<Claimed> = Vec::new();
+        let mut seed = 0x5eed_u64;
+        let mut next = move |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        for round in 0..600 {
+            let op = next(10);
+            let why = format!("round {round} op {op}");
+            match op {
+                0 | 1 => {
+                    let plan = &plans[next(plans.len() as u64) as usize];
+                    let action = [Action::Execute, Action::Retry, Action::Compensate][next(3) as usize];
+                    let _ = ledger.enqueue(&plan.id, action).await;
+                }
+                2 | 3 => {
+                    let batch = 1 + next(3) as u32;
+                    if let Ok(claimed) = ledger.claim_and_begin("w", batch, 50 + next(100)).await {
+                        leases.extend(claimed);
+                    }
+                }
+                4 => clock.advance_ms(next(120)),
+                _ if leases.is_empty() => {}
+                _ => {
+                    let c = &leases[next(leases.len() as u64) as usize];
+                    let lease = &c.lease;
+                    let ordinal = 1 + next(3) as u32;
+                    let evidence = serde_json::json!({ "round": round });
+                    let _ = match op {
+                        5 => ledger.heartbeat(lease, 80).await.map(drop),
+                        6 => ledger
+                            .complete_and_continue(lease, ordinal, &evidence, &evidence, 80)
+                            .await
+                            .map(drop),
+                        7 => ledger.fail(lease, Some(ordinal), "no").await,
+                        8 => ledger.reconcile(&lease.attempt_id).await.map(drop),
+                        _ => ledger.abort(&lease.attempt_id, "stop").await.map(drop),
+                    };
+                }
+            }
+            assert_indexes_match_a_scan(&ledger, clock.now(), &why);
+            // Also just past the next lease expiry, where PROCESSING rows join in.
+            assert_indexes_match_a_scan(&ledger, clock.now().plus_ms(200), &why);
+        }
+        assert!(leases.len() > 20, "the mix claimed too little: {}", leases.len());
+    }
+
+    #[test]
+    fn moving_writes_into_a_record_is_applying_them() {
+        let now = Timestamp::from_millis(1_000);
+        let plan = spec("p", "replay", 3)
+            .into_plan(KNOWN_EXECUTORS, PlanId::new("p"), now)
+            .unwrap();
+        let ids = NewIds {
+            attempt: AttemptId::new("a"),
+            command: CommandId::new("c"),
+        };
+        let record = transition::enqueue(&plan, &[], Action::Execute, ids, now).unwrap();
+        let token = leasehold_engine::LeaseToken::new("t");
+        let writes = transition::claim_and_begin(&record, plan.recovery, "w", token.clone(), 60_000, now).unwrap();
+        let (mut moved, mut copied) = (record.clone(), record);
+        writes.apply_to(&mut copied);
+        apply_writes(&mut moved, writes);
+        assert_eq!(moved, copied);
+        let evidence = serde_json::json!({ "ok": true });
+        let (_, writes) =
+            transition::complete_and_continue(&moved, 1, &evidence, &evidence, &token, 60_000, now).unwrap();
+        writes.apply_to(&mut copied);
+        apply_writes(&mut moved, writes);
+        assert_eq!(moved, copied);
+        let writes = transition::fail(&moved, Some(2), "no", &token, now).unwrap();
+        writes.apply_to(&mut copied);
+        apply_writes(&mut moved, writes);
+        assert_eq!(moved, copied);
     }
 }
