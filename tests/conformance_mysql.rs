@@ -6,6 +6,10 @@
 //! (other pools) on that database. Leases are decided on the suite's manual clock
 //! ([`MysqlLedger::open_with_clock`]) instead of the database's. Without
 //! `LEASEHOLD_TEST_MYSQL_URL` every test prints why it is skipped and passes.
+//!
+//! The suite runs twice: at the crate root with the default claim path (`SELECT …
+//! FOR UPDATE SKIP LOCKED` where the server has it), and in [`portable`] with
+//! `skip_locked=0`, the path that MySQL 5.7 takes.
 
 #[path = "conformance/mod.rs"]
 mod conformance;
@@ -36,11 +40,18 @@ fn admin_url() -> Option<MysqlUrl> {
 /// `clock`. Every handle shares the clock and one entropy source, so no two handles
 /// mint the same id or lease token.
 async fn mysql_ledger(clock: Arc<ManualClock>) -> Option<Harness<MysqlLedger>> {
+    mysql_ledger_with(clock, true).await
+}
+
+/// Like [`mysql_ledger`], claiming with `SKIP LOCKED` only if `skip_locked` (and the
+/// server has it).
+async fn mysql_ledger_with(clock: Arc<ManualClock>, skip_locked: bool) -> Option<Harness<MysqlLedger>> {
     let admin = admin_url()?;
     let db = ScratchDatabase::create(&admin, "lh_test_")
         .await
         .unwrap_or_else(|e| panic!("cannot create a test database at {admin}: {e}"));
-    let url = db.url().clone();
+    let mut url = db.url().clone();
+    url.options.skip_locked = skip_locked;
     let ledger_clock: Arc<dyn Clock> = clock.clone();
     let entropy: Arc<dyn Entropy> = Arc::new(SeededEntropy::new(0x1ea5e));
     let ledger = MysqlLedger::open_with_clock(&url, ledger_clock.clone(), entropy.clone());
@@ -58,3 +69,17 @@ async fn mysql_ledger(clock: Arc<ManualClock>) -> Option<Harness<MysqlLedger>> {
 }
 
 conformance_suite!(mysql_ledger);
+
+/// The suite again on the portable claim path (`skip_locked=0`): a plain read of
+/// candidates, then a locking re-check of each — what runs on MySQL 5.7.
+mod portable {
+    use super::*;
+
+    async fn mysql_portable_ledger(clock: Arc<ManualClock>) -> Option<Harness<MysqlLedger>> {
+        let harness = mysql_ledger_with(clock, false).await?;
+        assert_eq!(harness.ledger.uses_skip_locked(), Some(false));
+        Some(harness)
+    }
+
+    crate::conformance_suite!(mysql_portable_ledger);
+}

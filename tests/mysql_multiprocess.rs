@@ -6,8 +6,10 @@
 //! attempt appears in two logs (nor twice in one), and every command's
 //! `delivery_count` is 1 — a second lease on a command would have been a second claim
 //! and raised it. The setup goes through the ledger API (enqueueing 1,000 attempts
-//! through the CLI would start 2,000 processes). Needs `LEASEHOLD_TEST_MYSQL_URL`;
-//! without it the test prints why it is skipped and passes.
+//! through the CLI would start 2,000 processes). Runs on both claim paths: `SKIP
+//! LOCKED` (the default, where the server has it) and the portable one
+//! (`skip_locked=0`, as on MySQL 5.7). Needs `LEASEHOLD_TEST_MYSQL_URL`; without it
+//! the test prints why it is skipped and passes.
 
 use leasehold::entropy::OsEntropy;
 use leasehold::ledger::mysql::scratch::ScratchDatabase;
@@ -173,6 +175,17 @@ fn run_workers(url: &str) -> Vec<WorkerRun> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_worker_processes_deliver_1000_attempts_each_exactly_once() {
+    deliver_with_four_processes(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_worker_processes_on_the_portable_claim_path_deliver_1000_attempts_each_exactly_once() {
+    deliver_with_four_processes(false).await;
+}
+
+/// Four worker processes deliver every attempt exactly once; `skip_locked` is the
+/// workers' `skip_locked` URL option.
+async fn deliver_with_four_processes(skip_locked: bool) {
     let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
         println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
         return;
@@ -190,7 +203,9 @@ async fn four_worker_processes_deliver_1000_attempts_each_exactly_once() {
     assert_eq!(ledger.open_attempts().await.unwrap(), ATTEMPTS as u64);
     println!("enqueued {ATTEMPTS} attempts in {:?}", setup.elapsed());
 
-    let cli_url = url.expose();
+    let mut worker_url = url.clone();
+    worker_url.options.skip_locked = skip_locked;
+    let cli_url = worker_url.expose();
     let started = Instant::now();
     let runs = tokio::task::spawn_blocking(move || run_workers(&cli_url))
         .await
@@ -213,7 +228,10 @@ async fn four_worker_processes_deliver_1000_attempts_each_exactly_once() {
         delivered += run.delivered();
     }
     let per_worker: Vec<(String, usize)> = runs.iter().map(|r| (r.id.clone(), r.claims().len())).collect();
-    println!("{ATTEMPTS} attempts delivered by {WORKERS} processes in {elapsed:?}; claims per worker: {per_worker:?}");
+    println!(
+        "{ATTEMPTS} attempts delivered by {WORKERS} processes (skip_locked={skip_locked}) in {elapsed:?}; \
+         claims per worker: {per_worker:?}"
+    );
 
     let twice: Vec<_> = claimed_by.iter().filter(|(_, by)| by.len() > 1).collect();
     assert!(twice.is_empty(), "attempts claimed more than once: {twice:?}");

@@ -16,7 +16,7 @@ use leasehold_engine::{
     Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp,
     Writes,
 };
-use mysql_async::{Conn, Transaction, TxOpts};
+use mysql_async::{Conn, IsolationLevel, Transaction, TxOpts};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -26,6 +26,11 @@ use std::time::Duration;
 const BACKOFF_BASE_MS: u64 = 2;
 /// The longest backoff between two tries of one transaction.
 const BACKOFF_MAX_MS: u64 = 250;
+/// The most candidates a claim looks at in one window (unless its batch is larger).
+pub(super) const CLAIM_WINDOW_MAX: u32 = 1_000;
+/// Server errors that mean "no `SKIP LOCKED` here": a parse error (1064, and 1149 of
+/// old servers) or a feature not supported yet (1235).
+const SKIP_LOCKED_UNSUPPORTED: &[u16] = &[1064, 1149, 1235];
 
 /// Where a test asks the ledger to have its own connection killed (tests only).
 #[cfg(test)]
@@ -142,11 +147,24 @@ impl MysqlLedger {
     /// asked for it: signals the test, then waits for its go-ahead.
     #[cfg(test)]
     pub(super) async fn test_pause_after_listing(&self) {
-        let pause = self.shared.hooks.pause.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((reached, resume)) = pause {
-            let _ = reached.send(());
-            let _ = resume.await;
-        }
+        pause_at(&self.shared.hooks.pause).await;
+    }
+
+    /// Whether a test asked the next claim to pause before it locks anything.
+    #[cfg(test)]
+    fn test_pause_armed(&self) -> bool {
+        self.shared
+            .hooks
+            .pause
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Pauses a `SKIP LOCKED` claim while it holds its rows, if a test asked for it.
+    #[cfg(test)]
+    async fn test_pause_holding(&self) {
+        pause_at(&self.shared.hooks.pause_holding).await;
     }
 }
 
@@ -158,14 +176,59 @@ pub(super) struct Hooks {
     pub(super) kill: std::sync::Mutex<Option<KillPoint>>,
     /// Stall the next worker transition this long after its locking reads.
     pub(super) stall: std::sync::Mutex<Option<Duration>>,
-    /// Pause the next claim after listing: (signal reached, wait for this).
-    #[allow(clippy::type_complexity)]
-    pub(super) pause: std::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>)>>,
+    /// Pause the next claim once it has fixed what it sees and before it locks
+    /// anything: (signal reached, wait for this).
+    pub(super) pause: std::sync::Mutex<Option<Pause>>,
+    /// Pause the next `SKIP LOCKED` claim while it holds the rows it locked.
+    pub(super) pause_holding: std::sync::Mutex<Option<Pause>>,
+}
+
+/// A test's pause point: a sender that says the claim got there, and a receiver that
+/// lets it go on (tests only).
+#[cfg(test)]
+pub(super) type Pause = (tokio::sync::oneshot::Sender<()>, tokio::sync::oneshot::Receiver<()>);
+
+/// Signals the test and waits for its go-ahead, if it armed `slot`.
+#[cfg(test)]
+async fn pause_at(slot: &std::sync::Mutex<Option<Pause>>) {
+    let pause = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some((reached, resume)) = pause {
+        let _ = reached.send(());
+        let _ = resume.await;
+    }
 }
 
 /// Begins a write transaction (the session's REPEATABLE READ).
 async fn begin(conn: &mut Conn) -> Result<Transaction<'_>, TxError> {
     conn.start_transaction(TxOpts::default()).await.db()
+}
+
+/// What the server's answer to the `SKIP LOCKED` probe says: it ran (yes), it did not
+/// parse or is not supported (no), or some other error (that error, classified).
+pub(super) fn skip_locked_answer(probed: Result<(), mysql_async::Error>) -> Result<bool, TxError> {
+    match probed {
+        Ok(()) => Ok(true),
+        Err(mysql_async::Error::Server(e)) if SKIP_LOCKED_UNSUPPORTED.contains(&e.code) => Ok(false),
+        Err(e) => Err(classify(&e, Phase::Statement)),
+    }
+}
+
+/// Begins a `SKIP LOCKED` claim, at READ UNCOMMITTED: the claim window is then read
+/// as the rows are now, other claimers' uncommitted claims included, instead of from a
+/// snapshot that lags the locks (a lagging snapshot lists commands that others have
+/// claimed since, each a lost race). Nothing is decided on what that read saw: every
+/// decision is made on the rows as locked, and locking reads always see the latest
+/// committed version, at any isolation level. `stale_snapshot` (tests only) instead
+/// fixes a REPEATABLE READ snapshot at once, to stage the race that the window read
+/// can still lose.
+async fn begin_claim(conn: &mut Conn, stale_snapshot: bool) -> Result<Transaction<'_>, TxError> {
+    let mut opts = TxOpts::default();
+    if stale_snapshot {
+        opts.with_consistent_snapshot(true);
+    } else {
+        opts.with_isolation_level(IsolationLevel::ReadUncommitted);
+    }
+    conn.start_transaction(opts).await.db()
 }
 
 /// Begins a read: one consistent snapshot for all its statements.
@@ -322,63 +385,250 @@ impl MysqlLedger {
         let plans: BTreeMap<PlanId, Plan> = rows::read_plans_by_id(&mut conn, &ids).await?;
         let mut tx = begin(&mut conn).await?;
         let result: Result<_, TxError> = async {
-            let mut batch = ClaimBatch::default();
+            let mut held = Vec::new();
+            let mut lost = 0u64;
+            let mut latest: Option<Timestamp> = None;
             for candidate in candidates {
-                if batch.claimed.len() >= want {
+                if held.len() >= want {
                     break;
                 }
                 let Some(plan) = plans.get(&candidate.plan) else {
                     continue;
                 };
                 let Some((attempt, command, db_now)) = rows::lock_head(&mut tx, &candidate.attempt).await? else {
-                    batch.lost += 1;
+                    lost += 1;
                     continue;
                 };
                 let now = self.decide_at(db_now);
                 if command.id != candidate.command || !is_claimable(&command, now) {
-                    batch.lost += 1;
+                    lost += 1;
                     continue;
                 }
+                latest = Some(latest.map_or(now, |l| l.max(now)));
                 let receipts = rows::read_receipts(&mut tx, &attempt.id, true).await?;
-                let mut record = AttemptRecord {
+                let record = AttemptRecord {
                     attempt,
                     command,
                     receipts,
                 };
-                let token = self.shared.entropy.token();
-                let decided = if begin_next {
-                    transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
-                } else {
-                    transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
-                };
-                let Ok(writes) = decided else {
-                    batch.lost += 1;
-                    continue;
-                };
-                match rows::apply_writes(&mut tx, &writes).await {
-                    Ok(()) => {}
-                    // The row is locked, so the guard cannot fail; if it ever does, the
-                    // attempt row may already be written: undo the whole batch.
-                    Err(TxError::Ledger(LedgerError::Refused(_))) => {
-                        self.shared.stats.refused_claim_updates.fetch_add(1, Ordering::Relaxed);
-                        return Err(TxError::Retry(format!(
-                            "mysql: the guarded claim of command {} matched no row",
-                            candidate.command
-                        )));
-                    }
-                    Err(e) => return Err(e),
-                }
+                held.push((record, plan.clone()));
+            }
+            // Decide every claim at the latest now, read once its rows were locked: a
+            // command claimable at an earlier now still is, and one guard lets the
+            // writes go out as one statement per table.
+            let Some(now) = latest else {
+                return Ok(ClaimBatch {
+                    claimed: Vec::new(),
+                    lost,
+                });
+            };
+            let mut batch = self
+                .write_claims(&mut tx, held, owner, lease_ms, now, begin_next)
+                .await?;
+            batch.lost += lost;
+            Ok(batch)
+        }
+        .await;
+        match result {
+            // Nothing was written: release the locks without a commit.
+            Ok(batch) if batch.claimed.is_empty() => {
+                let _ = tx.rollback().await;
+                Ok(batch)
+            }
+            other => end(tx, other, true).await,
+        }
+    }
+
+    /// Lets the engine decide the claim of every held record at `now` and writes the
+    /// claims with one `UPDATE` per table under their shared `Claimable(now)` guard;
+    /// answers the claims as written. A record the engine refuses (a terminal attempt
+    /// whose command is claimable) is passed over and counted as lost. The rows are
+    /// locked, so the guard cannot fail; if it ever does, the whole transaction is
+    /// undone and tried again ([`TxError::Retry`]).
+    async fn write_claims(
+        &self,
+        tx: &mut Transaction<'_>,
+        held: Vec<(AttemptRecord, Plan)>,
+        owner: &str,
+        lease_ms: u64,
+        now: Timestamp,
+        begin_next: bool,
+    ) -> Result<ClaimBatch, TxError> {
+        let mut lost = 0u64;
+        let mut decided = Vec::with_capacity(held.len());
+        for (record, plan) in held {
+            let token = self.shared.entropy.token();
+            let writes = if begin_next {
+                transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+            } else {
+                transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
+            };
+            match writes {
+                Ok(writes) => decided.push((record, plan, token, writes)),
+                Err(_) => lost += 1,
+            }
+        }
+        let all: Vec<&Writes> = decided.iter().map(|(_, _, _, w)| w).collect();
+        match rows::apply_writes_batch(tx, &all).await {
+            Ok(()) => {}
+            Err(TxError::Ledger(LedgerError::Refused(refusal))) => {
+                self.shared.stats.refused_claim_updates.fetch_add(1, Ordering::Relaxed);
+                return Err(TxError::Retry(format!(
+                    "mysql: a guarded claim update matched fewer rows than it held ({refusal})"
+                )));
+            }
+            Err(e) => return Err(e),
+        }
+        let claimed = decided
+            .into_iter()
+            .map(|(mut record, plan, token, writes)| {
                 writes.apply_to(&mut record);
-                batch.claimed.push(Claimed {
+                Claimed {
                     lease: Lease {
-                        command_id: candidate.command.clone(),
-                        attempt_id: candidate.attempt.clone(),
+                        command_id: record.command.id.clone(),
+                        attempt_id: record.attempt.id.clone(),
                         token,
                     },
-                    plan: plan.clone(),
+                    plan,
                     record,
-                });
+                }
+            })
+            .collect();
+        Ok(ClaimBatch { claimed, lost })
+    }
+
+    /// Whether the server understands `SELECT … FOR UPDATE SKIP LOCKED`: asks it
+    /// once, with a statement that reads nothing. A parse error (MySQL 5.7, MariaDB
+    /// before 10.6) or "not supported" answers no; any other error is the error.
+    pub(super) async fn probe_skip_locked_once(&self) -> Result<bool, TxError> {
+        use mysql_async::prelude::Queryable;
+        let mut conn = self.connect().await?;
+        let probed = conn
+            .query_drop("SELECT id FROM command WHERE 1 = 0 FOR UPDATE SKIP LOCKED")
+            .await;
+        skip_locked_answer(probed)
+    }
+
+    /// Claims up to `batch` commands in one transaction with `SKIP LOCKED`: lock the
+    /// oldest claimable commands (each attempt, then its command) that no other
+    /// transaction holds, re-check each at the decision's now, lock their receipts,
+    /// read their plans, let the engine decide, and write every claim with one
+    /// `UPDATE` per table under the shared `Claimable(now)` guard. One commit for the
+    /// batch: eight round trips whatever the batch (isolation level, begin, lock,
+    /// receipts, plans, command and attempt writes, commit), one more where the claims
+    /// change receipts.
+    ///
+    /// The candidates come from a window of `batch × claim_spread` commands in claim
+    /// order (oldest `available_at`, then id), read as the rows are now
+    /// ([`begin_claim`]). Rows another claimer holds are skipped, so the claim order
+    /// is "oldest first among the commands nobody else is claiming right now". When a
+    /// window yields fewer than the batch and was full, the claim looks again through
+    /// a window twice as wide (at most [`CLAIM_WINDOW_MAX`], then the next one), until
+    /// a window is not full: the queue ends there. A row that another claimer wrote
+    /// and committed between this claim's read of the window and its lock is locked,
+    /// found no longer claimable and counted as a lost race; it never counts as a
+    /// claim.
+    ///
+    /// This transaction never waits for a lock: `SKIP LOCKED` never waits, and every
+    /// later statement touches only rows of attempts it already holds, which every
+    /// other transaction locks only after their attempt (the lock order), so it cannot
+    /// take part in a deadlock.
+    pub(super) async fn claim_skip_locked_once(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease_ms: u64,
+        begin_next: bool,
+    ) -> Result<ClaimBatch, TxError> {
+        let spread = self.shared.url.options.claim_spread.max(1);
+        let window_max = CLAIM_WINDOW_MAX.max(batch);
+        let base_window = batch.saturating_mul(spread).clamp(batch, window_max);
+        let mut conn = self.connect().await?;
+        #[cfg(test)]
+        let stale_snapshot = self.test_pause_armed();
+        #[cfg(not(test))]
+        let stale_snapshot = false;
+        let mut tx = begin_claim(&mut conn, stale_snapshot).await?;
+        let result: Result<_, TxError> = async {
+            #[cfg(test)]
+            self.test_pause_after_listing().await;
+            // A clock given to the ledger decides; else the first statement's `now`
+            // does, for every later statement too, so the batch shares one guard.
+            let mut now = self.shared.clock.as_ref().map(|c| c.now());
+            let mut after: Option<rows::ClaimKey> = None;
+            let mut window = base_window;
+            let mut heads = Vec::new();
+            let mut lost = 0u64;
+            loop {
+                let want = batch - heads.len() as u32;
+                let at = now.map_or(rows::NowSql::Db, rows::NowSql::At);
+                let picked = rows::lock_claimable(&mut tx, at, after.as_ref(), window, want).await?;
+                let looked_through = picked.len() < want as usize;
+                for p in picked {
+                    let decide_at = *now.get_or_insert(p.now);
+                    after = Some(p.key);
+                    if is_claimable(&p.command, decide_at) {
+                        heads.push((p.attempt, p.command));
+                    } else {
+                        lost += 1;
+                    }
+                }
+                if heads.len() >= batch as usize {
+                    break;
+                }
+                if looked_through {
+                    // Every command of the window was taken or held by others. Look
+                    // further only if there is more: a wider window from the same
+                    // place (or, at the widest, the next window), so that no command
+                    // nobody holds is passed over.
+                    let at = now.map_or(rows::NowSql::Db, rows::NowSql::At);
+                    match rows::claim_window_end(&mut tx, at, after.as_ref(), window).await? {
+                        None => break,
+                        Some((end, db_now)) => {
+                            now.get_or_insert(db_now);
+                            if window >= window_max {
+                                after = Some(end);
+                            }
+                            window = window.saturating_mul(2).min(window_max);
+                        }
+                    }
+                }
             }
+            let Some(now) = now.filter(|_| !heads.is_empty()) else {
+                return Ok(ClaimBatch {
+                    claimed: Vec::new(),
+                    lost,
+                });
+            };
+            #[cfg(test)]
+            self.test_pause_holding().await;
+            let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
+            let mut receipts = rows::lock_receipts_of(&mut tx, &ids).await?;
+            // Plans are immutable but for their status, which a claim does not look
+            // at: a plain read.
+            let mut plan_ids: Vec<&PlanId> = heads.iter().map(|(a, _)| &a.plan_id).collect();
+            plan_ids.sort();
+            plan_ids.dedup();
+            let plans = rows::read_plans_by_id(&mut tx, &plan_ids).await?;
+            let mut held = Vec::with_capacity(heads.len());
+            for (attempt, command) in heads {
+                let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
+                    LedgerError::Integrity(format!(
+                        "attempt {} names a missing plan {}",
+                        attempt.id, attempt.plan_id
+                    ))
+                })?;
+                let record = AttemptRecord {
+                    receipts: receipts.remove(&attempt.id).unwrap_or_default(),
+                    attempt,
+                    command,
+                };
+                held.push((record, plan));
+            }
+            let mut batch = self
+                .write_claims(&mut tx, held, owner, lease_ms, now, begin_next)
+                .await?;
+            batch.lost += lost;
             Ok(batch)
         }
         .await;

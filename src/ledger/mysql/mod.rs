@@ -1,9 +1,11 @@
 //! The MySQL / MariaDB ledger: many workers on many machines, one durable outbox.
 //!
-//! Contract: every transition is one InnoDB transaction (REPEATABLE READ) that reads
-//! its rows in lock order with `SELECT … FOR UPDATE` (attempt, then command, then
-//! receipts by ordinal), lets the engine ([`leasehold_engine::transition`]) decide at
-//! the ledger clock's `now`, and writes the engine's row images; the command row's
+//! Contract: every transition is one InnoDB transaction (REPEATABLE READ; a `SKIP
+//! LOCKED` claim runs at READ UNCOMMITTED, see below, which changes only what its
+//! non-locking reads of candidates and plans see) that reads its rows in lock order
+//! with `SELECT … FOR UPDATE` (attempt, then command, then receipts by ordinal), lets
+//! the engine ([`leasehold_engine::transition`]) decide at the ledger clock's `now`,
+//! and writes the engine's row images; the command row's
 //! `UPDATE` carries the engine's [`leasehold_engine::Guard`] as its `WHERE` clause, and
 //! zero matched rows (connections set `CLIENT_FOUND_ROWS`, so an `UPDATE` that changes
 //! nothing still counts its row) is a refusal
@@ -17,16 +19,35 @@
 //! [`Clock`] instead ([`MysqlLedger::open_with_clock`]). Ids and lease tokens come
 //! from the [`Entropy`] (the OS in production).
 //!
-//! Claims work on MySQL 5.7 (no `SKIP LOCKED`): a plain read lists up to
-//! `batch × claim_spread` claimable commands, oldest first; the claimer starts at a
-//! random one of them (so that concurrent claimers mostly take different rows) and, in
-//! one transaction, for each candidate in list order locks its attempt and command,
-//! re-checks that it is still claimable at the database's now, and writes the engine's
-//! claim under its `Claimable(now)` guard — one commit per batch. A candidate that
-//! another claimer took in between is a lost race: counted ([`MysqlLedger::stats`]),
-//! never a success. A lease is held by at most one claimer: the row lock makes the
-//! check and the guarded write one atomic step, and a guarded `UPDATE` that matches
-//! no row undoes the whole batch.
+//! Claims take one of two paths, chosen once per ledger: the first claim asks the
+//! server whether it understands `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6+,
+//! MySQL 8.0.1+; a probe statement that reads nothing, [`MysqlLedger::uses_skip_locked`]
+//! tells the answer), and the URL option `skip_locked=0` forces the portable path.
+//! Either way a lease is held by at most one claimer: every claim locks the attempt
+//! and then the command, re-checks at the decision's now that the command is still
+//! claimable, and writes the engine's claim under its `Claimable(now)` guard; a
+//! guarded `UPDATE` that matches fewer rows than it should undoes the whole batch. A
+//! candidate found taken once locked is a lost race: counted ([`MysqlLedger::stats`]),
+//! never a success. The claims of a batch are written with one `UPDATE` per table and
+//! committed together.
+//!
+//! - `SKIP LOCKED`: one statement reads a window of `batch × claim_spread` claimable
+//!   commands in claim order without locking them, then locks, oldest first, the
+//!   attempt and then the command of each until it holds `batch` of them, skipping
+//!   every one that another transaction holds — so concurrent claimers take disjoint
+//!   commands and never wait on each other. The order is "oldest `available_at`, then
+//!   id, among the commands nobody else is claiming at that moment". The window is
+//!   read at READ UNCOMMITTED, as the rows are now (other claimers' uncommitted claims
+//!   included), so that it rarely lists a command that another claimer has taken
+//!   since: such a lost race needs the other claimer to write and commit its claim
+//!   within this one statement. When a window yields too few commands the claim looks
+//!   through a wider one, until a window is not full. This transaction never waits
+//!   for a lock, so it cannot deadlock.
+//! - Portable (MySQL 5.7, or `skip_locked=0`): a plain read lists up to `batch ×
+//!   claim_spread` claimable commands, oldest first; the claimer starts at a random one
+//!   of them (so that concurrent claimers mostly take different rows) and, in one
+//!   transaction, for each candidate in list order locks its attempt and command (a
+//!   held one is waited for), and re-checks it at the database's now.
 //!
 //! Errors: deadlocks (1213), lock-wait timeouts (1205) and a connection lost before
 //! `COMMIT` roll the transaction back and are retried whole, up to `retry_max` times
@@ -36,8 +57,9 @@
 //! is [`LedgerError::Unavailable`]. A worker frozen in the middle of a transaction
 //! holds its row locks only until the server drops its idle connection
 //! (`idle_timeout_s`, the session's `wait_timeout`), which rolls the transaction back.
-//! Tokens and passwords never appear in SQL text, errors or logs. The schema lives in `migrations/mysql/` and is applied by
-//! [`Ledger::migrate`] ([`schema`]), never by opening.
+//! Tokens and passwords never appear in SQL text, errors or logs. The schema lives in
+//! `migrations/mysql/` and is applied by [`Ledger::migrate`] ([`schema`]), never by
+//! opening.
 
 mod connection;
 mod error;
@@ -57,7 +79,7 @@ use leasehold_engine::transition::{self, Continued, ReconcileOutcome};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
 use mysql_async::{OptsBuilder, Pool, PoolConstraints, PoolOpts};
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,7 +89,10 @@ pub struct MysqlStats {
     /// Commands claimed.
     pub claims: u64,
     /// Candidates that were claimable when listed but taken by someone else before
-    /// this claimer locked them: lost races, each refused (never a double claim).
+    /// this claimer locked them: lost races, each refused (never a double claim). On
+    /// the `SKIP LOCKED` path, commands that another claimer still holds are skipped,
+    /// not lost; only one that another claimer wrote and committed while this claim's
+    /// locking statement ran is a lost race.
     pub lost_claim_races: u64,
     /// Guarded claim `UPDATE`s that matched no row (the row lock should make this 0).
     pub refused_claim_updates: u64,
@@ -83,12 +108,20 @@ struct Counters {
     retries: AtomicU64,
 }
 
+/// What the ledger knows of the server's `SKIP LOCKED`: not asked yet, or the answer.
+const SKIP_LOCKED_UNKNOWN: u8 = 0;
+const SKIP_LOCKED_YES: u8 = 1;
+const SKIP_LOCKED_NO: u8 = 2;
+
 struct Shared {
     pool: Pool,
     url: MysqlUrl,
     clock: Option<Arc<dyn Clock>>,
     entropy: Arc<dyn Entropy>,
     stats: Counters,
+    /// [`SKIP_LOCKED_UNKNOWN`], [`SKIP_LOCKED_YES`] or [`SKIP_LOCKED_NO`]: probed at the
+    /// first claim, then fixed for the ledger's life (and its clones').
+    skip_locked: AtomicU8,
     #[cfg(test)]
     hooks: connection::Hooks,
 }
@@ -167,6 +200,11 @@ impl MysqlLedger {
                 clock,
                 entropy,
                 stats: Counters::default(),
+                skip_locked: AtomicU8::new(if o.skip_locked {
+                    SKIP_LOCKED_UNKNOWN
+                } else {
+                    SKIP_LOCKED_NO
+                }),
                 #[cfg(test)]
                 hooks: connection::Hooks::default(),
             }),
@@ -194,6 +232,27 @@ impl MysqlLedger {
         self.stats().lost_claim_races
     }
 
+    /// Whether claims use `SKIP LOCKED`: `None` until the first claim has asked the
+    /// server (unless the URL said `skip_locked=0`), then whether the server has it.
+    pub fn uses_skip_locked(&self) -> Option<bool> {
+        match self.shared.skip_locked.load(Ordering::Relaxed) {
+            SKIP_LOCKED_YES => Some(true),
+            SKIP_LOCKED_NO => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Whether to claim with `SKIP LOCKED`, asking the server the first time.
+    async fn skip_locked(&self) -> Result<bool, LedgerError> {
+        if let Some(known) = self.uses_skip_locked() {
+            return Ok(known);
+        }
+        let supported = self.retry(|| self.probe_skip_locked_once()).await?;
+        let state = if supported { SKIP_LOCKED_YES } else { SKIP_LOCKED_NO };
+        self.shared.skip_locked.store(state, Ordering::Relaxed);
+        Ok(supported)
+    }
+
     /// Closes the pool's connections once they are idle. Other clones stop working.
     pub async fn disconnect(&self) -> Result<(), LedgerError> {
         self.shared
@@ -216,13 +275,27 @@ impl MysqlLedger {
         *self.shared.hooks.stall.lock().unwrap_or_else(|e| e.into_inner()) = Some(Duration::from_millis(ms));
     }
 
-    /// Pauses the next claim after it listed its candidates; answers a receiver that
+    /// Pauses the next claim once it has fixed what it sees (listed its candidates,
+    /// or taken its snapshot) and before it locks anything; answers a receiver that
     /// fires when it got there and a sender that lets it go on (tests).
     #[cfg(test)]
     fn pause_next_claim(&self) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
+        Self::arm(&self.shared.hooks.pause)
+    }
+
+    /// Pauses the next `SKIP LOCKED` claim while it holds the rows it locked (tests).
+    #[cfg(test)]
+    fn pause_next_claim_holding(&self) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
+        Self::arm(&self.shared.hooks.pause_holding)
+    }
+
+    #[cfg(test)]
+    fn arm(
+        slot: &std::sync::Mutex<Option<connection::Pause>>,
+    ) -> (tokio::sync::oneshot::Receiver<()>, tokio::sync::oneshot::Sender<()>) {
         let (reached_tx, reached_rx) = tokio::sync::oneshot::channel();
         let (resume_tx, resume_rx) = tokio::sync::oneshot::channel();
-        *self.shared.hooks.pause.lock().unwrap_or_else(|e| e.into_inner()) = Some((reached_tx, resume_rx));
+        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some((reached_tx, resume_rx));
         (reached_rx, resume_tx)
     }
 
@@ -235,6 +308,15 @@ impl MysqlLedger {
     ) -> Result<Vec<Claimed>, LedgerError> {
         if batch == 0 {
             return Ok(Vec::new());
+        }
+        if self.skip_locked().await? {
+            let b = self
+                .retry(|| self.claim_skip_locked_once(owner, batch, lease_ms, begin))
+                .await?;
+            let counters = &self.shared.stats;
+            counters.claims.fetch_add(b.claimed.len() as u64, Ordering::Relaxed);
+            counters.lost_claim_races.fetch_add(b.lost, Ordering::Relaxed);
+            return Ok(b.claimed);
         }
         let spread = self.shared.url.options.claim_spread.max(1);
         let window = batch.saturating_mul(spread).min(1_000);

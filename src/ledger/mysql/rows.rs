@@ -75,15 +75,24 @@ fn count(n: u32) -> Value {
     Value::Int(n.into())
 }
 
-/// Strict column readers over one row of one table.
+/// Strict column readers over one row of one table (or of several, side by side:
+/// column `idx` is read at `base + idx`).
 struct Cols {
     row: Row,
     table: &'static str,
+    base: usize,
 }
 
 impl Cols {
     fn new(row: Row, table: &'static str) -> Self {
-        Self { row, table }
+        Self { row, table, base: 0 }
+    }
+
+    /// Reads the next table's columns, which start at `base`.
+    fn at(&mut self, table: &'static str, base: usize) -> &mut Self {
+        self.table = table;
+        self.base = base;
+        self
     }
 
     fn column_name(&self, idx: usize) -> String {
@@ -94,6 +103,7 @@ impl Cols {
     }
 
     fn get<T: FromValue>(&mut self, idx: usize) -> Result<T, LedgerError> {
+        let idx = self.base + idx;
         match self.row.take_opt::<T, usize>(idx) {
             Some(Ok(v)) => Ok(v),
             // The value itself is not echoed: it could be a lease token.
@@ -161,7 +171,10 @@ fn plan_from_row(row: Row) -> Result<Plan, LedgerError> {
 }
 
 fn attempt_from_row(row: Row) -> Result<Attempt, LedgerError> {
-    let mut c = Cols::new(row, "attempt");
+    attempt_from_cols(&mut Cols::new(row, "attempt"))
+}
+
+fn attempt_from_cols(c: &mut Cols) -> Result<Attempt, LedgerError> {
     Ok(Attempt {
         id: AttemptId::new(c.string(0)?),
         plan_id: PlanId::new(c.string(1)?),
@@ -534,6 +547,206 @@ pub(super) async fn claim_candidates<Q: Queryable + Send>(
     .await
 }
 
+/// Where a statement takes its `now` from.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum NowSql {
+    /// The database's clock, read by the statement itself ([`NOW_SQL`]; constant
+    /// within one statement).
+    Db,
+    /// A time the ledger already holds, bound as a parameter.
+    At(Timestamp),
+}
+
+/// A statement's text and its positional parameters, built side by side so that
+/// every `?` gets its value in order.
+#[derive(Debug, Default)]
+struct Sql {
+    text: String,
+    values: Vec<Value>,
+}
+
+impl Sql {
+    fn push(&mut self, text: &str) -> &mut Self {
+        self.text.push_str(text);
+        self
+    }
+
+    fn bind(&mut self, value: Value) -> &mut Self {
+        self.text.push('?');
+        self.values.push(value);
+        self
+    }
+
+    fn now(&mut self, now: NowSql) -> &mut Self {
+        match now {
+            NowSql::Db => self.push(NOW_SQL),
+            NowSql::At(t) => self.bind(ts(t)),
+        }
+    }
+}
+
+/// The position of a command in the claim order: its `available_at`, then its id.
+pub(super) type ClaimKey = (Timestamp, CommandId);
+
+/// Appends the claim window: up to `window` commands claimable at `now` that come
+/// after `after` in the claim order, oldest first — a plain, non-locking read. Each
+/// arm of the `UNION` is a range scan of its own index: `command_claimable`, which
+/// covers the window (migration 2) and is already in its order, and
+/// `command_expired`, whose few expired leases are sorted.
+fn push_claim_window(sql: &mut Sql, now: NowSql, after: Option<&ClaimKey>, window: u32) {
+    let arm = |sql: &mut Sql, index: &str, condition: &str| {
+        sql.push("(SELECT id, attempt_id, available_at FROM command FORCE INDEX (")
+            .push(index)
+            .push(") WHERE ")
+            .push(condition)
+            .now(now);
+        if let Some((at, id)) = after {
+            sql.push(" AND (available_at > ")
+                .bind(ts(*at))
+                .push(" OR (available_at = ")
+                .bind(ts(*at))
+                .push(" AND id > ")
+                .bind(text(id.as_str()))
+                .push("))");
+        }
+        sql.push(" ORDER BY available_at, id LIMIT ")
+            .bind(Value::Int(window.into()))
+            .push(")");
+    };
+    sql.push("SELECT id, attempt_id, available_at FROM (");
+    arm(sql, "command_claimable", "status = 'PENDING' AND available_at <= ");
+    sql.push(" UNION ALL ");
+    arm(sql, "command_expired", "status = 'PROCESSING' AND lease_until < ");
+    sql.push(") AS claimable ORDER BY available_at, id LIMIT ")
+        .bind(Value::Int(window.into()));
+}
+
+/// A command a claim locked, with its attempt, as they are now (locked).
+#[derive(Debug)]
+pub(super) struct Picked {
+    /// The attempt, locked.
+    pub(super) attempt: Attempt,
+    /// Its command, locked: the latest committed version, which may no longer be
+    /// claimable (a race lost to a claimer that committed after this claim read its
+    /// window).
+    pub(super) command: Command,
+    /// The `now` the statement decided with.
+    pub(super) now: Timestamp,
+    /// The command's place in the claim order, as the window saw it.
+    pub(super) key: ClaimKey,
+}
+
+/// Locks up to `want` of the claim window's commands, oldest first, skipping every
+/// one whose attempt or command another transaction holds (`SKIP LOCKED`, MariaDB
+/// 10.6+ / MySQL 8.0.1+), and answers them as locked.
+///
+/// Lock order: the window is a derived table, read without locks (MariaDB does not
+/// lock the rows of a materialized derived table for the outer `FOR UPDATE`, and MySQL
+/// 8 documents that an outer locking clause does not lock the tables of a subquery);
+/// the outer join, its order fixed by `STRAIGHT_JOIN`, then locks each
+/// candidate's attempt and only after it its command — attempt before command, as
+/// everywhere. Both are primary-key lookups (`FORCE INDEX (PRIMARY)`: on a small table
+/// the optimizer would rather scan `attempt` through a join buffer, which sorts after
+/// the join — locking every candidate, not `want` of them — and which MariaDB 10.11
+/// answers with no rows at all when `SKIP LOCKED` skipped one). Row locks by primary
+/// key take no gap locks, and `SKIP LOCKED` never waits, so this statement waits on no
+/// one. The sort is of the window alone, so the `LIMIT` stops the join after `want`
+/// rows: the rest of the window stays unlocked.
+pub(super) async fn lock_claimable(
+    tx: &mut Transaction<'_>,
+    now: NowSql,
+    after: Option<&ClaimKey>,
+    window: u32,
+    want: u32,
+) -> Result<Vec<Picked>, TxError> {
+    let a = ATTEMPT_COLUMNS
+        .split(", ")
+        .map(|c| format!("a.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let c = COMMAND_COLUMNS
+        .split(", ")
+        .map(|c| format!("c.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut sql = Sql::default();
+    sql.push(&format!("SELECT {a}, {c}, "))
+        .now(now)
+        .push(" AS now, w.available_at FROM (");
+    push_claim_window(&mut sql, now, after, window);
+    sql.push(
+        ") AS w STRAIGHT_JOIN attempt a FORCE INDEX (PRIMARY) ON a.id = w.attempt_id \
+         STRAIGHT_JOIN command c FORCE INDEX (PRIMARY) ON c.id = w.id",
+    );
+    sql.push(" ORDER BY w.available_at, w.id LIMIT ")
+        .bind(Value::Int(want.into()))
+        .push(" FOR UPDATE SKIP LOCKED");
+    let attempt_columns = ATTEMPT_COLUMNS.split(", ").count();
+    let command_columns = COMMAND_COLUMNS.split(", ").count();
+    query_all(tx, &sql.text, sql.values, |row| {
+        let mut cols = Cols::new(row, "attempt");
+        let attempt = attempt_from_cols(&mut cols)?;
+        let command = command_from_cols(cols.at("command", attempt_columns))?;
+        let cols = cols.at("claim", attempt_columns + command_columns);
+        let now = cols.timestamp(0)?;
+        let key = (cols.timestamp(1)?, command.id.clone());
+        Ok(Picked {
+            attempt,
+            command,
+            now,
+            key,
+        })
+    })
+    .await
+}
+
+/// The last command of a full claim window after `after` (a plain read), with the
+/// statement's `now`; `None` when the window holds fewer than `window` commands, so
+/// that nothing claimable lies beyond it.
+pub(super) async fn claim_window_end<Q: Queryable + Send>(
+    q: &mut Q,
+    now: NowSql,
+    after: Option<&ClaimKey>,
+    window: u32,
+) -> Result<Option<(ClaimKey, Timestamp)>, TxError> {
+    let mut sql = Sql::default();
+    sql.push("SELECT w.available_at, w.id, ").now(now).push(" FROM (");
+    push_claim_window(&mut sql, now, after, window);
+    sql.push(") AS w ORDER BY w.available_at, w.id LIMIT 1 OFFSET ")
+        .bind(Value::Int(window.saturating_sub(1).into()));
+    query_one(q, &sql.text, sql.values, |row| {
+        let mut c = Cols::new(row, "command");
+        Ok(((c.timestamp(0)?, CommandId::new(c.string(1)?)), c.timestamp(2)?))
+    })
+    .await
+}
+
+/// The receipts of `ids`' attempts, locked, grouped by attempt in ordinal order (a
+/// claim holds every one of those attempts already).
+pub(super) async fn lock_receipts_of(
+    tx: &mut Transaction<'_>,
+    ids: &[&AttemptId],
+) -> Result<BTreeMap<AttemptId, Vec<Receipt>>, TxError> {
+    let mut out: BTreeMap<AttemptId, Vec<Receipt>> = BTreeMap::new();
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    let marks = vec!["?"; ids.len()].join(", ");
+    for r in query_all(
+        tx,
+        &format!(
+            "SELECT {RECEIPT_COLUMNS} FROM receipt WHERE attempt_id IN ({marks}) ORDER BY attempt_id, ordinal FOR UPDATE"
+        ),
+        ids.iter().map(|id| text(id.as_str())).collect(),
+        receipt_from_row,
+    )
+    .await?
+    {
+        out.entry(r.attempt_id.clone()).or_default().push(r);
+    }
+    Ok(out)
+}
+
 /// How many attempts are QUEUED or RUNNING.
 pub(super) async fn count_open_attempts<Q: Queryable + Send>(q: &mut Q) -> Result<u64, TxError> {
     let n: Option<i64> = q
@@ -580,6 +793,199 @@ pub(super) async fn apply_writes(tx: &mut Transaction<'_>, writes: &Writes) -> R
     } else {
         update_images(tx, writes).await
     }
+}
+
+/// Applies several transitions' writes inside `tx` with one `UPDATE` per table
+/// instead of one per row, when it can: every one of them updates rows (no
+/// `Guard::Absent`), carries an attempt and a command image, and all share one guard
+/// (a claim's `Claimable(now)`). Otherwise it applies them one by one
+/// ([`apply_writes`]). The checks are those of [`apply_writes`]: the guarded command
+/// `UPDATE` must match every one of its commands — else [`Refusal::StaleToken`], and
+/// the caller rolls the whole transaction back — and every attempt and receipt
+/// written must exist. Every row written is held already (the attempts and commands
+/// by the claim's locking reads, the receipts by theirs), so the order of the writes
+/// takes no lock in a new order: the commands go first, so that other claimers'
+/// reads of the claim window stop listing them as early as possible.
+pub(super) async fn apply_writes_batch(tx: &mut Transaction<'_>, writes: &[&Writes]) -> Result<(), TxError> {
+    let Some(first) = writes.first() else {
+        return Ok(());
+    };
+    let batchable = writes
+        .iter()
+        .all(|w| w.guard != Guard::Absent && w.guard == first.guard && w.attempt.is_some() && w.command.is_some());
+    if !batchable {
+        for w in writes {
+            apply_writes(tx, w).await?;
+        }
+        return Ok(());
+    }
+    let commands: Vec<&Command> = writes.iter().filter_map(|w| w.command.as_ref()).collect();
+    let (condition, guard_values) = guard_condition(&first.guard)
+        .ok_or_else(|| LedgerError::Internal("an update needs a guard other than absent".into()))?;
+    let rows: Vec<RowUpdate> = commands
+        .iter()
+        .map(|c| RowUpdate {
+            key: vec![text(c.id.as_str())],
+            set: command_set_values(c),
+        })
+        .collect();
+    let n = update_rows(
+        tx,
+        "command",
+        &["id"],
+        COMMAND_SET,
+        &rows,
+        Some((condition, guard_values)),
+    )
+    .await?;
+    if n != rows.len() as u64 {
+        return Err(stale(&commands[0].id));
+    }
+    let attempts: Vec<RowUpdate> = writes
+        .iter()
+        .filter_map(|w| w.attempt.as_ref())
+        .map(|a| RowUpdate {
+            key: vec![text(a.id.as_str())],
+            set: vec![
+                text(a.status.as_str()),
+                opt_ts(a.started_at),
+                opt_ts(a.finished_at),
+                opt_text(a.error.as_deref()),
+            ],
+        })
+        .collect();
+    let n = update_rows(tx, "attempt", &["id"], ATTEMPT_LIFECYCLE, &attempts, None).await?;
+    if n != attempts.len() as u64 {
+        return Err(LedgerError::Integrity("an attempt vanished during a transition".into()).into());
+    }
+    let receipts: Vec<RowUpdate> = writes
+        .iter()
+        .flat_map(|w| &w.receipts)
+        .map(|r| RowUpdate {
+            key: vec![text(r.attempt_id.as_str()), count(r.ordinal)],
+            set: receipt_set_values(r),
+        })
+        .collect();
+    let n = update_rows(tx, "receipt", &["attempt_id", "ordinal"], RECEIPT_SET, &receipts, None).await?;
+    if n != receipts.len() as u64 {
+        return Err(LedgerError::Integrity("a receipt vanished during a transition".into()).into());
+    }
+    Ok(())
+}
+
+/// The attempt columns a transition changes; the rest is identity.
+const ATTEMPT_LIFECYCLE: &[&str] = &["status", "started_at", "finished_at", "error"];
+/// The command columns a transition writes.
+const COMMAND_SET: &[&str] = &[
+    "status",
+    "available_at",
+    "lease_owner",
+    "lease_token",
+    "lease_until",
+    "last_heartbeat_at",
+    "delivery_count",
+    "last_error",
+    "finished_at",
+];
+/// The receipt columns a transition writes.
+const RECEIPT_SET: &[&str] = &[
+    "status",
+    "evidence",
+    "evidence_sha256",
+    "target_receipt",
+    "error",
+    "started_at",
+    "finished_at",
+];
+
+fn command_set_values(c: &Command) -> Vec<Value> {
+    vec![
+        text(c.status.as_str()),
+        ts(c.available_at),
+        opt_text(c.lease_owner.as_deref()),
+        opt_text(c.lease_token.as_ref().map(|t| t.expose())),
+        opt_ts(c.lease_until),
+        opt_ts(c.last_heartbeat_at),
+        count(c.delivery_count),
+        opt_text(c.last_error.as_deref()),
+        opt_ts(c.finished_at),
+    ]
+}
+
+fn receipt_set_values(r: &Receipt) -> Vec<Value> {
+    vec![
+        text(r.status.as_str()),
+        opt_text(r.evidence.as_deref()),
+        opt_text(r.evidence_sha256.as_deref()),
+        opt_text(r.target_receipt.as_deref()),
+        opt_text(r.error.as_deref()),
+        opt_ts(r.started_at),
+        opt_ts(r.finished_at),
+    ]
+}
+
+/// One row of a multi-row `UPDATE`: its key values and its new column values.
+struct RowUpdate {
+    key: Vec<Value>,
+    set: Vec<Value>,
+}
+
+/// Updates `rows` of `table` in one statement where `condition` holds; answers the
+/// rows it matched. A column whose new value is the same for every row is set to that
+/// value; any other column to a `CASE` over the rows' keys.
+async fn update_rows(
+    tx: &mut Transaction<'_>,
+    table: &str,
+    key_columns: &[&str],
+    set_columns: &[&str],
+    rows: &[RowUpdate],
+    condition: Option<(&str, Vec<Value>)>,
+) -> Result<u64, TxError> {
+    let Some(first) = rows.first() else {
+        return Ok(0);
+    };
+    let matches = |sql: &mut Sql, row: &RowUpdate| {
+        sql.push("(");
+        for (i, (column, value)) in key_columns.iter().zip(&row.key).enumerate() {
+            if i > 0 {
+                sql.push(" AND ");
+            }
+            sql.push(column).push(" = ").bind(value.clone());
+        }
+        sql.push(")");
+    };
+    let mut sql = Sql::default();
+    sql.push("UPDATE ").push(table).push(" SET ");
+    for (j, column) in set_columns.iter().enumerate() {
+        if j > 0 {
+            sql.push(", ");
+        }
+        sql.push(column).push(" = ");
+        if rows.iter().all(|r| r.set[j] == first.set[j]) {
+            sql.bind(first.set[j].clone());
+        } else {
+            sql.push("CASE");
+            for r in rows {
+                sql.push(" WHEN ");
+                matches(&mut sql, r);
+                sql.push(" THEN ").bind(r.set[j].clone());
+            }
+            sql.push(" ELSE ").push(column).push(" END");
+        }
+    }
+    sql.push(" WHERE (");
+    for (i, r) in rows.iter().enumerate() {
+        if i > 0 {
+            sql.push(" OR ");
+        }
+        matches(&mut sql, r);
+    }
+    sql.push(")");
+    if let Some((condition, values)) = condition {
+        sql.push(" AND ").push(condition);
+        sql.values.extend(values);
+    }
+    execute(tx, &sql.text, sql.values).await
 }
 
 fn attempt_values(a: &Attempt) -> Vec<Value> {

@@ -19,11 +19,18 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Value};
 
 /// The MySQL migrations, in version order.
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../../migrations/mysql/0001_init.sql"),
-}];
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../../migrations/mysql/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "covering_claim_index",
+        sql: include_str!("../../../migrations/mysql/0002_covering_claim_index.sql"),
+    },
+];
 
 /// How long a migrator waits for another one to finish, in seconds.
 const MIGRATE_LOCK_WAIT_S: i64 = 60;
@@ -162,6 +169,9 @@ mod tests {
             assert!(s.contains("ENGINE = InnoDB"), "{s}");
             assert!(!s.contains("--"), "a comment survived: {s}");
         }
+        let second = super::statements(MIGRATIONS[1].sql);
+        assert_eq!(second.len(), 1, "{second:#?}");
+        assert!(second[0].starts_with("ALTER TABLE command"), "{}", second[0]);
     }
 
     #[test]

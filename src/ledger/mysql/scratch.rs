@@ -31,9 +31,18 @@ fn opts(url: &MysqlUrl) -> OptsBuilder {
 async fn admin_statement(admin: &MysqlUrl, sql: String) -> Result<(), LedgerError> {
     let unavailable = |e: mysql_async::Error| LedgerError::Unavailable(format!("mysql at {admin}: {e}"));
     let mut conn = Conn::new(opts(admin)).await.map_err(unavailable)?;
+    // A transaction left open on the database (a test that failed while a claim held
+    // its rows) would make DROP DATABASE wait for its metadata lock for as long as
+    // the server's default allows (a year): give up after a while instead.
+    conn.query_drop(format!("SET SESSION lock_wait_timeout = {ADMIN_LOCK_WAIT_S}"))
+        .await
+        .map_err(unavailable)?;
     conn.query_drop(sql).await.map_err(unavailable)?;
     conn.disconnect().await.map_err(unavailable)
 }
+
+/// How long creating or dropping a scratch database waits for a metadata lock.
+const ADMIN_LOCK_WAIT_S: u32 = 30;
 
 impl ScratchDatabase {
     /// Creates a fresh, empty database named `prefix` and 16 random hex digits on the

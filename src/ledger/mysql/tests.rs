@@ -1,7 +1,9 @@
-//! Unit tests of the MySQL ledger: lost connections, lost claim races, the database
-//! clock, matched-row counting, concurrent migrators and registrations. Those that
-//! need a server use `LEASEHOLD_TEST_MYSQL_URL` and a scratch database each; without
-//! it they print why they are skipped and pass.
+//! Unit tests of the MySQL ledger: lost connections, lost claim races on both claim
+//! paths (`SKIP LOCKED` and the portable one), claims passing over rows others hold,
+//! the `SKIP LOCKED` probe, batched claim writes against the reference ledger, the
+//! database clock, matched-row counting, concurrent migrators and registrations.
+//! Those that need a server use `LEASEHOLD_TEST_MYSQL_URL` and a scratch database
+//! each; without it they print why they are skipped and pass.
 
 use super::connection::KillPoint;
 use super::scratch::ScratchDatabase;
@@ -46,10 +48,53 @@ fn entropy(seed: u64) -> Arc<dyn Entropy> {
 
 /// A migrated ledger on a manual clock.
 async fn manual(db: &ScratchDatabase, clock: &Arc<ManualClock>, seed: u64) -> MysqlLedger {
+    manual_with(db, clock, seed, |_| {}).await
+}
+
+/// A migrated ledger on a manual clock, its URL options changed by `options`.
+async fn manual_with(
+    db: &ScratchDatabase,
+    clock: &Arc<ManualClock>,
+    seed: u64,
+    options: impl FnOnce(&mut super::MysqlOptions),
+) -> MysqlLedger {
+    let mut url = db.url().clone();
+    options(&mut url.options);
     let c: Arc<dyn Clock> = clock.clone();
-    let ledger = MysqlLedger::open_with_clock(db.url(), c, entropy(seed));
+    let ledger = MysqlLedger::open_with_clock(&url, c, entropy(seed));
     ledger.migrate().await.unwrap();
     ledger
+}
+
+/// Whether the test server has `SELECT … FOR UPDATE SKIP LOCKED`, by its version:
+/// MariaDB 10.6+ or MySQL 8.0.1+.
+async fn server_has_skip_locked(ledger: &MysqlLedger) -> bool {
+    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    let version: String = conn.query_first("SELECT VERSION()").await.unwrap().unwrap();
+    let numbers: Vec<u32> = version
+        .split(|c: char| !c.is_ascii_digit())
+        .take(3)
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    let at_least = |want: [u32; 3]| numbers.as_slice() >= want.as_slice();
+    if version.contains("MariaDB") {
+        at_least([10, 6, 0])
+    } else {
+        at_least([8, 0, 1])
+    }
+}
+
+/// Registers `n` one-step plans and enqueues one attempt of each, one millisecond
+/// apart on the ledger clock, so that their claim order is their enqueue order;
+/// answers their command ids in that order.
+async fn enqueue_in_order(ledger: &MysqlLedger, clock: &ManualClock, n: usize) -> Vec<leasehold_engine::CommandId> {
+    let mut commands = Vec::new();
+    for i in 0..n {
+        let plan = ledger.register_plan(spec(&format!("p{i}"), 1), KNOWN).await.unwrap();
+        commands.push(ledger.enqueue(&plan.id, Action::Execute).await.unwrap().command.id);
+        clock.advance_ms(1);
+    }
+    commands
 }
 
 /// One claimed attempt of a two-step plan.
@@ -106,12 +151,16 @@ async fn a_connection_lost_before_commit_is_retried_on_a_new_connection() {
     assert_eq!(record.receipts[0].status, leasehold_engine::ReceiptStatus::Running);
 }
 
-#[tokio::test]
-async fn a_claim_race_lost_between_listing_and_locking_is_refused_and_counted() {
+/// A claimer that saw a command claimable, and locks it only after another claimer
+/// has claimed it and committed, finds it taken: refused and counted, never claimed
+/// twice. On the portable path the claimer pauses between its listing and its locks;
+/// on the `SKIP LOCKED` path it pauses after fixing a snapshot, which stages the race
+/// its window read can lose when another claimer commits within that one statement.
+async fn a_lost_claim_race_is_refused_and_counted(skip_locked: bool) {
     let Some(db) = scratch().await else { return };
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
-    let slow = manual(&db, &clock, 3).await;
-    let fast = manual(&db, &clock, 4).await;
+    let slow = manual_with(&db, &clock, 3, |o| o.skip_locked = skip_locked).await;
+    let fast = manual_with(&db, &clock, 4, |o| o.skip_locked = skip_locked).await;
     let plan = slow.register_plan(spec("p", 1), KNOWN).await.unwrap();
     slow.enqueue(&plan.id, Action::Execute).await.unwrap();
 
@@ -120,12 +169,14 @@ async fn a_claim_race_lost_between_listing_and_locking_is_refused_and_counted() 
         let slow = slow.clone();
         tokio::spawn(async move { slow.claim("slow", 5, LEASE_MS).await })
     };
-    reached.await.expect("the slow claim listed its candidates");
+    reached.await.expect("the slow claim fixed what it sees");
     let won = fast.claim("fast", 5, LEASE_MS).await.unwrap();
     assert_eq!(won.len(), 1);
     resume.send(()).unwrap();
     let lost = slow_claim.await.unwrap().unwrap();
     assert!(lost.is_empty(), "a claimed command was claimed again");
+    let expected = skip_locked && server_has_skip_locked(&slow).await;
+    assert_eq!(slow.uses_skip_locked(), Some(expected), "the claim path");
     let stats = slow.stats();
     assert_eq!(
         (stats.claims, stats.lost_claim_races, stats.refused_claim_updates),
@@ -134,6 +185,229 @@ async fn a_claim_race_lost_between_listing_and_locking_is_refused_and_counted() 
     let record = fast.attempt(&won[0].lease.attempt_id).await.unwrap();
     assert_eq!(record.command.lease_owner.as_deref(), Some("fast"));
     assert_eq!(record.command.delivery_count, 1);
+}
+
+#[tokio::test]
+async fn a_claim_race_lost_between_listing_and_locking_is_refused_and_counted() {
+    a_lost_claim_race_is_refused_and_counted(false).await;
+}
+
+#[tokio::test]
+async fn a_skip_locked_claim_that_locks_a_command_claimed_since_its_snapshot_refuses_and_counts_it() {
+    a_lost_claim_race_is_refused_and_counted(true).await;
+}
+
+#[tokio::test]
+async fn skip_locked_claimers_pass_over_rows_another_claimer_holds_without_waiting() {
+    let Some(db) = scratch().await else { return };
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
+    let holder = manual(&db, &clock, 12).await;
+    // Should this claimer ever wait for the holder's locks, it would time out after
+    // a second and give up at once: the claim below would fail.
+    let other = manual_with(&db, &clock, 13, |o| {
+        o.lock_wait_timeout_s = 1;
+        o.retry_max = 1;
+    })
+    .await;
+    if !server_has_skip_locked(&holder).await {
+        println!("skipped: the server has no SKIP LOCKED");
+        return;
+    }
+    let commands = enqueue_in_order(&holder, &clock, 3).await;
+
+    let (reached, resume) = holder.pause_next_claim_holding();
+    let holding = {
+        let holder = holder.clone();
+        tokio::spawn(async move { holder.claim("holder", 1, LEASE_MS).await })
+    };
+    reached.await.expect("the holder locked its row");
+    // The holder holds the oldest command, uncommitted: the other claimer takes the
+    // next ones, oldest first, while the holder still holds it.
+    let taken: Vec<_> = other
+        .claim("other", 5, LEASE_MS)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.lease.command_id)
+        .collect();
+    assert_eq!(taken, commands[1..].to_vec());
+    assert!(other.claim("other", 5, LEASE_MS).await.unwrap().is_empty());
+    resume.send(()).unwrap();
+    let held: Vec<_> = holding
+        .await
+        .unwrap()
+        .unwrap()
+        .into_iter()
+        .map(|c| c.lease.command_id)
+        .collect();
+    assert_eq!(held, commands[..1].to_vec());
+    assert_eq!(other.uses_skip_locked(), Some(true));
+    let stats = other.stats();
+    assert_eq!((stats.claims, stats.lost_claim_races, stats.retries), (2, 0, 0));
+}
+
+#[tokio::test]
+async fn a_skip_locked_claim_looks_past_a_window_that_others_hold_entirely() {
+    let Some(db) = scratch().await else { return };
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
+    let holder = manual(&db, &clock, 14).await;
+    // A window of one command per claimed command: the holder's row fills it.
+    let other = manual_with(&db, &clock, 15, |o| o.claim_spread = 1).await;
+    if !server_has_skip_locked(&holder).await {
+        println!("skipped: the server has no SKIP LOCKED");
+        return;
+    }
+    let commands = enqueue_in_order(&holder, &clock, 3).await;
+    let (reached, resume) = holder.pause_next_claim_holding();
+    let holding = {
+        let holder = holder.clone();
+        tokio::spawn(async move { holder.claim("holder", 1, LEASE_MS).await })
+    };
+    reached.await.expect("the holder locked its row");
+    for expected in &commands[1..] {
+        let taken = other.claim("other", 1, LEASE_MS).await.unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(&taken[0].lease.command_id, expected);
+    }
+    // Only the held command is left: nothing to claim, and no waiting for it.
+    assert!(other.claim("other", 1, LEASE_MS).await.unwrap().is_empty());
+    resume.send(()).unwrap();
+    assert_eq!(holding.await.unwrap().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn the_server_is_asked_once_whether_it_has_skip_locked() {
+    let Some(db) = scratch().await else { return };
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
+    let ledger = manual(&db, &clock, 16).await;
+    let forced = manual_with(&db, &clock, 17, |o| o.skip_locked = false).await;
+    assert_eq!(ledger.uses_skip_locked(), None, "not asked before the first claim");
+    assert_eq!(forced.uses_skip_locked(), Some(false), "skip_locked=0 never asks");
+    enqueue_in_order(&ledger, &clock, 2).await;
+    assert_eq!(ledger.claim("w", 1, LEASE_MS).await.unwrap().len(), 1);
+    let expected = server_has_skip_locked(&ledger).await;
+    assert_eq!(ledger.uses_skip_locked(), Some(expected));
+    assert_eq!(
+        ledger.clone().uses_skip_locked(),
+        Some(expected),
+        "clones share the answer"
+    );
+    assert_eq!(forced.claim("w", 1, LEASE_MS).await.unwrap().len(), 1);
+    assert_eq!(forced.uses_skip_locked(), Some(false));
+}
+
+#[test]
+fn a_server_without_skip_locked_is_told_by_its_parse_error() {
+    use super::error::TxError;
+    use mysql_async::{Error, ServerError};
+    let server = |code: u16| {
+        Err(Error::Server(ServerError {
+            code,
+            message: format!("error {code}"),
+            state: "42000".into(),
+        }))
+    };
+    assert!(matches!(super::connection::skip_locked_answer(Ok(())), Ok(true)));
+    for code in [1064, 1149, 1235] {
+        assert!(
+            matches!(super::connection::skip_locked_answer(server(code)), Ok(false)),
+            "{code}"
+        );
+    }
+    // A missing table is the missing schema, not a missing feature.
+    assert!(matches!(
+        super::connection::skip_locked_answer(server(1146)),
+        Err(TxError::Ledger(LedgerError::Internal(_)))
+    ));
+    let lost = Err(Error::Driver(mysql_async::DriverError::ConnectionClosed));
+    assert!(matches!(
+        super::connection::skip_locked_answer(lost),
+        Err(TxError::Retry(_))
+    ));
+}
+
+/// Claims, fused claims and takeovers of several attempts at once (one batched
+/// `UPDATE` per table) leave exactly the rows that the reference ledger leaves.
+async fn batched_claims_match_the_reference_ledger(skip_locked: bool) {
+    use crate::ledger::memory::MemoryLedger;
+    let Some(db) = scratch().await else { return };
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
+    // A spread of 1: the portable path draws no random start from the entropy, so
+    // both ledgers mint the same tokens.
+    let mysql = manual_with(&db, &clock, 18, |o| {
+        o.skip_locked = skip_locked;
+        o.claim_spread = 1;
+    })
+    .await;
+    let c: Arc<dyn Clock> = clock.clone();
+    let memory = MemoryLedger::new(c, entropy(18));
+    let evidence = json!({"rows": 3});
+    let target = json!({"ref": "t"});
+    let mut attempts = Vec::new();
+    for (i, recovery) in ["resume", "replay", "resume", "replay", "resume"].iter().enumerate() {
+        let spec: PlanSpec = serde_json::from_value(json!({
+            "name": format!("plan-{i}"),
+            "recovery": recovery,
+            "steps": (1..=3).map(|n| json!({"code": format!("s{n}"), "executor": "dry-run:v1", "payload": {}})).collect::<Vec<_>>(),
+        }))
+        .unwrap();
+        let a = mysql.register_plan(spec.clone(), KNOWN).await.unwrap();
+        let b = memory.register_plan(spec, KNOWN).await.unwrap();
+        assert_eq!(a.id, b.id, "the same entropy mints the same ids");
+        let a = mysql.enqueue(&a.id, Action::Execute).await.unwrap();
+        memory.enqueue(&b.id, Action::Execute).await.unwrap();
+        attempts.push(a.attempt.id);
+        clock.advance_ms(1);
+    }
+    let compare = |what: &'static str| {
+        let (mysql, memory, attempts) = (&mysql, &memory, &attempts);
+        async move {
+            for id in attempts {
+                let (a, b) = (mysql.attempt(id).await.unwrap(), memory.attempt(id).await.unwrap());
+                assert_eq!(a, b, "{what}: attempt {id}");
+            }
+        }
+    };
+    // A fused claim of four (the fifth stays PENDING), then a plain claim of the fifth.
+    let a = mysql.claim_and_begin("w1", 4, LEASE_MS).await.unwrap();
+    let b = memory.claim_and_begin("w1", 4, LEASE_MS).await.unwrap();
+    assert_eq!(a, b, "fused claims");
+    assert_eq!(a.len(), 4);
+    assert_eq!(
+        mysql.claim("w1", 4, LEASE_MS).await.unwrap(),
+        memory.claim("w1", 4, LEASE_MS).await.unwrap()
+    );
+    compare("after the claims").await;
+    // Some attempts get a step further, then every lease expires.
+    for c in a.iter().step_by(2) {
+        let x = mysql
+            .complete_and_continue(&c.lease, 1, &evidence, &target, LEASE_MS)
+            .await
+            .unwrap();
+        let y = memory
+            .complete_and_continue(&c.lease, 1, &evidence, &target, LEASE_MS)
+            .await
+            .unwrap();
+        assert_eq!(x, y);
+    }
+    clock.advance_ms(LEASE_MS + 1);
+    // Takeovers of all five at once: resume resets the running step, replay every one.
+    let a = mysql.claim_and_begin("w2", 10, LEASE_MS).await.unwrap();
+    let b = memory.claim_and_begin("w2", 10, LEASE_MS).await.unwrap();
+    assert_eq!(a.len(), 5);
+    assert_eq!(a, b, "fused takeovers");
+    compare("after the takeovers").await;
+    assert!(a.iter().all(|c| c.record.command.delivery_count == 2));
+}
+
+#[tokio::test]
+async fn batched_skip_locked_claims_write_what_the_reference_ledger_writes() {
+    batched_claims_match_the_reference_ledger(true).await;
+}
+
+#[tokio::test]
+async fn batched_portable_claims_write_what_the_reference_ledger_writes() {
+    batched_claims_match_the_reference_ledger(false).await;
 }
 
 #[tokio::test]
@@ -185,10 +459,36 @@ async fn concurrent_migrators_apply_each_version_once() {
         applied.extend(t.await.unwrap().unwrap());
     }
     applied.sort();
-    assert_eq!(applied, vec![1], "every version applied exactly once");
+    assert_eq!(applied, vec![1, 2], "every version applied exactly once");
     let mut conn = ledgers[0].connect().await.map_err(|_| ()).unwrap();
-    let recorded: Vec<(u32, String)> = conn.query("SELECT version, name FROM schema_migrations").await.unwrap();
-    assert_eq!(recorded, vec![(1, "init".to_owned())]);
+    let recorded: Vec<(u32, String)> = conn
+        .query("SELECT version, name FROM schema_migrations ORDER BY version")
+        .await
+        .unwrap();
+    assert_eq!(
+        recorded,
+        vec![(1, "init".to_owned()), (2, "covering_claim_index".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn the_covering_claim_index_migration_can_run_again() {
+    let Some(db) = scratch().await else { return };
+    let ledger = MysqlLedger::open(db.url(), entropy(19));
+    ledger.migrate().await.unwrap();
+    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    // A run cut short after the ALTER but before recording version 2 runs it again.
+    for statement in super::schema::statements(super::schema::MIGRATIONS[1].sql) {
+        conn.query_drop(statement).await.unwrap();
+    }
+    let columns: Vec<String> = conn
+        .query(
+            "SELECT column_name FROM information_schema.statistics WHERE table_schema = DATABASE() \
+             AND table_name = 'command' AND index_name = 'command_claimable' ORDER BY seq_in_index",
+        )
+        .await
+        .unwrap();
+    assert_eq!(columns, ["status", "available_at", "id", "attempt_id"]);
 }
 
 #[tokio::test]

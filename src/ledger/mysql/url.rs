@@ -38,8 +38,16 @@ pub struct MysqlOptions {
     /// `claim_spread`: a claim lists `batch × claim_spread` candidates, oldest first,
     /// and starts at a random one of them, so that concurrent claimers take different
     /// rows instead of queueing on the same ones; 1 is strictly oldest first
-    /// (default 16, 1..=64).
+    /// (default 16, 1..=64). Only the portable claim path (without `SKIP LOCKED`)
+    /// spreads; with `SKIP LOCKED`, the window a claim looks through is
+    /// `batch × claim_spread` candidates.
     pub claim_spread: u32,
+    /// `skip_locked`: `1` (the default) claims with `SELECT … FOR UPDATE SKIP LOCKED`
+    /// where the server supports it (MariaDB 10.6+, MySQL 8.0.1+; probed once per
+    /// ledger), so that concurrent claimers take disjoint rows without waiting on each
+    /// other; `0` always uses the portable path that MySQL 5.7 needs (a plain read of
+    /// candidates, then a locking re-check of each).
+    pub skip_locked: bool,
 }
 
 impl Default for MysqlOptions {
@@ -52,6 +60,7 @@ impl Default for MysqlOptions {
             retry_max: 10,
             idle_timeout_s: 60,
             claim_spread: 16,
+            skip_locked: true,
         }
     }
 }
@@ -71,6 +80,7 @@ impl MysqlOptions {
             "retry_max",
             "idle_timeout_s",
             "claim_spread",
+            "skip_locked",
         ];
         if !KNOWN.contains(&name) {
             // Only the name: the value could be a secret put in the wrong place.
@@ -90,6 +100,7 @@ impl MysqlOptions {
             "lock_wait_timeout_s" => self.lock_wait_timeout_s = clamp(1, 3_600),
             "retry_max" => self.retry_max = clamp(1, 1_000) as u32,
             "idle_timeout_s" => self.idle_timeout_s = clamp(1, 28_800),
+            "skip_locked" => self.skip_locked = number != 0,
             _ => self.claim_spread = clamp(1, 64) as u32,
         }
         Ok(())
@@ -284,7 +295,7 @@ impl MysqlUrl {
         let o = &self.options;
         out.push_str(&format!(
             ":{}/{}?pool_max={}&pool_min={}&connect_timeout_ms={}&lock_wait_timeout_s={}&retry_max={}\
-             &idle_timeout_s={}&claim_spread={}",
+             &idle_timeout_s={}&claim_spread={}&skip_locked={}",
             self.port,
             percent_encode(&self.database),
             o.pool_max,
@@ -293,7 +304,8 @@ impl MysqlUrl {
             o.lock_wait_timeout_s,
             o.retry_max,
             o.idle_timeout_s,
-            o.claim_spread
+            o.claim_spread,
+            u8::from(o.skip_locked)
         ));
         out
     }
@@ -340,7 +352,8 @@ mod tests {
 
     #[test]
     fn exposing_round_trips_everything() {
-        let u = MysqlUrl::parse("mysql://a%20b:p@ss:w%2Frd@[::1]:3310/db?pool_max=3&idle_timeout_s=9").unwrap();
+        let u = MysqlUrl::parse("mysql://a%20b:p@ss:w%2Frd@[::1]:3310/db?pool_max=3&idle_timeout_s=9&skip_locked=0")
+            .unwrap();
         assert_eq!(MysqlUrl::parse(&u.expose()).unwrap(), u);
         assert_eq!(u.expose_password(), Some("p@ss:w/rd"));
     }
@@ -368,6 +381,14 @@ mod tests {
         );
         let u = MysqlUrl::parse("mysql://u@h/d?pool_max=2&pool_min=9").unwrap();
         assert_eq!((u.options.pool_max, u.options.pool_min), (2, 2));
+        assert!(
+            u.options.skip_locked,
+            "SKIP LOCKED is used where the server has it by default"
+        );
+        let u = MysqlUrl::parse("mysql://u@h/d?skip_locked=0").unwrap();
+        assert!(!u.options.skip_locked);
+        let u = MysqlUrl::parse("mysql://u@h/d?skip_locked=7").unwrap();
+        assert!(u.options.skip_locked);
     }
 
     #[test]
