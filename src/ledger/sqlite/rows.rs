@@ -70,7 +70,17 @@ struct Cols<'a, 'b> {
 
 impl<'a, 'b> Cols<'a, 'b> {
     fn new(row: &'a Row<'b>, table: &'static str) -> Self {
-        Self { row, table, base: 0 }
+        Self::at(row, table, 0)
+    }
+
+    /// The table whose first column is column `base` of the row.
+    fn at(row: &'a Row<'b>, table: &'static str, base: usize) -> Self {
+        Self { row, table, base }
+    }
+
+    /// Whether the table's first column (its key) is not NULL: a LEFT JOIN found a row.
+    fn present(&self) -> Result<bool, LedgerError> {
+        Ok(self.get::<Option<String>>(0)?.is_some())
     }
 
     fn get<T: FromSql>(&self, idx: usize) -> Result<T, LedgerError> {
@@ -114,11 +124,7 @@ fn plan_from_row(row: &Row<'_>) -> Result<Plan, LedgerError> {
 
 /// The plan whose [`PLAN_COLUMNS`] start at column `base`.
 fn plan_at(row: &Row<'_>, base: usize) -> Result<Plan, LedgerError> {
-    let c = Cols {
-        row,
-        table: "plan",
-        base,
-    };
+    let c = Cols::at(row, "plan", base);
     Ok(Plan {
         id: PlanId::new(c.get::<String>(0)?),
         name: c.get(1)?,
@@ -137,11 +143,7 @@ fn attempt_from_row(row: &Row<'_>) -> Result<Attempt, LedgerError> {
 
 /// The attempt whose [`ATTEMPT_COLUMNS`] start at column `base`.
 fn attempt_at(row: &Row<'_>, base: usize) -> Result<Attempt, LedgerError> {
-    let c = Cols {
-        row,
-        table: "attempt",
-        base,
-    };
+    let c = Cols::at(row, "attempt", base);
     Ok(Attempt {
         id: AttemptId::new(c.get::<String>(0)?),
         plan_id: PlanId::new(c.get::<String>(1)?),
@@ -161,11 +163,7 @@ fn command_from_row(row: &Row<'_>) -> Result<Command, LedgerError> {
 
 /// The command whose [`COMMAND_COLUMNS`] start at column `base`.
 fn command_at(row: &Row<'_>, base: usize) -> Result<Command, LedgerError> {
-    let c = Cols {
-        row,
-        table: "command",
-        base,
-    };
+    let c = Cols::at(row, "command", base);
     Ok(Command {
         id: CommandId::new(c.get::<String>(0)?),
         attempt_id: AttemptId::new(c.get::<String>(1)?),
@@ -185,13 +183,19 @@ fn receipt_from_row(row: &Row<'_>) -> Result<Receipt, LedgerError> {
     receipt_at(row, 0)
 }
 
+/// The receipt of a `LEFT JOIN receipt` row whose [`RECEIPT_COLUMNS`] start at
+/// column `base`, if the join found one.
+fn receipt_if_any(row: &Row<'_>, base: usize) -> Result<Option<Receipt>, LedgerError> {
+    if Cols::at(row, "receipt", base).present()? {
+        receipt_at(row, base).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 /// The receipt whose [`RECEIPT_COLUMNS`] start at column `base`.
 fn receipt_at(row: &Row<'_>, base: usize) -> Result<Receipt, LedgerError> {
-    let c = Cols {
-        row,
-        table: "receipt",
-        base,
-    };
+    let c = Cols::at(row, "receipt", base);
     Ok(Receipt {
         attempt_id: AttemptId::new(c.get::<String>(0)?),
         ordinal: c.count(1)?,
@@ -317,14 +321,7 @@ const COMMAND_BASE: usize = 9;
 /// columns NULL when the attempt has none: an integrity error).
 fn attempt_and_command(row: &Row<'_>) -> Result<(Attempt, Command), LedgerError> {
     let attempt = attempt_at(row, 0)?;
-    let has_command = Cols {
-        row,
-        table: "command",
-        base: COMMAND_BASE,
-    }
-    .get::<Option<String>>(0)?
-    .is_some();
-    if !has_command {
+    if !Cols::at(row, "command", COMMAND_BASE).present()? {
         return Err(LedgerError::Integrity(format!("attempt {} has no command", attempt.id)));
     }
     Ok((attempt, command_at(row, COMMAND_BASE)?))
@@ -357,16 +354,7 @@ pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<At
                 })
             }
         };
-        let has_receipt = Cols {
-            row,
-            table: "receipt",
-            base: RECEIPT_BASE,
-        }
-        .get::<Option<String>>(0)?
-        .is_some();
-        if has_receipt {
-            record.receipts.push(receipt_at(row, RECEIPT_BASE)?);
-        }
+        record.receipts.extend(receipt_if_any(row, RECEIPT_BASE)?);
     }
     if let Some(record) = &mut record {
         record.receipts.sort_by_key(|r| r.ordinal);
@@ -481,16 +469,7 @@ pub(super) fn claim_candidates(conn: &Connection, now: Timestamp, batch: u32) ->
                     v.insert((record, plan_at(row, CLAIM_PLAN_BASE)?))
                 }
             };
-            let has_receipt = Cols {
-                row,
-                table: "receipt",
-                base: CLAIM_RECEIPT_BASE,
-            }
-            .get::<Option<String>>(0)?
-            .is_some();
-            if has_receipt {
-                record.receipts.push(receipt_at(row, CLAIM_RECEIPT_BASE)?);
-            }
+            record.receipts.extend(receipt_if_any(row, CLAIM_RECEIPT_BASE)?);
         }
     }
     Ok(found
@@ -911,20 +890,14 @@ const RECEIPT_MUTABLE: [(usize, &str); 7] = [
 
 /// The `SET` clause (`col = ?1, …`) of the mutable columns whose value differs
 /// between `before` and `after`, and their new values in parameter order.
-fn changed(mutable: &[(usize, &str)], before: &[SqlValue], mut after: Vec<SqlValue>) -> (String, Vec<SqlValue>) {
-    let mut sets = String::new();
-    let mut values = Vec::new();
-    for &(i, name) in mutable {
-        if before[i] != after[i] {
-            if !sets.is_empty() {
-                sets.push_str(", ");
-            }
-            values.push(std::mem::replace(&mut after[i], SqlValue::Null));
-            sets.push_str(name);
-            sets.push_str(" = ?");
-            sets.push_str(&values.len().to_string());
-        }
-    }
+fn changed(mutable: &[(usize, &str)], before: &[SqlValue], after: Vec<SqlValue>) -> (String, Vec<SqlValue>) {
+    let (names, values) = changed_columns(mutable, before, after);
+    let sets = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("{name} = ?{}", i + 1))
+        .collect::<Vec<_>>()
+        .join(", ");
     (sets, values)
 }
 
