@@ -413,31 +413,35 @@ pub(super) fn read_history(conn: &Connection, plan: &PlanId) -> Result<Vec<Attem
         .collect()
 }
 
+/// The claim statement over the commands matching `$range` (one partial index's
+/// range): see [`CLAIM_PENDING_SQL`].
+macro_rules! claim_sql {
+    ($range:literal) => {
+        concat!(
+            "SELECT a.id, a.plan_id, a.number, a.action, a.status, a.created_at, a.started_at, a.finished_at, \
+             a.error, c.id, c.attempt_id, c.status, c.available_at, c.lease_owner, c.lease_token, c.lease_until, \
+             c.last_heartbeat_at, c.delivery_count, c.last_error, c.finished_at, p.id, p.name, p.status, \
+             p.recovery, p.steps_json, p.volatile_fields_json, p.fingerprint, p.created_at, r.attempt_id, \
+             r.ordinal, r.step_code, r.idempotency_key, r.status, r.evidence, r.evidence_sha256, \
+             r.target_receipt, r.error, r.started_at, r.finished_at \
+             FROM (SELECT rowid AS rid FROM command WHERE ",
+            $range,
+            " ORDER BY available_at, id LIMIT ?2) k \
+             JOIN command c ON c.rowid = k.rid JOIN attempt a ON a.id = c.attempt_id \
+             JOIN plan p ON p.id = a.plan_id LEFT JOIN receipt r ON r.attempt_id = a.id"
+        )
+    };
+}
+
 /// A claim's candidates of one kind, with everything a claim reads: the limited
 /// range of one partial index (`command_pending` for PENDING commands by
 /// availability, `command_leased` for PROCESSING ones whose lease has expired), each
 /// command beside its attempt and its plan, once per receipt (or once with
 /// NULL receipt columns for an attempt without any). Rows come in no particular
 /// order: [`claim_candidates`] sorts them.
-pub(super) const CLAIM_PENDING_SQL: &str = "SELECT a.id, a.plan_id, a.number, a.action, a.status, a.created_at, \
-     a.started_at, a.finished_at, a.error, c.id, c.attempt_id, c.status, c.available_at, c.lease_owner, \
-     c.lease_token, c.lease_until, c.last_heartbeat_at, c.delivery_count, c.last_error, c.finished_at, p.id, \
-     p.name, p.status, p.recovery, p.steps_json, p.volatile_fields_json, p.fingerprint, p.created_at, r.attempt_id, r.ordinal, r.step_code, r.idempotency_key, r.status, r.evidence, r.evidence_sha256, \
-     r.target_receipt, r.error, r.started_at, r.finished_at \
-     FROM (SELECT rowid AS rid FROM command WHERE status = 'PENDING' AND available_at <= ?1 \
-           ORDER BY available_at, id LIMIT ?2) k \
-     JOIN command c ON c.rowid = k.rid JOIN attempt a ON a.id = c.attempt_id JOIN plan p ON p.id = a.plan_id \
-     LEFT JOIN receipt r ON r.attempt_id = a.id";
+pub(super) const CLAIM_PENDING_SQL: &str = claim_sql!("status = 'PENDING' AND available_at <= ?1");
 /// [`CLAIM_PENDING_SQL`] for PROCESSING commands whose lease has expired.
-pub(super) const CLAIM_EXPIRED_SQL: &str = "SELECT a.id, a.plan_id, a.number, a.action, a.status, a.created_at, \
-     a.started_at, a.finished_at, a.error, c.id, c.attempt_id, c.status, c.available_at, c.lease_owner, \
-     c.lease_token, c.lease_until, c.last_heartbeat_at, c.delivery_count, c.last_error, c.finished_at, p.id, \
-     p.name, p.status, p.recovery, p.steps_json, p.volatile_fields_json, p.fingerprint, p.created_at, r.attempt_id, r.ordinal, r.step_code, r.idempotency_key, r.status, r.evidence, r.evidence_sha256, \
-     r.target_receipt, r.error, r.started_at, r.finished_at \
-     FROM (SELECT rowid AS rid FROM command WHERE status = 'PROCESSING' AND lease_until < ?1 \
-           ORDER BY available_at, id LIMIT ?2) k \
-     JOIN command c ON c.rowid = k.rid JOIN attempt a ON a.id = c.attempt_id JOIN plan p ON p.id = a.plan_id \
-     LEFT JOIN receipt r ON r.attempt_id = a.id";
+pub(super) const CLAIM_EXPIRED_SQL: &str = claim_sql!("status = 'PROCESSING' AND lease_until < ?1");
 /// Where the plan's and then the receipt's columns start in a claim row.
 const CLAIM_PLAN_BASE: usize = COMMAND_BASE + 11;
 const CLAIM_RECEIPT_BASE: usize = CLAIM_PLAN_BASE + 8;
