@@ -41,6 +41,11 @@ pub static SQLITE: &[Migration] = &[
         name: "claim_indexes",
         sql: include_str!("../../migrations/sqlite/0002_claim_indexes.sql"),
     },
+    Migration {
+        version: 3,
+        name: "check_lists",
+        sql: include_str!("../../migrations/sqlite/0003_check_lists.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

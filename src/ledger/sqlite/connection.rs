@@ -39,6 +39,20 @@ pub struct SqliteCore {
     entropy: Arc<dyn Entropy>,
 }
 
+/// One claim of a [`SqliteCore::claim_many`]: what [`SqliteCore::claim`] (or, with
+/// `begin`, [`SqliteCore::claim_and_begin`]) takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// The worker that will hold the leases.
+    pub owner: String,
+    /// The most commands to claim.
+    pub batch: u32,
+    /// The lease length to grant.
+    pub lease_ms: u64,
+    /// Whether to begin each claimed attempt's next step in the same transaction.
+    pub begin: bool,
+}
+
 /// One call of a [`SqliteCore::group`].
 pub type GroupCall<'a, T> = Box<dyn FnOnce(&SqliteCore) -> T + 'a>;
 
@@ -220,10 +234,32 @@ impl SqliteCore {
     }
 
     /// Applies pending schema migrations; answers the versions applied now.
+    ///
+    /// A migration may rebuild a table that others reference (SQLite cannot alter a
+    /// CHECK constraint): migrations run with foreign keys off, in one transaction
+    /// that checks every foreign key (`PRAGMA foreign_key_check`) before it commits,
+    /// and foreign keys are on again afterwards, whatever happened. (The pragma does
+    /// nothing inside a transaction: the caller must not be inside one, and
+    /// [`super::SqliteLedger`] runs a migration alone, never in a group.)
     pub fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
+        if !self.conn.is_autocommit() {
+            return Err(LedgerError::Internal(
+                "migrations cannot run inside another transaction".into(),
+            ));
+        }
+        self.conn.pragma_update(None, "foreign_keys", "OFF").sql()?;
+        let applied = self.migrate_without_foreign_keys();
+        let on = self.conn.pragma_update(None, "foreign_keys", "ON").sql();
+        let applied = applied?;
+        on?;
+        Ok(applied)
+    }
+
+    fn migrate_without_foreign_keys(&self) -> Result<Vec<u32>, LedgerError> {
         let tx = self.write_tx()?;
         let now = self.clock.now();
         let applied = migrate::run(&mut rows::SqliteMigrations { conn: &tx }, SQLITE, now)?;
+        rows::check_foreign_keys(&tx)?;
         tx.commit()?;
         Ok(applied)
     }
@@ -300,44 +336,98 @@ impl SqliteCore {
     }
 
     fn claim_with(&self, owner: &str, batch: u32, lease_ms: u64, begin: bool) -> Result<Vec<Claimed>, LedgerError> {
-        if batch == 0 {
-            return Ok(Vec::new());
+        let request = ClaimRequest {
+            owner: owner.to_owned(),
+            batch,
+            lease_ms,
+            begin,
+        };
+        Ok(self
+            .claim_many(std::slice::from_ref(&request))?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Runs several claims in one transaction, with one candidate read and one write
+    /// per table for all of them, and answers what each claimed, in order: exactly
+    /// what the claims would have claimed one after the other at one instant (the
+    /// writer thread merges the claims that wait together, see
+    /// [`super::SqliteLedger`]).
+    ///
+    /// Claim `k` run alone would consider the `batch` oldest claimable commands that
+    /// the claims before it did not take (a candidate its transition refuses stays
+    /// claimable for the next). The merged read fetches the oldest `Σ batch`
+    /// candidates: if it found that many, at most `Σ batch before k` of them are
+    /// taken, so claim `k`'s window lies inside the read; if it found fewer, it holds
+    /// every claimable command. Tokens are drawn in the same order as alone: per
+    /// claim, per candidate of its window.
+    pub fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<Vec<Claimed>>, LedgerError> {
+        let total = requests.iter().fold(0u32, |sum, r| sum.saturating_add(r.batch));
+        if total == 0 {
+            return Ok(requests.iter().map(|_| Vec::new()).collect());
         }
         let tx = self.write_tx()?;
         let now = self.clock.now();
+        let mut candidates: Vec<Option<rows::Candidate>> =
+            rows::claim_candidates(&tx, now, total)?.into_iter().map(Some).collect();
         let mut decided = Vec::new();
-        for (record, plan) in rows::claim_candidates(&tx, now, batch)? {
-            let token = self.entropy.token();
-            let writes = if begin {
-                transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
-            } else {
-                transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
-            };
-            if let Ok(writes) = writes {
-                decided.push((record, plan, token, writes));
+        for (k, request) in requests.iter().enumerate() {
+            let window: Vec<usize> = (0..candidates.len())
+                .filter(|&i| candidates[i].is_some())
+                .take(request.batch as usize)
+                .collect();
+            for i in window {
+                let Some((record, plan)) = &candidates[i] else { continue };
+                let token = self.entropy.token();
+                let writes = if request.begin {
+                    transition::claim_and_begin(
+                        record,
+                        plan.recovery,
+                        &request.owner,
+                        token.clone(),
+                        request.lease_ms,
+                        now,
+                    )
+                } else {
+                    transition::claim(
+                        record,
+                        plan.recovery,
+                        &request.owner,
+                        token.clone(),
+                        request.lease_ms,
+                        now,
+                    )
+                };
+                if let Ok(writes) = writes {
+                    if let Some((record, plan)) = candidates[i].take() {
+                        decided.push((k, record, plan, token, writes));
+                    }
+                }
             }
         }
-        let items: Vec<_> = decided.iter().map(|(record, _, _, writes)| (record, writes)).collect();
+        let items: Vec<_> = decided
+            .iter()
+            .map(|(_, record, _, _, writes)| (record, writes))
+            .collect();
         // A command taken by someone else between the candidate query and the write
         // is refused and skipped (nothing was written for it).
         let applied = rows::update_many(&tx, &items)?;
-        let claimed = decided
-            .into_iter()
-            .zip(applied)
-            .filter(|(_, applied)| *applied)
-            .map(|((mut record, plan, token, writes), _)| {
-                writes.apply_to(&mut record);
-                Claimed {
-                    lease: Lease {
-                        command_id: record.command.id.clone(),
-                        attempt_id: record.attempt.id.clone(),
-                        token,
-                    },
-                    plan,
-                    record,
-                }
-            })
-            .collect();
+        let mut claimed: Vec<Vec<Claimed>> = requests.iter().map(|_| Vec::new()).collect();
+        for ((k, mut record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
+            if !applied {
+                continue;
+            }
+            writes.apply_to(&mut record);
+            claimed[k].push(Claimed {
+                lease: Lease {
+                    command_id: record.command.id.clone(),
+                    attempt_id: record.attempt.id.clone(),
+                    token,
+                },
+                plan,
+                record,
+            });
+        }
         tx.commit()?;
         Ok(claimed)
     }

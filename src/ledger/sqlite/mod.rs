@@ -46,7 +46,7 @@ mod rows;
 #[cfg(test)]
 mod tests;
 
-pub use connection::{GroupCall, SqliteCore, BUSY_TIMEOUT};
+pub use connection::{ClaimRequest, GroupCall, SqliteCore, BUSY_TIMEOUT};
 
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
@@ -71,9 +71,74 @@ enum Pool {
     File(Mutex<Vec<SqliteCore>>),
 }
 
-/// A call for the writer thread: runs on the writer's core and answers how to send
-/// its result once the group it ran in has committed (or failed to).
-type Job = Box<dyn FnOnce(&SqliteCore) -> Reply + Send>;
+/// A call for the writer thread.
+enum Job {
+    /// Runs on the writer's core and answers how to send its result once the group
+    /// it ran in has committed (or failed to).
+    Call(Box<dyn FnOnce(&SqliteCore) -> Reply + Send>),
+    /// A call that runs alone, outside any group (a migration).
+    Alone(Box<dyn FnOnce(&SqliteCore) -> Reply + Send>),
+    /// A claim: the claims of one group run together ([`SqliteCore::claim_many`]).
+    Claim(ClaimRequest, ClaimReply),
+}
+/// Where a merged claim's result goes.
+type ClaimReply = tokio::sync::oneshot::Sender<Result<Vec<Claimed>, LedgerError>>;
+
+/// What the writer runs as one call of a group: one call, or all the claims of the
+/// group merged.
+enum Unit {
+    Call(Box<dyn FnOnce(&SqliteCore) -> Reply + Send>),
+    Claims(Vec<(ClaimRequest, ClaimReply)>),
+}
+
+impl Unit {
+    /// Runs the unit; answers how to send its results once its group has committed.
+    fn run(self, core: &SqliteCore) -> Reply {
+        match self {
+            Unit::Call(call) => call(core),
+            Unit::Claims(claims) => {
+                let (requests, replies): (Vec<_>, Vec<_>) = claims.into_iter().unzip();
+                let out = core.claim_many(&requests);
+                Box::new(move |committed: Result<(), LedgerError>| {
+                    let results: Vec<Result<Vec<Claimed>, LedgerError>> = match (out, committed) {
+                        (Ok(claimed), Ok(())) => claimed.into_iter().map(Ok).collect(),
+                        // Their writes are durable only if the group committed.
+                        (Ok(_), Err(e)) | (Err(e), _) => replies.iter().map(|_| Err(e.clone())).collect(),
+                    };
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(result);
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// Gathers a group's jobs into units: every claim joins the group's one
+/// [`Unit::Claims`], placed where the first claim came. The calls of a group are
+/// concurrent (none has been answered when the group starts), so any order of them
+/// is one they could have run in.
+fn units(jobs: Vec<Job>) -> Vec<Unit> {
+    let mut units = Vec::with_capacity(jobs.len());
+    let mut claims_at = None;
+    for job in jobs {
+        match job {
+            Job::Call(call) | Job::Alone(call) => units.push(Unit::Call(call)),
+            Job::Claim(request, reply) => match claims_at {
+                Some(i) => {
+                    if let Some(Unit::Claims(claims)) = units.get_mut(i) {
+                        claims.push((request, reply));
+                    }
+                }
+                None => {
+                    claims_at = Some(units.len());
+                    units.push(Unit::Claims(vec![(request, reply)]));
+                }
+            },
+        }
+    }
+    units
+}
 /// Sends a call's result, given its group's commit outcome.
 type Reply = Box<dyn FnOnce(Result<(), LedgerError>) + Send>;
 
@@ -178,28 +243,41 @@ impl Writer {
             .name("leasehold-sqlite-writer".into())
             .spawn(move || {
                 let mut commits = 0u64;
-                while let Ok(first) = queue.recv() {
+                // A call that must run alone, received while gathering a group.
+                let mut held: Option<Job> = None;
+                loop {
+                    let first = match held.take() {
+                        Some(job) => job,
+                        None => match next_job(&queue) {
+                            Ok(job) => job,
+                            Err(_) => break,
+                        },
+                    };
                     // Group commit: the calls already waiting join the first one.
                     let mut jobs = vec![first];
-                    while jobs.len() < MAX_GROUP {
+                    while jobs.len() < MAX_GROUP && !matches!(jobs[0], Job::Alone(_)) {
                         match queue.try_recv() {
+                            Ok(job @ Job::Alone(_)) => {
+                                held = Some(job);
+                                break;
+                            }
                             Ok(job) => jobs.push(job),
                             Err(_) => break,
                         }
                     }
-                    let calls: Vec<GroupCall<'_, Option<Reply>>> = jobs
+                    counters.groups.fetch_add(1, Ordering::Relaxed);
+                    counters.calls.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                    let calls: Vec<GroupCall<'_, Option<Reply>>> = units(jobs)
                         .into_iter()
-                        .map(|job| {
+                        .map(|unit| {
                             Box::new(move |core: &SqliteCore| {
-                                // A panicking call loses only its own reply (its
-                                // caller sees an internal error); its transaction
+                                // A panicking unit loses only its own replies (its
+                                // callers see an internal error); its transaction
                                 // or savepoint rolled back on unwind.
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(core))).ok()
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unit.run(core))).ok()
                             }) as GroupCall<'_, Option<Reply>>
                         })
                         .collect();
-                    counters.groups.fetch_add(1, Ordering::Relaxed);
-                    counters.calls.fetch_add(calls.len() as u64, Ordering::Relaxed);
                     for (reply, committed) in core.group(calls) {
                         if let Some(reply) = reply {
                             reply(committed);
@@ -222,6 +300,29 @@ impl Writer {
             thread: Some(thread),
             stats,
         })
+    }
+}
+
+/// How long the writer thread polls its empty queue before it parks: callers
+/// answered by the group just committed usually send their next call within a few
+/// microseconds, and catching it without parking spares the writer a futex wait and
+/// a context switch, and the caller a futex wake.
+const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(SPIN_US);
+const SPIN_US: u64 = 50;
+
+/// The writer's next job: polls for [`SPIN_BEFORE_PARK`], then blocks.
+fn next_job(queue: &mpsc::Receiver<Job>) -> Result<Job, mpsc::RecvError> {
+    let start = std::time::Instant::now();
+    loop {
+        match queue.try_recv() {
+            Ok(job) => return Ok(job),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        if start.elapsed() >= SPIN_BEFORE_PARK {
+            return queue.recv();
+        }
+        std::hint::spin_loop();
     }
 }
 
@@ -332,8 +433,17 @@ impl SqliteLedger {
         &self,
         f: impl FnOnce(&SqliteCore) -> Result<T, LedgerError> + Send + 'static,
     ) -> Result<T, LedgerError> {
+        self.write_job(f, false).await
+    }
+
+    /// [`SqliteLedger::write`], alone (in no group) when `alone`.
+    async fn write_job<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&SqliteCore) -> Result<T, LedgerError> + Send + 'static,
+        alone: bool,
+    ) -> Result<T, LedgerError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move |core| {
+        let call: Box<dyn FnOnce(&SqliteCore) -> Reply + Send> = Box::new(move |core| {
             let out = f(core);
             Box::new(move |committed: Result<(), LedgerError>| {
                 let _ = reply.send(match (out, committed) {
@@ -343,6 +453,37 @@ impl SqliteLedger {
                 });
             })
         });
+        let job = if alone { Job::Alone(call) } else { Job::Call(call) };
+        self.send(job, answer).await
+    }
+
+    /// Runs a claim on the writer thread, merged with the claims waiting with it.
+    async fn claim_on_writer(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease_ms: u64,
+        begin: bool,
+    ) -> Result<Vec<Claimed>, LedgerError> {
+        if batch == 0 {
+            return Ok(Vec::new());
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = ClaimRequest {
+            owner: owner.to_owned(),
+            batch,
+            lease_ms,
+            begin,
+        };
+        self.send(Job::Claim(request, reply), answer).await
+    }
+
+    /// Sends `job` to the writer thread and waits for its `answer`.
+    async fn send<T>(
+        &self,
+        job: Job,
+        answer: tokio::sync::oneshot::Receiver<Result<T, LedgerError>>,
+    ) -> Result<T, LedgerError> {
         let sent = self.shared.writer.jobs.as_ref().map(|jobs| jobs.send(job));
         if !matches!(sent, Some(Ok(()))) {
             return Err(LedgerError::Internal("the sqlite writer thread is gone".into()));
@@ -370,7 +511,9 @@ impl SqliteLedger {
 
 impl Ledger for SqliteLedger {
     async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
-        self.write(|core| core.migrate()).await
+        // Alone: a migration switches foreign keys off, which only works outside a
+        // transaction.
+        self.write_job(|core| core.migrate(), true).await
     }
 
     async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
@@ -402,14 +545,11 @@ impl Ledger for SqliteLedger {
     }
 
     async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        let owner = owner.to_owned();
-        self.write(move |core| core.claim(&owner, batch, lease_ms)).await
+        self.claim_on_writer(owner, batch, lease_ms, false).await
     }
 
     async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        let owner = owner.to_owned();
-        self.write(move |core| core.claim_and_begin(&owner, batch, lease_ms))
-            .await
+        self.claim_on_writer(owner, batch, lease_ms, true).await
     }
 
     async fn complete_and_continue(

@@ -691,163 +691,24 @@ pub(super) fn update_writes(conn: &Connection, before: &AttemptRecord, writes: &
     Ok(())
 }
 
-/// Applies the writes of several transitions that share one guard (a claim's batch)
-/// over the rows read for each (`before`), as [`update_writes`] would one after the
-/// other but in a few statements: one `UPDATE … FROM json_each(?)` per table and
-/// shape of change (the set of columns that change), the new values bound as one JSON
-/// array. The commands go first, under the guard; answers, for each item, whether its
-/// guard held and its writes were applied (a refused item wrote nothing). On any
-/// other error the caller must abandon the transaction.
+/// Applies the writes of several transitions (a claim's batch), each over the rows
+/// read for it (`before`), one after the other as [`update_writes`] does; answers,
+/// for each item, whether its guard held and its writes were applied (a refused item
+/// wrote nothing). On any other error the caller must abandon the transaction.
+///
+/// One prepared `UPDATE` per row, by key: measured against one
+/// `UPDATE … FROM json_each(?)` per table for the whole batch, it runs fewer
+/// instructions per claim (callgrind, batch 32: 101k against 122k), because every
+/// `->>` re-parses the bound JSON.
 pub(super) fn update_many(conn: &Connection, items: &[(&AttemptRecord, &Writes)]) -> Result<Vec<bool>, LedgerError> {
-    let Some(guard) = items.first().map(|(_, w)| &w.guard) else {
-        return Ok(Vec::new());
-    };
-    let uniform = items
+    items
         .iter()
-        .all(|(_, w)| &w.guard == guard && w.command.is_some() && !w.is_empty());
-    if items.len() == 1 || !uniform || *guard == Guard::Absent {
-        return items
-            .iter()
-            .map(|(before, writes)| match update_writes(conn, before, writes) {
-                Ok(()) => Ok(true),
-                Err(LedgerError::Refused(_)) => Ok(false),
-                Err(e) => Err(e),
-            })
-            .collect();
-    }
-    // Commands, under the guard: the ids the guard admitted come back.
-    let mut shapes: BTreeMap<Vec<&str>, Vec<serde_json::Value>> = BTreeMap::new();
-    for (before, writes) in items {
-        let c = writes.command.as_ref().expect("uniform items have command images");
-        let (names, values) = changed_columns(&COMMAND_MUTABLE, &command_values(&before.command), command_values(c));
-        let mut row = vec![serde_json::Value::String(c.id.as_str().to_owned())];
-        row.extend(values.into_iter().map(json_value));
-        shapes.entry(names).or_default().push(serde_json::Value::Array(row));
-    }
-    let mut admitted: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-    for (names, rows) in shapes {
-        let json = serde_json::Value::Array(rows).to_string();
-        let (condition, guard_values) = guard_condition(guard, 2)
-            .ok_or_else(|| LedgerError::Internal("an update needs a guard other than absent".into()))?;
-        let sql = if names.is_empty() {
-            format!(
-                "SELECT command.id FROM command JOIN json_each(?1) AS j ON command.id = j.value ->> 0 WHERE {condition}"
-            )
-        } else {
-            format!(
-                "UPDATE command SET {} FROM json_each(?1) AS j WHERE command.id = j.value ->> 0 AND {condition} \
-                 RETURNING command.id",
-                set_from_json(&names)
-            )
-        };
-        let mut values = vec![SqlValue::Text(json)];
-        values.extend(guard_values);
-        let mut stmt = conn.prepare_cached(&sql).sql()?;
-        let mut rows = stmt.query(params_from_iter(values)).sql()?;
-        while let Some(row) = rows.next().sql()? {
-            admitted.insert(Cols::new(row, "command").get::<String>(0)?);
-        }
-    }
-    let applied: Vec<bool> = items
-        .iter()
-        .map(|(_, w)| w.command.as_ref().is_some_and(|c| admitted.contains(c.id.as_str())))
-        .collect();
-    // Attempts, then receipts, of the admitted items.
-    let mut attempts: BTreeMap<Vec<&str>, Vec<serde_json::Value>> = BTreeMap::new();
-    let mut receipts: BTreeMap<Vec<&str>, Vec<serde_json::Value>> = BTreeMap::new();
-    for ((before, writes), _) in items.iter().zip(&applied).filter(|(_, applied)| **applied) {
-        if let Some(a) = &writes.attempt {
-            let (names, values) =
-                changed_columns(&ATTEMPT_MUTABLE, &attempt_values(&before.attempt), attempt_values(a));
-            if !names.is_empty() {
-                let mut row = vec![serde_json::Value::String(a.id.as_str().to_owned())];
-                row.extend(values.into_iter().map(json_value));
-                attempts.entry(names).or_default().push(serde_json::Value::Array(row));
-            }
-        }
-        for r in &writes.receipts {
-            let old = before.receipt(r.ordinal).ok_or_else(|| {
-                LedgerError::Internal(format!(
-                    "attempt {} has no receipt {} to update",
-                    r.attempt_id, r.ordinal
-                ))
-            })?;
-            let (names, values) = changed_columns(&RECEIPT_MUTABLE, &receipt_values(old), receipt_values(r));
-            if !names.is_empty() {
-                let mut row = vec![
-                    serde_json::Value::String(r.attempt_id.as_str().to_owned()),
-                    serde_json::Value::from(r.ordinal),
-                ];
-                row.extend(values.into_iter().map(json_value));
-                receipts.entry(names).or_default().push(serde_json::Value::Array(row));
-            }
-        }
-    }
-    for (names, rows) in attempts {
-        let expected = rows.len();
-        let sql = format!(
-            "UPDATE attempt SET {} FROM json_each(?1) AS j WHERE attempt.id = j.value ->> 0",
-            set_from_json(&names)
-        );
-        let n = execute(
-            conn,
-            &sql,
-            vec![SqlValue::Text(serde_json::Value::Array(rows).to_string())],
-        )?;
-        if n != expected {
-            return Err(LedgerError::Integrity(format!(
-                "{} of {expected} attempts vanished during a claim",
-                expected - n
-            )));
-        }
-    }
-    for (names, rows) in receipts {
-        let expected = rows.len();
-        let sql = format!(
-            "UPDATE receipt SET {} FROM json_each(?1) AS j \
-             WHERE receipt.attempt_id = j.value ->> 0 AND receipt.ordinal = j.value ->> 1",
-            set_from_json_from(&names, 2)
-        );
-        let n = execute(
-            conn,
-            &sql,
-            vec![SqlValue::Text(serde_json::Value::Array(rows).to_string())],
-        )?;
-        if n != expected {
-            return Err(LedgerError::Integrity(format!(
-                "{} of {expected} receipts vanished during a claim",
-                expected - n
-            )));
-        }
-    }
-    Ok(applied)
-}
-
-/// `col = j.value ->> 1, …`: the columns set from a JSON row whose first element is
-/// the key.
-fn set_from_json(names: &[&str]) -> String {
-    set_from_json_from(names, 1)
-}
-
-/// `col = j.value ->> first, …`.
-fn set_from_json_from(names: &[&str], first: usize) -> String {
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| format!("{name} = j.value ->> {}", first + i))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// A column value as JSON (`->>` answers it back as the same SQL type).
-fn json_value(v: SqlValue) -> serde_json::Value {
-    match v {
-        SqlValue::Null => serde_json::Value::Null,
-        SqlValue::Integer(i) => serde_json::Value::from(i),
-        SqlValue::Real(f) => serde_json::Value::from(f),
-        SqlValue::Text(t) => serde_json::Value::String(t),
-        SqlValue::Blob(_) => serde_json::Value::Null,
-    }
+        .map(|(before, writes)| match update_writes(conn, before, writes) {
+            Ok(()) => Ok(true),
+            Err(LedgerError::Refused(_)) => Ok(false),
+            Err(e) => Err(e),
+        })
+        .collect()
 }
 
 /// The names and new values of the mutable columns whose value differs.
@@ -1020,6 +881,25 @@ impl MigrationTarget for SqliteMigrations<'_> {
             )
             .sql()?;
         Ok(())
+    }
+}
+
+/// Fails with [`LedgerError::Integrity`] naming the first row whose foreign key
+/// points nowhere, if any.
+pub(super) fn check_foreign_keys(conn: &Connection) -> Result<(), LedgerError> {
+    let mut stmt = conn.prepare("PRAGMA foreign_key_check").sql()?;
+    let mut rows = stmt.query([]).sql()?;
+    match rows.next().sql()? {
+        None => Ok(()),
+        Some(row) => {
+            let table: String = row.get(0).sql()?;
+            let rowid: Option<i64> = row.get(1).sql()?;
+            let parent: String = row.get(2).sql()?;
+            Err(LedgerError::Integrity(format!(
+                "{table} row {} refers to a missing {parent} row",
+                rowid.map_or_else(|| "?".to_owned(), |r| r.to_string())
+            )))
+        }
     }
 }
 

@@ -76,7 +76,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -116,7 +116,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -182,7 +182,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -613,7 +613,11 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     }))
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
-    assert_eq!(applied.iter().filter(|v| **v == vec![1, 2]).count(), 1, "{applied:?}");
+    assert_eq!(
+        applied.iter().filter(|v| **v == vec![1, 2, 3]).count(),
+        1,
+        "{applied:?}"
+    );
 
     let seed = core_at(&path, &clock, 1);
     for i in 0..COMMANDS {
@@ -788,7 +792,7 @@ fn a_batch_claim_skips_a_command_taken_behind_its_back_and_writes_nothing_for_it
 }
 
 #[test]
-fn migration_2_keeps_a_version_1_ledger_and_its_claim_order() {
+fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let core = core_at(&path, &clock, 1);
@@ -806,8 +810,31 @@ fn migration_2_keeps_a_version_1_ledger_and_its_claim_order() {
     let plans = three_queued(&core, &clock);
     clock.advance_ms(1);
     let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
-    assert_eq!(core.migrate().unwrap(), vec![2]);
+    let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
+    assert_eq!(core.migrate().unwrap(), vec![2, 3]);
+    let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
+    assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
+    // Foreign keys are on again, and the rebuilt tables still check them and their
+    // enumerations.
+    let fk: i64 = core
+        .connection()
+        .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(fk, 1);
+    let orphan = core.connection().execute(
+        "INSERT INTO command (id, attempt_id, status, available_at) VALUES ('cmd-x', 'att-missing', 'PENDING', 0)",
+        [],
+    );
+    assert!(orphan.is_err(), "a command of a missing attempt is refused");
+    let bogus = core.connection().execute(
+        "UPDATE command SET status = 'BOGUS' WHERE id = ?1",
+        [first.lease.command_id.as_str()],
+    );
+    assert!(
+        bogus.unwrap_err().to_string().contains("CHECK"),
+        "an unknown status is refused"
+    );
     // The claimed one expires and is taken over after the two others, in order.
     clock.advance_ms(LEASE_MS + 1);
     let order: Vec<PlanId> = core
@@ -870,4 +897,177 @@ fn a_group_that_sqlite_rolls_back_fails_its_calls_so_far_and_runs_the_rest_alone
         [Some("w2".into()), None, None],
         "only the lone claim is durable"
     );
+}
+
+#[test]
+fn a_migration_that_would_leave_a_dangling_reference_commits_nothing() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    {
+        let tx = core.write_tx().unwrap();
+        crate::ledger::migrate::run(
+            &mut rows::SqliteMigrations { conn: &tx },
+            &crate::ledger::migrate::SQLITE[..2],
+            clock.now(),
+        )
+        .unwrap();
+        tx.commit().unwrap();
+    }
+    three_queued(&core, &clock);
+    // A receipt whose attempt is gone (written with foreign keys off, as another
+    // tool might have).
+    core.connection().execute_batch("PRAGMA foreign_keys = OFF").unwrap();
+    core.connection()
+        .execute_batch(
+            "INSERT INTO receipt (attempt_id, ordinal, step_code, idempotency_key, status) \
+             VALUES ('att-gone', 1, 's', 'k', 'PENDING')",
+        )
+        .unwrap();
+    core.connection().execute_batch("PRAGMA foreign_keys = ON").unwrap();
+    match core.migrate() {
+        Err(LedgerError::Integrity(m)) => assert!(m.contains("receipt") && m.contains("attempt"), "{m}"),
+        other => panic!("expected an integrity error, got {other:?}"),
+    }
+    let versions: Vec<u32> = core
+        .connection()
+        .prepare("SELECT version FROM schema_migrations ORDER BY version")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(versions, vec![1, 2], "version 3 rolled back");
+    let fk: i64 = core
+        .connection()
+        .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(fk, 1, "foreign keys are on again after a failed migration");
+    assert_eq!(core.open_attempts().unwrap(), 3);
+}
+
+/// Two ledgers with the same history: six queued attempts, the first claimed and its
+/// lease expired (so the next claim takes it over).
+fn six_queued_one_expired() -> (
+    tempfile::TempDir,
+    tempfile::TempDir,
+    Arc<ManualClock>,
+    SqliteCore,
+    SqliteCore,
+) {
+    let clock = clock();
+    let ((dir_a, path_a), (dir_b, path_b)) = (temp_db(), temp_db());
+    let (a, b) = (core_at(&path_a, &clock, 5), core_at(&path_b, &clock, 5));
+    for core in [&a, &b] {
+        core.migrate().unwrap();
+    }
+    for i in 0..6 {
+        for core in [&a, &b] {
+            let plan = core.register_plan(spec(&format!("p{i}"), "resume", 2), KNOWN).unwrap();
+            core.enqueue(&plan.id, Action::Execute).unwrap();
+        }
+        clock.advance_ms(1);
+    }
+    for core in [&a, &b] {
+        assert_eq!(core.claim("w0", 1, 10).unwrap().len(), 1);
+    }
+    clock.advance_ms(11);
+    (dir_a, dir_b, clock, a, b)
+}
+
+#[test]
+fn merged_claims_take_what_the_claims_would_take_one_after_the_other() {
+    let (_da, _db, _clock, merged, alone) = six_queued_one_expired();
+    let request = |owner: &str, batch: u32, begin: bool| super::ClaimRequest {
+        owner: owner.to_owned(),
+        batch,
+        lease_ms: LEASE_MS,
+        begin,
+    };
+    let requests = [
+        request("w1", 2, false),
+        request("w2", 0, true),
+        request("w3", 1, true),
+        request("w4", 5, false),
+    ];
+    let together = merged.claim_many(&requests).unwrap();
+    let one_by_one: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            if r.begin {
+                alone.claim_and_begin(&r.owner, r.batch, r.lease_ms).unwrap()
+            } else {
+                alone.claim(&r.owner, r.batch, r.lease_ms).unwrap()
+            }
+        })
+        .collect();
+    let sizes: Vec<usize> = together.iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![2, 0, 1, 3], "the takeover and five queued, oldest first");
+    assert_eq!(together, one_by_one, "same commands, tokens, rows and plans");
+    assert_eq!(
+        together[0][0].record.command.delivery_count, 2,
+        "the expired lease first"
+    );
+    assert_eq!(
+        together[2][0].record.receipts[0].status,
+        ReceiptStatus::Running,
+        "w3 began its step"
+    );
+    // The stored rows agree too.
+    for (k, claims) in together.iter().enumerate() {
+        for c in claims {
+            let stored = alone.attempt(&c.lease.attempt_id).unwrap();
+            assert_eq!(merged.attempt(&c.lease.attempt_id).unwrap(), stored);
+            assert_eq!(stored.command.lease_owner.as_deref(), Some(requests[k].owner.as_str()));
+        }
+    }
+    assert!(merged.claim("w5", 5, LEASE_MS).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_claims_on_one_ledger_share_out_every_command_once() {
+    let (dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 3);
+    core.migrate().unwrap();
+    const COMMANDS: usize = 200;
+    for i in 0..COMMANDS {
+        let plan = core.register_plan(spec(&format!("p{i}"), "resume", 1), KNOWN).unwrap();
+        core.enqueue(&plan.id, Action::Execute).unwrap();
+    }
+    drop(core);
+    let ledger = Arc::new(SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(4))).unwrap());
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..8 {
+        let ledger = Arc::clone(&ledger);
+        tasks.spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let claimed = if w % 2 == 0 {
+                    ledger.claim(&format!("w{w}"), 1 + w % 3, LEASE_MS).await.unwrap()
+                } else {
+                    ledger
+                        .claim_and_begin(&format!("w{w}"), 1 + w % 3, LEASE_MS)
+                        .await
+                        .unwrap()
+                };
+                if claimed.is_empty() {
+                    return mine;
+                }
+                for c in claimed {
+                    assert_eq!(c.record.command.lease_owner.as_deref(), Some(format!("w{w}").as_str()));
+                    mine.push(c.lease.command_id);
+                }
+            }
+        });
+    }
+    let mut all = BTreeSet::new();
+    while let Some(mine) = tasks.join_next().await {
+        for id in mine.unwrap() {
+            assert!(all.insert(id), "a command claimed twice");
+        }
+    }
+    assert_eq!(all.len(), COMMANDS, "every command claimed once");
+    assert!(ledger.writer_stats().calls >= 8, "{:?}", ledger.writer_stats());
+    drop(dir);
 }
