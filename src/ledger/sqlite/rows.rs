@@ -12,9 +12,11 @@ use leasehold_engine::{
     Attempt, AttemptId, AttemptRecord, Command, CommandId, Guard, Plan, PlanId, PlanStatus, Receipt, Refusal, Step,
     Timestamp, Writes,
 };
-use rusqlite::types::{FromSql, Value as SqlValue};
+use rusqlite::types::{FromSql, ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode, Row};
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 use std::str::FromStr;
 
 /// Maps a rusqlite error: busy or locked is retryable, a value that does not convert
@@ -501,49 +503,58 @@ pub(super) fn count_open_attempts(conn: &Connection) -> Result<u64, LedgerError>
     u64::try_from(n).map_err(|_| LedgerError::Internal(format!("negative count {n}")))
 }
 
-fn ts(t: Timestamp) -> SqlValue {
-    SqlValue::Integer(t.as_millis())
+/// A value to bind, borrowed from the row image it comes from (no copies).
+type Val<'a> = ValueRef<'a>;
+
+fn ts<'a>(t: Timestamp) -> Val<'a> {
+    ValueRef::Integer(t.as_millis())
 }
 
-fn opt_ts(t: Option<Timestamp>) -> SqlValue {
-    t.map_or(SqlValue::Null, ts)
+fn opt_ts<'a>(t: Option<Timestamp>) -> Val<'a> {
+    t.map_or(ValueRef::Null, ts)
 }
 
-fn text(s: &str) -> SqlValue {
-    SqlValue::Text(s.to_owned())
+fn text(s: &str) -> Val<'_> {
+    ValueRef::Text(s.as_bytes())
 }
 
-fn opt_text(s: Option<&str>) -> SqlValue {
-    s.map_or(SqlValue::Null, text)
+fn opt_text(s: Option<&str>) -> Val<'_> {
+    s.map_or(ValueRef::Null, text)
 }
 
-/// The guard as a SQL condition on the command row, with its parameters numbered from
-/// `first`. `Guard::Absent` has none: it is an `INSERT`.
-fn guard_condition(guard: &Guard, first: usize) -> Option<(String, Vec<SqlValue>)> {
+/// The guard as a SQL condition on the command row over parameters `?2` and `?3`
+/// (`?1` is the key), its kind (part of a statement's cache key) and the values of
+/// both parameters (`NULL` where unused). `Guard::Absent` has none: it is an
+/// `INSERT`.
+fn guard_condition(guard: &Guard) -> Option<(&'static str, u32, [Val<'_>; 2])> {
     match guard {
         Guard::Absent => None,
         Guard::Holds(token) => Some((
-            format!("status = 'PROCESSING' AND lease_token = ?{first}"),
-            vec![text(token.expose())],
+            "status = 'PROCESSING' AND lease_token = ?2",
+            1,
+            [text(token.expose()), ValueRef::Null],
         )),
         Guard::Claimable(now) => Some((
-            format!(
-                "((status = 'PENDING' AND available_at <= ?{first}) OR (status = 'PROCESSING' AND lease_until < ?{first}))"
-            ),
-            vec![ts(*now)],
+            "((status = 'PENDING' AND available_at <= ?2) OR (status = 'PROCESSING' AND lease_until < ?2))",
+            2,
+            [ts(*now), ValueRef::Null],
         )),
         Guard::Unchanged { status, lease_token } => Some((
-            format!("status = ?{first} AND lease_token IS ?{}", first + 1),
-            vec![text(status.as_str()), opt_text(lease_token.as_ref().map(|t| t.expose()))],
+            "status = ?2 AND lease_token IS ?3",
+            3,
+            [
+                text(status.as_str()),
+                opt_text(lease_token.as_ref().map(|t| t.expose())),
+            ],
         )),
     }
 }
 
-fn attempt_values(a: &Attempt) -> Vec<SqlValue> {
-    vec![
+fn attempt_values(a: &Attempt) -> [Val<'_>; 9] {
+    [
         text(a.id.as_str()),
         text(a.plan_id.as_str()),
-        SqlValue::Integer(a.number.into()),
+        ValueRef::Integer(a.number.into()),
         text(a.action.as_str()),
         text(a.status.as_str()),
         ts(a.created_at),
@@ -553,8 +564,8 @@ fn attempt_values(a: &Attempt) -> Vec<SqlValue> {
     ]
 }
 
-fn command_values(c: &Command) -> Vec<SqlValue> {
-    vec![
+fn command_values(c: &Command) -> [Val<'_>; 11] {
+    [
         text(c.id.as_str()),
         text(c.attempt_id.as_str()),
         text(c.status.as_str()),
@@ -563,16 +574,16 @@ fn command_values(c: &Command) -> Vec<SqlValue> {
         opt_text(c.lease_token.as_ref().map(|t| t.expose())),
         opt_ts(c.lease_until),
         opt_ts(c.last_heartbeat_at),
-        SqlValue::Integer(c.delivery_count.into()),
+        ValueRef::Integer(c.delivery_count.into()),
         opt_text(c.last_error.as_deref()),
         opt_ts(c.finished_at),
     ]
 }
 
-fn receipt_values(r: &Receipt) -> Vec<SqlValue> {
-    vec![
+fn receipt_values(r: &Receipt) -> [Val<'_>; 11] {
+    [
         text(r.attempt_id.as_str()),
-        SqlValue::Integer(r.ordinal.into()),
+        ValueRef::Integer(r.ordinal.into()),
         text(&r.step_code),
         text(&r.idempotency_key),
         text(r.status.as_str()),
@@ -585,8 +596,33 @@ fn receipt_values(r: &Receipt) -> Vec<SqlValue> {
     ]
 }
 
-fn execute(conn: &Connection, sql: &str, values: Vec<SqlValue>) -> Result<usize, LedgerError> {
-    conn.prepare_cached(sql).sql()?.execute(params_from_iter(values)).sql()
+fn execute(conn: &Connection, sql: &str, values: &[Val<'_>]) -> Result<usize, LedgerError> {
+    conn.prepare_cached(sql)
+        .sql()?
+        .execute(params_from_iter(values.iter().map(|v| ToSqlOutput::Borrowed(*v))))
+        .sql()
+}
+
+/// The tables a write statement's cache key names.
+#[derive(Clone, Copy)]
+enum Table {
+    Attempt = 0,
+    Command = 1,
+    Receipt = 2,
+    /// `check_guard`'s read of the command.
+    Guard = 3,
+}
+
+/// The text of a write statement, built once per thread for each key: the table, the
+/// guard's kind and the set of columns it changes. (`prepare_cached` finds the
+/// prepared statement by this text; building it with `format!` on every write was a
+/// tenth of a transition's instructions.)
+fn statement(table: Table, guard: u32, changed: u32, build: impl FnOnce() -> String) -> Rc<str> {
+    thread_local! {
+        static STATEMENTS: RefCell<HashMap<u64, Rc<str>>> = RefCell::new(HashMap::new());
+    }
+    let key = (u64::from(changed) << 8) | (u64::from(guard) << 2) | table as u64;
+    STATEMENTS.with(|cache| Rc::clone(cache.borrow_mut().entry(key).or_insert_with(|| build().into())))
 }
 
 fn stale(command: &CommandId) -> LedgerError {
@@ -643,15 +679,21 @@ pub(super) fn update_writes(conn: &Connection, before: &AttemptRecord, writes: &
         None => check_guard(conn, &before.attempt.id, &writes.guard)?,
     }
     if let Some(a) = &writes.attempt {
-        let (sets, mut values) = changed(&ATTEMPT_MUTABLE, &attempt_values(&before.attempt), attempt_values(a));
-        if !sets.is_empty() {
-            values.push(text(a.id.as_str()));
-            let n = execute(
-                conn,
-                &format!("UPDATE attempt SET {sets} WHERE id = ?{}", values.len()),
-                values,
-            )?;
-            if n == 0 {
+        let mut values = vec![text(a.id.as_str())];
+        let changed = push_changed(
+            &ATTEMPT_MUTABLE,
+            &attempt_values(&before.attempt),
+            &attempt_values(a),
+            &mut values,
+        );
+        if changed != 0 {
+            let sql = statement(Table::Attempt, 0, changed, || {
+                format!(
+                    "UPDATE attempt SET {} WHERE id = ?1",
+                    set_clause(&ATTEMPT_MUTABLE, changed, 2)
+                )
+            });
+            if execute(conn, &sql, &values)? == 0 {
                 return Err(LedgerError::Integrity(format!(
                     "attempt {} vanished during a transition",
                     a.id
@@ -666,22 +708,18 @@ pub(super) fn update_writes(conn: &Connection, before: &AttemptRecord, writes: &
                 r.attempt_id, r.ordinal
             ))
         })?;
-        let (sets, mut values) = changed(&RECEIPT_MUTABLE, &receipt_values(old), receipt_values(r));
-        if sets.is_empty() {
+        let mut values = vec![text(r.attempt_id.as_str()), ValueRef::Integer(r.ordinal.into())];
+        let changed = push_changed(&RECEIPT_MUTABLE, &receipt_values(old), &receipt_values(r), &mut values);
+        if changed == 0 {
             continue;
         }
-        values.push(text(r.attempt_id.as_str()));
-        values.push(SqlValue::Integer(r.ordinal.into()));
-        let n = execute(
-            conn,
-            &format!(
-                "UPDATE receipt SET {sets} WHERE attempt_id = ?{} AND ordinal = ?{}",
-                values.len() - 1,
-                values.len()
-            ),
-            values,
-        )?;
-        if n == 0 {
+        let sql = statement(Table::Receipt, 0, changed, || {
+            format!(
+                "UPDATE receipt SET {} WHERE attempt_id = ?1 AND ordinal = ?2",
+                set_clause(&RECEIPT_MUTABLE, changed, 3)
+            )
+        });
+        if execute(conn, &sql, &values)? == 0 {
             return Err(LedgerError::Integrity(format!(
                 "receipt {} of attempt {} vanished during a transition",
                 r.ordinal, r.attempt_id
@@ -711,21 +749,35 @@ pub(super) fn update_many(conn: &Connection, items: &[(&AttemptRecord, &Writes)]
         .collect()
 }
 
-/// The names and new values of the mutable columns whose value differs.
-fn changed_columns<'n>(
-    mutable: &[(usize, &'n str)],
-    before: &[SqlValue],
-    mut after: Vec<SqlValue>,
-) -> (Vec<&'n str>, Vec<SqlValue>) {
-    let mut names = Vec::new();
-    let mut values = Vec::new();
-    for &(i, name) in mutable {
+/// Appends to `values` the new values of the mutable columns whose value differs
+/// between `before` and `after`, in `mutable`'s order; answers which ones (bit `k`
+/// for `mutable[k]`).
+fn push_changed<'a>(
+    mutable: &[(usize, &str)],
+    before: &[Val<'_>],
+    after: &[Val<'a>],
+    values: &mut Vec<Val<'a>>,
+) -> u32 {
+    let mut changed = 0;
+    for (k, &(i, _)) in mutable.iter().enumerate() {
         if before[i] != after[i] {
-            names.push(name);
-            values.push(std::mem::replace(&mut after[i], SqlValue::Null));
+            changed |= 1 << k;
+            values.push(after[i]);
         }
     }
-    (names, values)
+    changed
+}
+
+/// The `SET` clause (`col = ?first, …`) of the columns `changed` names.
+fn set_clause(mutable: &[(usize, &str)], changed: u32, first: usize) -> String {
+    mutable
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| changed & (1 << k) != 0)
+        .enumerate()
+        .map(|(n, (_, (_, name)))| format!("{name} = ?{}", first + n))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The columns a transition may change, by their index in the table's values
@@ -753,83 +805,78 @@ const RECEIPT_MUTABLE: [(usize, &str); 7] = [
     (10, "finished_at"),
 ];
 
-/// The `SET` clause (`col = ?1, …`) of the mutable columns whose value differs
-/// between `before` and `after`, and their new values in parameter order.
-fn changed(mutable: &[(usize, &str)], before: &[SqlValue], after: Vec<SqlValue>) -> (String, Vec<SqlValue>) {
-    let (names, values) = changed_columns(mutable, before, after);
-    let sets = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| format!("{name} = ?{}", i + 1))
-        .collect::<Vec<_>>()
-        .join(", ");
-    (sets, values)
-}
-
+/// The three rows of a new attempt, as [`insert_writes`] inserts them.
 fn insert_images(conn: &Connection, writes: &Writes) -> Result<(), LedgerError> {
     let (Some(attempt), Some(command)) = (&writes.attempt, &writes.command) else {
         return Err(LedgerError::Internal(
             "a new attempt needs its attempt and command images".into(),
         ));
     };
-    execute(
-        conn,
-        &format!("INSERT INTO attempt ({ATTEMPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
-        attempt_values(attempt),
-    )?;
-    let inserted = execute(
-        conn,
-        &format!(
+    let sql = statement(Table::Attempt, 0, 0, || {
+        format!("INSERT INTO attempt ({ATTEMPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
+    });
+    execute(conn, &sql, &attempt_values(attempt))?;
+    let sql = statement(Table::Command, 0, 0, || {
+        format!(
             "INSERT INTO command ({COMMAND_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
              ON CONFLICT DO NOTHING"
-        ),
-        command_values(command),
-    )?;
-    if inserted == 0 {
+        )
+    });
+    if execute(conn, &sql, &command_values(command))? == 0 {
         return Err(stale(&command.id));
     }
+    let sql = statement(Table::Receipt, 0, 0, || {
+        format!("INSERT INTO receipt ({RECEIPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)")
+    });
     for r in &writes.receipts {
-        execute(
-            conn,
-            &format!("INSERT INTO receipt ({RECEIPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
-            receipt_values(r),
-        )?;
+        execute(conn, &sql, &receipt_values(r))?;
     }
     Ok(())
 }
 
 /// The command's new image over `before`, written only where the guard holds.
 fn update_command(conn: &Connection, before: &Command, c: &Command, guard: &Guard) -> Result<(), LedgerError> {
-    let (sets, mut values) = changed(&COMMAND_MUTABLE, &command_values(before), command_values(c));
-    if sets.is_empty() {
+    let (condition, kind, guard_values) = guard_condition(guard)
+        .ok_or_else(|| LedgerError::Internal("an update needs a guard other than absent".into()))?;
+    let mut values = vec![text(c.id.as_str())];
+    values.extend(guard_values);
+    let changed = push_changed(
+        &COMMAND_MUTABLE,
+        &command_values(before),
+        &command_values(c),
+        &mut values,
+    );
+    if changed == 0 {
         return check_guard(conn, &c.attempt_id, guard);
     }
-    values.push(text(c.id.as_str()));
-    let id_param = values.len();
-    let (condition, guard_values) = guard_condition(guard, values.len() + 1)
-        .ok_or_else(|| LedgerError::Internal("an update needs a guard other than absent".into()))?;
-    values.extend(guard_values);
-    let n = execute(
-        conn,
-        &format!("UPDATE command SET {sets} WHERE id = ?{id_param} AND {condition}"),
-        values,
-    )?;
-    if n == 0 {
+    let sql = statement(Table::Command, kind, changed, || {
+        format!(
+            "UPDATE command SET {} WHERE id = ?1 AND {condition}",
+            set_clause(&COMMAND_MUTABLE, changed, 4)
+        )
+    });
+    if execute(conn, &sql, &values)? == 0 {
         return Err(stale(&c.id));
     }
     Ok(())
 }
 
 /// Refuses unless the guard holds on the attempt's command, writing nothing.
-fn check_guard(conn: &Connection, attempt_id: &AttemptId, guard: &Guard) -> Result<(), LedgerError> {
-    let (condition, guard_values) = guard_condition(guard, 2)
+pub(super) fn check_guard(conn: &Connection, attempt_id: &AttemptId, guard: &Guard) -> Result<(), LedgerError> {
+    let (condition, kind, guard_values) = guard_condition(guard)
         .ok_or_else(|| LedgerError::Internal("a check needs a guard other than absent".into()))?;
-    let mut values = vec![text(attempt_id.as_str())];
-    values.extend(guard_values);
+    let sql = statement(Table::Guard, kind, 0, || {
+        format!("SELECT id, coalesce(({condition}), 0) FROM command WHERE attempt_id = ?1")
+    });
+    let [a, b] = guard_values;
+    let values = [text(attempt_id.as_str()), a, b];
+    // A statement has as many parameters as its highest number: `?3` only where the
+    // condition uses it.
+    let used = if condition.contains("?3") { 3 } else { 2 };
     let row = query_one(
         conn,
-        &format!("SELECT id, coalesce(({condition}), 0) FROM command WHERE attempt_id = ?1"),
-        params_from_iter(values),
+        &sql,
+        params_from_iter(values[..used].iter().map(|v| ToSqlOutput::Borrowed(*v))),
         |row| {
             let c = Cols::new(row, "command");
             Ok((CommandId::new(c.get::<String>(0)?), c.get::<bool>(1)?))

@@ -1071,3 +1071,35 @@ async fn concurrent_claims_on_one_ledger_share_out_every_command_once() {
     assert!(ledger.writer_stats().calls >= 8, "{:?}", ledger.writer_stats());
     drop(dir);
 }
+
+#[test]
+fn every_kind_of_guard_is_checked_on_the_stored_command() {
+    let (_dir, _clock, core, lease) = claimed_fixture();
+    let conn = core.connection();
+    let check = |guard: Guard| rows::check_guard(conn, &lease.attempt_id, &guard);
+    let stale = Err(LedgerError::Refused(Refusal::StaleToken {
+        command: lease.command_id.clone(),
+    }));
+    assert_eq!(check(Guard::Holds(lease.token.clone())), Ok(()));
+    assert_eq!(check(Guard::Holds(LeaseToken::new("other"))), stale);
+    assert_eq!(
+        check(Guard::Unchanged {
+            status: CommandStatus::Processing,
+            lease_token: Some(lease.token.clone()),
+        }),
+        Ok(())
+    );
+    assert_eq!(
+        check(Guard::Unchanged {
+            status: CommandStatus::Processing,
+            lease_token: None,
+        }),
+        stale
+    );
+    // The lease is live at T0: not claimable then, claimable once it has run out.
+    assert_eq!(check(Guard::Claimable(Timestamp::from_millis(T0))), stale);
+    assert_eq!(
+        check(Guard::Claimable(Timestamp::from_millis(T0 + LEASE_MS as i64 + 1))),
+        Ok(())
+    );
+}
