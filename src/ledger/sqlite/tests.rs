@@ -693,6 +693,20 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
         assert!(!text.contains("SCAN r"), "{text}");
         assert!(text.contains("SEARCH c USING INTEGER PRIMARY KEY (rowid=?)"), "{text}");
     }
+    // The probe that spares the expired range's sort when it is empty is one search of
+    // the leased index, and answers it.
+    let plan: Vec<String> = core
+        .connection()
+        .prepare(&format!("EXPLAIN QUERY PLAN {}", super::rows::ANY_EXPIRED_SQL))
+        .unwrap()
+        .query_map([0i64], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let text = plan.join("\n");
+    assert!(text.contains("INDEX command_leased (lease_until<?)"), "{text}");
+    assert!(!text.contains("SCAN command"), "{text}");
+    assert!(!text.contains("TEMP B-TREE"), "{text}");
 }
 
 /// Three plans with one queued attempt each, on a migrated core, enqueued 1 ms
