@@ -11,7 +11,10 @@
 //! ([`leasehold_engine::Refusal::StaleToken`]) that leaves every row as it was. (The
 //! lock order of DESIGN.md is about row locks; SQLite's write lock is the whole
 //! database, taken by `BEGIN IMMEDIATE` before the first read.) A claim writes its
-//! batch set-wise: one `UPDATE … FROM json_each(?)` per table. Reads
+//! batch row by row with prepared statements, by key; each statement's text is built
+//! once per set of changed columns. The schema's CHECK constraints are written as
+//! `OR` chains (migration 3): SQLite evaluates an `IN` list of more than two
+//! constants by building a temporary B-tree on every run. Reads
 //! are consistent snapshots (one deferred transaction each). The semantics are those
 //! of the reference [`super::memory::MemoryLedger`], call for call, including the order
 //! in which ids and tokens are drawn from the entropy.
@@ -33,7 +36,12 @@
 //! statements prepared. The writes waiting together run in one transaction, each in
 //! its own savepoint (group commit, [`SqliteCore::group`]): a failing call rolls back
 //! only its own writes, every reply is sent only after the group's `COMMIT`, and a
-//! failed `COMMIT` fails every call of the group. A checkpointer thread with its own
+//! failed `COMMIT` fails every call of the group. The claims of a group run merged, as
+//! one [`SqliteCore::claim_many`] at the first claim's place: one candidate read for
+//! all of them, each taking exactly what it would have taken alone (the calls of a
+//! group are all unanswered, so that order is one they could have run in). An idle
+//! writer polls its queue for 50 µs before it parks. A migration runs alone, outside
+//! any group. A checkpointer thread with its own
 //! connection runs the WAL checkpoints (`PASSIVE`, then `RESTART` past 16,384
 //! pages), so the writer's commits never copy pages back or wait for an fsync.
 //! Writers in other processes still meet at the file lock and the busy timeout. (A paused tokio clock does not know about the writer thread: it
