@@ -6,7 +6,8 @@
 //!   4 threads on one file database in WAL, `synchronous=NORMAL`, `BEGIN IMMEDIATE`;
 //! - `claims/<backend>`: `Ledger::claim` at batch 1, 5 and 32 with 1, 2, 4 and 8
 //!   concurrent claimers until the queue is empty (memory, SQLite, and MySQL/MariaDB
-//!   when `LEASEHOLD_TEST_MYSQL_URL` is set);
+//!   when `LEASEHOLD_TEST_MYSQL_URL` is set, run last: the server's background work
+//!   after a run would slow whatever came next);
 //! - `deliveries/<backend>`: one-step and six-step dry-run deliveries through the real
 //!   fused `Worker` ([`leasehold::bench`]), with their transactions per attempt.
 //!
@@ -431,7 +432,6 @@ fn claims(c: &mut Criterion, rt: &Runtime, scale: Scale) {
         }
     }
     g.finish();
-    mysql::claims(c, rt, scale);
 }
 
 /// MySQL / MariaDB claims, when `LEASEHOLD_TEST_MYSQL_URL` names a server.
@@ -692,6 +692,9 @@ fn main() {
     baselines(&mut c, scale);
     claims(&mut c, &rt, scale);
     deliveries(&mut c, &rt, scale);
+    // Last: the MySQL server keeps working (purge, page flushes) for a while after a
+    // run, on the same cores, which would slow whatever ran next and skew its ratio.
+    mysql::claims(&mut c, &rt, scale);
     c.final_summary();
     let text = summary();
     println!("{text}");
