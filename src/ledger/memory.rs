@@ -300,11 +300,7 @@ impl MemoryLedger {
                 .get(&record.attempt.plan_id)
                 .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
             let token = self.entropy.token();
-            let decided = if begin {
-                transition::claim_and_begin(record, plan.recovery, owner, token.clone(), lease_ms, now)
-            } else {
-                transition::claim(record, plan.recovery, owner, token.clone(), lease_ms, now)
-            };
+            let decided = super::claim_transition(begin)(record, plan.recovery, owner, token.clone(), lease_ms, now);
             let writes = match decided {
                 Ok(w) => w,
                 Err(_) => continue,

@@ -16,8 +16,10 @@ pub mod mysql;
 pub mod sqlite;
 
 use leasehold_engine::plan::PlanError;
-use leasehold_engine::transition::{next_step, Continued, ReconcileOutcome};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Refusal, Timestamp};
+use leasehold_engine::transition::{self, next_step, Continued, ReconcileOutcome};
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, Lease, LeaseToken, Plan, PlanId, PlanSpec, Recovery, Refusal, Timestamp, Writes,
+};
 use serde_json::Value;
 use std::future::Future;
 
@@ -72,6 +74,37 @@ pub struct Claimed {
     pub plan: Plan,
     /// The attempt's rows as the claim left them.
     pub record: AttemptRecord,
+}
+
+/// A claim transition: [`transition::claim`] or [`transition::claim_and_begin`].
+pub(crate) type ClaimTransition =
+    fn(&AttemptRecord, Recovery, &str, LeaseToken, u64, Timestamp) -> Result<Writes, Refusal>;
+
+/// The transition a claim runs on each candidate: with `begin`, it also begins the
+/// attempt's next step.
+pub(crate) fn claim_transition(begin: bool) -> ClaimTransition {
+    if begin {
+        transition::claim_and_begin
+    } else {
+        transition::claim
+    }
+}
+
+impl Claimed {
+    /// The claim of `record` (as read) under `token`, once its claim's `writes` are
+    /// applied.
+    pub(crate) fn applied(mut record: AttemptRecord, plan: Plan, token: LeaseToken, writes: &Writes) -> Self {
+        writes.apply_to(&mut record);
+        Self {
+            lease: Lease {
+                command_id: record.command.id.clone(),
+                attempt_id: record.attempt.id.clone(),
+                token,
+            },
+            plan,
+            record,
+        }
+    }
 }
 
 /// The operations of a ledger. Each transition is atomic; reads are consistent

@@ -10,7 +10,7 @@ use super::error::{classify, DbResult, Phase, TxError};
 use super::rows::{self, not_found, Candidate};
 use super::{schema, MysqlLedger};
 use crate::entropy::IdKind;
-use crate::ledger::{Claimed, LedgerError};
+use crate::ledger::{claim_transition, Claimed, LedgerError};
 use leasehold_engine::transition::{self, is_claimable, NewIds};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp,
@@ -458,11 +458,7 @@ impl MysqlLedger {
         let mut decided = Vec::with_capacity(held.len());
         for (record, plan) in held {
             let token = self.shared.entropy.token();
-            let writes = if begin_next {
-                transition::claim_and_begin(&record, plan.recovery, owner, token.clone(), lease_ms, now)
-            } else {
-                transition::claim(&record, plan.recovery, owner, token.clone(), lease_ms, now)
-            };
+            let writes = claim_transition(begin_next)(&record, plan.recovery, owner, token.clone(), lease_ms, now);
             match writes {
                 Ok(writes) => decided.push((record, plan, token, writes)),
                 Err(_) => lost += 1,
@@ -481,18 +477,7 @@ impl MysqlLedger {
         }
         let claimed = decided
             .into_iter()
-            .map(|(mut record, plan, token, writes)| {
-                writes.apply_to(&mut record);
-                Claimed {
-                    lease: Lease {
-                        command_id: record.command.id.clone(),
-                        attempt_id: record.attempt.id.clone(),
-                        token,
-                    },
-                    plan,
-                    record,
-                }
-            })
+            .map(|(record, plan, token, writes)| Claimed::applied(record, plan, token, &writes))
             .collect();
         Ok(ClaimBatch { claimed, lost })
     }

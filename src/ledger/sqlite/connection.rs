@@ -4,7 +4,7 @@ use super::rows::{self, not_found, SqlResult};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use crate::ledger::migrate::{self, SQLITE};
-use crate::ledger::{Claimed, LedgerError};
+use crate::ledger::{claim_transition, Claimed, LedgerError};
 use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp,
@@ -379,25 +379,14 @@ impl SqliteCore {
             for i in window {
                 let Some((record, plan)) = &candidates[i] else { continue };
                 let token = self.entropy.token();
-                let writes = if request.begin {
-                    transition::claim_and_begin(
-                        record,
-                        plan.recovery,
-                        &request.owner,
-                        token.clone(),
-                        request.lease_ms,
-                        now,
-                    )
-                } else {
-                    transition::claim(
-                        record,
-                        plan.recovery,
-                        &request.owner,
-                        token.clone(),
-                        request.lease_ms,
-                        now,
-                    )
-                };
+                let writes = claim_transition(request.begin)(
+                    record,
+                    plan.recovery,
+                    &request.owner,
+                    token.clone(),
+                    request.lease_ms,
+                    now,
+                );
                 if let Ok(writes) = writes {
                     if let Some((record, plan)) = candidates[i].take() {
                         decided.push((k, record, plan, token, writes));
@@ -413,20 +402,10 @@ impl SqliteCore {
         // is refused and skipped (nothing was written for it).
         let applied = rows::update_many(&tx, &items)?;
         let mut claimed: Vec<Vec<Claimed>> = requests.iter().map(|_| Vec::new()).collect();
-        for ((k, mut record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
-            if !applied {
-                continue;
+        for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
+            if applied {
+                claimed[k].push(Claimed::applied(record, plan, token, &writes));
             }
-            writes.apply_to(&mut record);
-            claimed[k].push(Claimed {
-                lease: Lease {
-                    command_id: record.command.id.clone(),
-                    attempt_id: record.attempt.id.clone(),
-                    token,
-                },
-                plan,
-                record,
-            });
         }
         tx.commit()?;
         Ok(claimed)
