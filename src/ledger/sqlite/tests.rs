@@ -1117,3 +1117,62 @@ fn every_kind_of_guard_is_checked_on_the_stored_command() {
         Ok(())
     );
 }
+
+#[tokio::test]
+async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
+    // A version-2 ledger with queued attempts (rows that other rows reference).
+    let (dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    {
+        let tx = core.write_tx().unwrap();
+        crate::ledger::migrate::run(
+            &mut rows::SqliteMigrations { conn: &tx },
+            &crate::ledger::migrate::SQLITE[..2],
+            clock.now(),
+        )
+        .unwrap();
+        tx.commit().unwrap();
+    }
+    three_queued(&core, &clock);
+    drop(core);
+    let ledger = Arc::new(SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(2))).unwrap());
+    // Claims queued before and after the migration: the writer would group them with
+    // it, and foreign keys cannot be switched off inside a group's transaction.
+    let claims = |owner: &'static str| {
+        let ledger = Arc::clone(&ledger);
+        async move { ledger.claim(owner, 1, LEASE_MS).await }
+    };
+    let (before, migrated, after) = tokio::join!(
+        eight_claims(&claims, "early"),
+        ledger.migrate(),
+        eight_claims(&claims, "late"),
+    );
+    assert_eq!(migrated.unwrap(), vec![3]);
+    let claimed: usize = before.into_iter().chain(after).map(|r| r.unwrap().len()).sum();
+    assert_eq!(
+        claimed, 3,
+        "every queued attempt claimed once, before or after the upgrade"
+    );
+    let fk: i64 = SqliteCore::open(&path, clock.clone(), Arc::new(SeededEntropy::new(3)))
+        .unwrap()
+        .connection()
+        .query_row("PRAGMA foreign_key_check", [], |_| Ok(1))
+        .unwrap_or(0);
+    assert_eq!(fk, 0, "no dangling reference");
+    drop(dir);
+}
+
+/// Eight claims by `owner`, one after the other.
+async fn eight_claims<F, Fut>(claim: &F, owner: &'static str) -> Vec<Result<Vec<crate::ledger::Claimed>, LedgerError>>
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<crate::ledger::Claimed>, LedgerError>>,
+{
+    let mut all = Vec::new();
+    let mut pending: Vec<_> = (0..8).map(|_| Box::pin(claim(owner))).collect();
+    for p in pending.iter_mut() {
+        all.push(p.as_mut().await);
+    }
+    all
+}
