@@ -413,12 +413,12 @@ impl SqliteCore {
 
     /// Renews a lease; answers the new deadline (ledger clock).
     pub fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        let record = self.worker_transition(lease, |r, now| {
+        let writes = self.worker_transition(lease, |r, now| {
             transition::heartbeat(&r.command, &lease.token, lease_ms, now)
         })?;
-        record
+        writes
             .command
-            .lease_until
+            .and_then(|c| c.lease_until)
             .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
     }
 
@@ -523,24 +523,23 @@ impl SqliteCore {
     }
 
     /// One worker transition: read the record in lock order, let the engine decide at
-    /// the ledger's `now`, write under the engine's guard; answers the record as
-    /// written.
+    /// the ledger's `now`, write under the engine's guard; answers the engine's writes
+    /// (the rows as written, where they changed).
     fn worker_transition(
         &self,
         lease: &Lease,
         decide: impl FnOnce(&AttemptRecord, Timestamp) -> Result<Writes, Refusal>,
-    ) -> Result<AttemptRecord, LedgerError> {
+    ) -> Result<Writes, LedgerError> {
         let tx = self.write_tx()?;
         let now = self.clock.now();
-        let mut record =
+        let record =
             rows::read_record(&tx, &lease.attempt_id)?.ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
         if record.command.id != lease.command_id {
             return Err(not_found("command", &lease.command_id));
         }
         let writes = decide(&record, now)?;
         rows::update_writes(&tx, &record, &writes)?;
-        writes.apply_to(&mut record);
         tx.commit()?;
-        Ok(record)
+        Ok(writes)
     }
 }

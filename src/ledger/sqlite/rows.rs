@@ -333,14 +333,15 @@ fn attempt_and_command(row: &Row<'_>) -> Result<(Attempt, Command), LedgerError>
 /// receipt). (In a write transaction SQLite's lock is the whole database, taken
 /// before the first read, so the order in which rows are read cannot deadlock.)
 pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<AttemptRecord>, LedgerError> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
             "SELECT {ATTEMPT_AND_COMMAND}, r.attempt_id, r.ordinal, r.step_code, r.idempotency_key, r.status, \
              r.evidence, r.evidence_sha256, r.target_receipt, r.error, r.started_at, r.finished_at \
              FROM attempt a LEFT JOIN command c ON c.attempt_id = a.id LEFT JOIN receipt r ON r.attempt_id = a.id \
              WHERE a.id = ?1"
-        ))
-        .sql()?;
+        )
+    });
+    let mut stmt = conn.prepare_cached(&SQL).sql()?;
     let mut rows = stmt.query([id.as_str()]).sql()?;
     let mut record: Option<AttemptRecord> = None;
     const RECEIPT_BASE: usize = COMMAND_BASE + 11;
