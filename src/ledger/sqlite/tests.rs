@@ -709,6 +709,19 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
     assert!(!text.contains("TEMP B-TREE"), "{text}");
 }
 
+/// Applies the first `versions` migrations only (a ledger an older release left).
+fn migrate_to(core: &SqliteCore, clock: &ManualClock, versions: usize) {
+    let tx = core.write_tx().unwrap();
+    let applied = crate::ledger::migrate::run(
+        &mut rows::SqliteMigrations { conn: &tx },
+        &crate::ledger::migrate::SQLITE[..versions],
+        clock.now(),
+    )
+    .unwrap();
+    assert_eq!(applied, (1..=versions as u32).collect::<Vec<_>>());
+    tx.commit().unwrap();
+}
+
 /// Three plans with one queued attempt each, on a migrated core, enqueued 1 ms
 /// apart (so claimed in this order).
 fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
@@ -810,17 +823,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let core = core_at(&path, &clock, 1);
-    {
-        let tx = core.write_tx().unwrap();
-        let applied = crate::ledger::migrate::run(
-            &mut rows::SqliteMigrations { conn: &tx },
-            &crate::ledger::migrate::SQLITE[..1],
-            clock.now(),
-        )
-        .unwrap();
-        assert_eq!(applied, vec![1]);
-        tx.commit().unwrap();
-    }
+    migrate_to(&core, &clock, 1);
     let plans = three_queued(&core, &clock);
     clock.advance_ms(1);
     let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
@@ -918,16 +921,7 @@ fn a_migration_that_would_leave_a_dangling_reference_commits_nothing() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let core = core_at(&path, &clock, 1);
-    {
-        let tx = core.write_tx().unwrap();
-        crate::ledger::migrate::run(
-            &mut rows::SqliteMigrations { conn: &tx },
-            &crate::ledger::migrate::SQLITE[..2],
-            clock.now(),
-        )
-        .unwrap();
-        tx.commit().unwrap();
-    }
+    migrate_to(&core, &clock, 2);
     three_queued(&core, &clock);
     // A receipt whose attempt is gone (written with foreign keys off, as another
     // tool might have).
@@ -1124,16 +1118,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
     let (dir, path) = temp_db();
     let clock = clock();
     let core = core_at(&path, &clock, 1);
-    {
-        let tx = core.write_tx().unwrap();
-        crate::ledger::migrate::run(
-            &mut rows::SqliteMigrations { conn: &tx },
-            &crate::ledger::migrate::SQLITE[..2],
-            clock.now(),
-        )
-        .unwrap();
-        tx.commit().unwrap();
-    }
+    migrate_to(&core, &clock, 2);
     three_queued(&core, &clock);
     drop(core);
     let ledger = Arc::new(SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(2))).unwrap());
