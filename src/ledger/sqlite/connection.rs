@@ -348,8 +348,8 @@ impl SqliteCore {
             .unwrap_or_default())
     }
 
-    /// Runs several claims in one transaction, with one candidate read and one write
-    /// per table for all of them, and answers what each claimed, in order: exactly
+    /// Runs several claims in one transaction, with one candidate read for all of
+    /// them, and answers what each claimed, in order: exactly
     /// what the claims would have claimed one after the other at one instant (the
     /// writer thread merges the claims that wait together, see
     /// [`super::SqliteLedger`]).

@@ -79,13 +79,16 @@ enum Pool {
     File(Mutex<Vec<SqliteCore>>),
 }
 
+/// A call that runs on the writer's core and answers how to send its result once the
+/// group it ran in has committed (or failed to).
+type Call = Box<dyn FnOnce(&SqliteCore) -> Reply + Send>;
+
 /// A call for the writer thread.
 enum Job {
-    /// Runs on the writer's core and answers how to send its result once the group
-    /// it ran in has committed (or failed to).
-    Call(Box<dyn FnOnce(&SqliteCore) -> Reply + Send>),
+    /// A call, grouped with the others waiting.
+    Call(Call),
     /// A call that runs alone, outside any group (a migration).
-    Alone(Box<dyn FnOnce(&SqliteCore) -> Reply + Send>),
+    Alone(Call),
     /// A claim: the claims of one group run together ([`SqliteCore::claim_many`]).
     Claim(ClaimRequest, ClaimReply),
 }
@@ -95,7 +98,7 @@ type ClaimReply = tokio::sync::oneshot::Sender<Result<Vec<Claimed>, LedgerError>
 /// What the writer runs as one call of a group: one call, or all the claims of the
 /// group merged.
 enum Unit {
-    Call(Box<dyn FnOnce(&SqliteCore) -> Reply + Send>),
+    Call(Call),
     Claims(Vec<(ClaimRequest, ClaimReply)>),
 }
 
@@ -319,19 +322,19 @@ impl Writer {
 /// answered by the group just committed usually send their next call within a few
 /// microseconds, and catching it without parking spares the writer a futex wait and
 /// a context switch, and the caller a futex wake.
-const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(SPIN_US);
-const SPIN_US: u64 = 50;
+const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// The writer's next job: polls for [`SPIN_BEFORE_PARK`], then blocks.
+/// The writer's next job: polls its empty queue for [`SPIN_BEFORE_PARK`], then
+/// blocks.
 fn next_job(queue: &mpsc::Receiver<Job>) -> Result<Job, mpsc::RecvError> {
-    let start = std::time::Instant::now();
+    let mut since: Option<std::time::Instant> = None;
     loop {
         match queue.try_recv() {
             Ok(job) => return Ok(job),
             Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
             Err(mpsc::TryRecvError::Empty) => {}
         }
-        if start.elapsed() >= SPIN_BEFORE_PARK {
+        if since.get_or_insert_with(std::time::Instant::now).elapsed() >= SPIN_BEFORE_PARK {
             return queue.recv();
         }
         std::hint::spin_loop();
@@ -455,7 +458,7 @@ impl SqliteLedger {
         alone: bool,
     ) -> Result<T, LedgerError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let call: Box<dyn FnOnce(&SqliteCore) -> Reply + Send> = Box::new(move |core| {
+        let call: Call = Box::new(move |core| {
             let out = f(core);
             Box::new(move |committed: Result<(), LedgerError>| {
                 let _ = reply.send(match (out, committed) {

@@ -18,6 +18,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::str::FromStr;
+use std::sync::LazyLock;
 
 /// Maps a rusqlite error: busy or locked is retryable, a value that does not convert
 /// is an integrity error, anything else is internal.
@@ -333,7 +334,7 @@ fn attempt_and_command(row: &Row<'_>) -> Result<(Attempt, Command), LedgerError>
 /// receipt). (In a write transaction SQLite's lock is the whole database, taken
 /// before the first read, so the order in which rows are read cannot deadlock.)
 pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<AttemptRecord>, LedgerError> {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "SELECT {ATTEMPT_AND_COMMAND}, r.attempt_id, r.ordinal, r.step_code, r.idempotency_key, r.status, \
              r.evidence, r.evidence_sha256, r.target_receipt, r.error, r.started_at, r.finished_at \
@@ -540,30 +541,42 @@ fn opt_text(s: Option<&str>) -> Val<'_> {
 }
 
 /// The guard as a SQL condition on the command row over parameters `?2` and `?3`
-/// (`?1` is the key), its kind (part of a statement's cache key) and the values of
-/// both parameters (`NULL` where unused). `Guard::Absent` has none: it is an
-/// `INSERT`.
-fn guard_condition(guard: &Guard) -> Option<(&'static str, u32, [Val<'_>; 2])> {
+/// (`?1` is the key).
+struct GuardSql<'a> {
+    condition: &'static str,
+    /// Which guard (part of a statement's cache key).
+    kind: u32,
+    /// The values of `?2` and `?3` (`NULL` where unused).
+    values: [Val<'a>; 2],
+    /// How many of them the condition uses.
+    used: usize,
+}
+
+/// The guard's SQL; `Guard::Absent` has none: it is an `INSERT`.
+fn guard_condition(guard: &Guard) -> Option<GuardSql<'_>> {
     match guard {
         Guard::Absent => None,
-        Guard::Holds(token) => Some((
-            "status = 'PROCESSING' AND lease_token = ?2",
-            1,
-            [text(token.expose()), ValueRef::Null],
-        )),
-        Guard::Claimable(now) => Some((
-            "((status = 'PENDING' AND available_at <= ?2) OR (status = 'PROCESSING' AND lease_until < ?2))",
-            2,
-            [ts(*now), ValueRef::Null],
-        )),
-        Guard::Unchanged { status, lease_token } => Some((
-            "status = ?2 AND lease_token IS ?3",
-            3,
-            [
+        Guard::Holds(token) => Some(GuardSql {
+            condition: "status = 'PROCESSING' AND lease_token = ?2",
+            kind: 1,
+            values: [text(token.expose()), ValueRef::Null],
+            used: 1,
+        }),
+        Guard::Claimable(now) => Some(GuardSql {
+            condition: "((status = 'PENDING' AND available_at <= ?2) OR (status = 'PROCESSING' AND lease_until < ?2))",
+            kind: 2,
+            values: [ts(*now), ValueRef::Null],
+            used: 1,
+        }),
+        Guard::Unchanged { status, lease_token } => Some(GuardSql {
+            condition: "status = ?2 AND lease_token IS ?3",
+            kind: 3,
+            values: [
                 text(status.as_str()),
                 opt_text(lease_token.as_ref().map(|t| t.expose())),
             ],
-        )),
+            used: 2,
+        }),
     }
 }
 
@@ -630,10 +643,11 @@ enum Table {
     Guard = 3,
 }
 
-/// The text of a write statement, built once per thread for each key: the table, the
-/// guard's kind and the set of columns it changes. (`prepare_cached` finds the
-/// prepared statement by this text; building it with `format!` on every write was a
-/// tenth of a transition's instructions.)
+/// The text of an `UPDATE` (or of `check_guard`'s read), built once per thread for
+/// each key: the table, the guard's kind and the set of columns it changes (never
+/// empty for an `UPDATE`). (`prepare_cached` finds the prepared statement by this
+/// text; building it with `format!` on every write was a tenth of a transition's
+/// instructions.)
 fn statement(table: Table, guard: u32, changed: u32, build: impl FnOnce() -> String) -> Rc<str> {
     thread_local! {
         static STATEMENTS: RefCell<HashMap<u64, Rc<str>>> = RefCell::new(HashMap::new());
@@ -829,32 +843,38 @@ fn insert_images(conn: &Connection, writes: &Writes) -> Result<(), LedgerError> 
             "a new attempt needs its attempt and command images".into(),
         ));
     };
-    let sql = statement(Table::Attempt, 0, 0, || {
+    static ATTEMPT: LazyLock<String> = LazyLock::new(|| {
         format!("INSERT INTO attempt ({ATTEMPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
     });
-    execute(conn, &sql, &attempt_values(attempt))?;
-    let sql = statement(Table::Command, 0, 0, || {
+    static COMMAND: LazyLock<String> = LazyLock::new(|| {
         format!(
             "INSERT INTO command ({COMMAND_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
              ON CONFLICT DO NOTHING"
         )
     });
-    if execute(conn, &sql, &command_values(command))? == 0 {
-        return Err(stale(&command.id));
-    }
-    let sql = statement(Table::Receipt, 0, 0, || {
+    static RECEIPT: LazyLock<String> = LazyLock::new(|| {
         format!("INSERT INTO receipt ({RECEIPT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)")
     });
+    execute(conn, &ATTEMPT, &attempt_values(attempt))?;
+    if execute(conn, &COMMAND, &command_values(command))? == 0 {
+        return Err(stale(&command.id));
+    }
     for r in &writes.receipts {
-        execute(conn, &sql, &receipt_values(r))?;
+        execute(conn, &RECEIPT, &receipt_values(r))?;
     }
     Ok(())
 }
 
 /// The command's new image over `before`, written only where the guard holds.
 fn update_command(conn: &Connection, before: &Command, c: &Command, guard: &Guard) -> Result<(), LedgerError> {
-    let (condition, kind, guard_values) = guard_condition(guard)
+    let GuardSql {
+        condition,
+        kind,
+        values: guard_values,
+        ..
+    } = guard_condition(guard)
         .ok_or_else(|| LedgerError::Internal("an update needs a guard other than absent".into()))?;
+    // Both guard parameters are bound: the SET values are numbered from ?4.
     let mut values = vec![text(c.id.as_str())];
     values.extend(guard_values);
     let changed = push_changed(
@@ -880,20 +900,23 @@ fn update_command(conn: &Connection, before: &Command, c: &Command, guard: &Guar
 
 /// Refuses unless the guard holds on the attempt's command, writing nothing.
 pub(super) fn check_guard(conn: &Connection, attempt_id: &AttemptId, guard: &Guard) -> Result<(), LedgerError> {
-    let (condition, kind, guard_values) = guard_condition(guard)
+    let GuardSql {
+        condition,
+        kind,
+        values: [a, b],
+        used,
+    } = guard_condition(guard)
         .ok_or_else(|| LedgerError::Internal("a check needs a guard other than absent".into()))?;
     let sql = statement(Table::Guard, kind, 0, || {
         format!("SELECT id, coalesce(({condition}), 0) FROM command WHERE attempt_id = ?1")
     });
-    let [a, b] = guard_values;
+    // A statement has as many parameters as its highest number: the key and the
+    // guard's own.
     let values = [text(attempt_id.as_str()), a, b];
-    // A statement has as many parameters as its highest number: `?3` only where the
-    // condition uses it.
-    let used = if condition.contains("?3") { 3 } else { 2 };
     let row = query_one(
         conn,
         &sql,
-        params_from_iter(values[..used].iter().map(|v| ToSqlOutput::Borrowed(*v))),
+        params_from_iter(values[..1 + used].iter().map(|v| ToSqlOutput::Borrowed(*v))),
         |row| {
             let c = Cols::new(row, "command");
             Ok((CommandId::new(c.get::<String>(0)?), c.get::<bool>(1)?))
