@@ -10,7 +10,7 @@
 //! transitions). Throughput is in transitions. The record's clone is setup, untimed.
 
 use criterion::{BatchSize, Criterion, Throughput};
-use leasehold::executor::KNOWN_EXECUTORS;
+use leasehold::executor::Executors;
 use leasehold_engine::transition::{self, NewIds};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, CommandId, LeaseToken, Plan, PlanId, Timestamp};
 use serde_json::json;
@@ -22,7 +22,7 @@ const LEASE_MS: u64 = 60_000;
 fn queued(steps: u32) -> (Plan, AttemptRecord) {
     let now = Timestamp::from_millis(1_700_000_000_000);
     let plan = leasehold::bench::plan_spec("engine".into(), steps)
-        .into_plan(KNOWN_EXECUTORS, PlanId::new("pln-1"), now)
+        .into_plan(&Executors::new().names(), PlanId::new("pln-1"), now)
         .expect("a valid plan");
     let ids = NewIds {
         attempt: AttemptId::new("att-1"),

@@ -19,7 +19,7 @@
 //! backlog of `attempts` takes to drain, not the latency of a lone attempt.
 
 use crate::clock::{Clock, SystemClock};
-use crate::executor::{Executors, KNOWN_EXECUTORS};
+use crate::executor::Executors;
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
 use leasehold_engine::driver::Outcome;
@@ -327,7 +327,7 @@ pub async fn prepare<L: Ledger>(
             let mut i = lane;
             while i < attempts {
                 let plan = ledger
-                    .register_plan(plan_spec(format!("{tag}-{i}"), steps), KNOWN_EXECUTORS)
+                    .register_plan(plan_spec(format!("{tag}-{i}"), steps), &Executors::new().names())
                     .await?;
                 ids.push(ledger.enqueue(&plan.id, Action::Execute).await?.attempt.id);
                 progress.enqueued.fetch_add(1, Ordering::Relaxed);
@@ -700,7 +700,7 @@ mod tests {
         use leasehold_engine::{CommandId, LeaseToken};
         let now = Timestamp::from_millis(1_000);
         let plan = plan_spec("p".into(), 1)
-            .into_plan(KNOWN_EXECUTORS, PlanId::new("p"), now)
+            .into_plan(&Executors::new().names(), PlanId::new("p"), now)
             .unwrap();
         let ids = NewIds {
             attempt: AttemptId::new("a"),

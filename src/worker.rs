@@ -622,7 +622,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::entropy::SeededEntropy;
-    use crate::executor::{DryRun, KNOWN_EXECUTORS};
+    use crate::executor::{DryRun, Executors};
     use crate::ledger::memory::MemoryLedger;
     use leasehold_engine::{Action, PlanSpec, Step};
     use std::sync::Mutex;
@@ -644,7 +644,7 @@ mod tests {
                 })
                 .collect(),
         };
-        let plan = ledger.register_plan(spec, KNOWN_EXECUTORS).await.unwrap();
+        let plan = ledger.register_plan(spec, &Executors::new().names()).await.unwrap();
         let attempt = ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id;
         let events = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&events);
@@ -674,7 +674,7 @@ mod tests {
         let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(4))));
         for i in 0..3 {
             let plan = ledger
-                .register_plan(crate::bench::plan_spec(format!("p{i}"), 2), KNOWN_EXECUTORS)
+                .register_plan(crate::bench::plan_spec(format!("p{i}"), 2), &Executors::new().names())
                 .await
                 .unwrap();
             ledger.enqueue(&plan.id, Action::Execute).await.unwrap();

@@ -1,7 +1,7 @@
 //! The plan fixtures under `scenarios/plans/` parse, validate against the known
 //! executors, and (for the rehearsal) run green through the sandbox executor.
 
-use leasehold::executor::{ExecRequest, Executor, ExecutorResult, SqliteSandbox, KNOWN_EXECUTORS};
+use leasehold::executor::{ExecRequest, Executor, ExecutorResult, Executors, SqliteSandbox};
 use leasehold_engine::plan::idempotency_key;
 use leasehold_engine::{Action, AttemptId, CommandId, Plan, PlanId, PlanSpec, Recovery, Timestamp};
 use serde_json::{json, Value};
@@ -13,7 +13,7 @@ fn load(name: &str) -> Plan {
         .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let spec: PlanSpec = toml::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()));
-    spec.into_plan(KNOWN_EXECUTORS, PlanId::new(name), Timestamp::from_millis(0))
+    spec.into_plan(&Executors::new().names(), PlanId::new(name), Timestamp::from_millis(0))
         .unwrap_or_else(|e| panic!("validate {}: {e}", path.display()))
 }
 

@@ -17,7 +17,7 @@ mod support;
 
 use leasehold::clock::{Clock, SystemClock};
 use leasehold::entropy::{Entropy, SeededEntropy};
-use leasehold::executor::{ExecRequest, Executor, ExecutorResult, Executors, KNOWN_EXECUTORS};
+use leasehold::executor::{ExecRequest, Executor, ExecutorResult, Executors};
 use leasehold::ledger::memory::MemoryLedger;
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
@@ -567,7 +567,7 @@ async fn rehearsal_deliveries_share_a_semantic_fingerprint_and_drift_blocks_nami
         Arc::new(SeededEntropy::new(SEED)),
     ));
     let plan = ledger
-        .register_plan(rehearsal_spec(), KNOWN_EXECUTORS)
+        .register_plan(rehearsal_spec(), &Executors::new().names())
         .await
         .expect("the rehearsal registers");
     let enqueue = || async {

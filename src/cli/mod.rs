@@ -6,7 +6,7 @@ mod render;
 use clap::{Parser, Subcommand, ValueEnum};
 use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
-use leasehold::executor::{Executors, KNOWN_EXECUTORS};
+use leasehold::executor::Executors;
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::{find_plan, DbUrl, Ledger, LedgerError};
 use leasehold::report;
@@ -255,10 +255,13 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
         }
         Command::Plan(PlanCommand::Add { file }) => {
             let spec = read_plan_file(&file)?;
-            let plan = ledger.register_plan(spec, KNOWN_EXECUTORS).await.map_err(|e| match e {
-                LedgerError::InvalidPlan(p) => Failure::bad_input(format!("plan file {}: {p}", file.display())),
-                other => other.into(),
-            })?;
+            let plan = ledger
+                .register_plan(spec, &Executors::new().names())
+                .await
+                .map_err(|e| match e {
+                    LedgerError::InvalidPlan(p) => Failure::bad_input(format!("plan file {}: {p}", file.display())),
+                    other => other.into(),
+                })?;
             if json {
                 render::print_json(&plan);
             } else {
@@ -507,7 +510,7 @@ async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
         code: 1,
         message: format!("built-in rehearsal plan: {e}"),
     })?;
-    let plan = ledger.register_plan(spec, KNOWN_EXECUTORS).await?;
+    let plan = ledger.register_plan(spec, &Executors::new().names()).await?;
     println!(
         "plan {} ({}, {} steps, recovery {})",
         plan.id,

@@ -14,8 +14,10 @@
 //! - a malformed payload is a permanent failure whose message names the field.
 //!
 //! [`Executors`] is the registry that the worker uses: it dispatches on
-//! `request.step.executor` to [`DryRun`] (`dry-run:v1`) or [`SqliteSandbox`]
-//! (`sqlite-sandbox:v1`); [`KNOWN_EXECUTORS`] is what plan validation accepts.
+//! `request.step.executor` to a built-in — [`DryRun`] (`dry-run:v1`),
+//! [`SqliteSandbox`] (`sqlite-sandbox:v1`) — or to an executor
+//! the program registered by name ([`Executors::builder`]); [`Executors::names`] is
+//! what plan validation accepts.
 
 pub mod dry_run;
 pub mod sandbox;
@@ -25,7 +27,11 @@ pub use sandbox::SqliteSandbox;
 
 use leasehold_engine::{Action, AttemptId, CommandId, PlanId, Step};
 use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use leasehold_engine::driver::ExecutorResult;
@@ -62,20 +68,89 @@ pub trait Executor: Send + Sync + 'static {
     }
 }
 
-/// The executor names this installation knows; plan validation accepts only these.
-pub const KNOWN_EXECUTORS: &[&str] = &[dry_run::NAME, sandbox::NAME];
+/// A boxed executor future.
+pub type BoxedResult<'a> = Pin<Box<dyn Future<Output = ExecutorResult> + Send + 'a>>;
 
-/// The registry of every built-in executor, dispatching on the step's `executor`.
-#[derive(Debug, Default)]
+/// The object-safe form of [`Executor`], implemented for every executor, so that
+/// executors of different types can sit in one [`Executors`] registry.
+pub trait DynExecutor: Send + Sync + 'static {
+    /// Runs one step (see [`Executor::execute`]).
+    fn execute_boxed(&self, request: ExecRequest) -> BoxedResult<'_>;
+
+    /// See [`Executor::release`].
+    fn release_dyn(&self, attempt: &AttemptId, delivery: u32);
+}
+
+impl<E: Executor> DynExecutor for E {
+    fn execute_boxed(&self, request: ExecRequest) -> BoxedResult<'_> {
+        Box::pin(self.execute(request))
+    }
+
+    fn release_dyn(&self, attempt: &AttemptId, delivery: u32) {
+        self.release(attempt, delivery);
+    }
+}
+
+/// Why an [`ExecutorsBuilder`] refused a registration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// The name is empty, too long, or has whitespace or control characters.
+    #[error("executor name {0:?} is invalid (1 to 64 printable characters, no spaces)")]
+    InvalidName(String),
+    /// The name is already taken (by a built-in or an earlier registration).
+    #[error("executor name {0:?} is already registered")]
+    Duplicate(String),
+}
+
+/// The registry the worker uses: dispatches on `request.step.executor` to a
+/// built-in — [`DryRun`] (`dry-run:v1`), [`SqliteSandbox`] (`sqlite-sandbox:v1`)
+/// — or to an executor the program registered with [`Executors::builder`]. Plan validation
+/// accepts exactly [`Executors::names`].
 pub struct Executors {
     dry_run: DryRun,
     sandbox: SqliteSandbox,
+    /// Registered by the program, by name (ordered: nothing iterates a hash map).
+    custom: BTreeMap<String, Arc<dyn DynExecutor>>,
+}
+
+impl fmt::Debug for Executors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Executors")
+            .field("names", &self.names())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Executors {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Executors {
-    /// A registry with a fresh [`DryRun`] and a [`SqliteSandbox`] holding no sandboxes.
+    /// The built-in executors only.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            dry_run: DryRun,
+            sandbox: SqliteSandbox::default(),
+            custom: BTreeMap::new(),
+        }
+    }
+
+    /// A builder: the built-ins plus executors the program registers by name.
+    pub fn builder() -> ExecutorsBuilder {
+        ExecutorsBuilder {
+            custom: BTreeMap::new(),
+            error: None,
+        }
+    }
+
+    /// Every executor name this registry runs (the built-ins, then the registered
+    /// ones in name order): what plan validation accepts.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names = vec![dry_run::NAME, sandbox::NAME];
+        names.extend(self.custom.keys().map(String::as_str));
+        names
     }
 
     /// The `dry-run:v1` executor.
@@ -89,6 +164,57 @@ impl Executors {
     }
 }
 
+/// Builds an [`Executors`] registry: `Executors::builder().register("acme-crm:v1",
+/// MyExecutor).build()?`.
+pub struct ExecutorsBuilder {
+    custom: BTreeMap<String, Arc<dyn DynExecutor>>,
+    /// The first refused registration, reported by [`ExecutorsBuilder::build`].
+    error: Option<RegistryError>,
+}
+
+impl fmt::Debug for ExecutorsBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecutorsBuilder")
+            .field("custom", &self.custom.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecutorsBuilder {
+    /// Registers `executor` under `name` (for example `acme-crm:v1`). A name that is
+    /// malformed or already taken makes [`ExecutorsBuilder::build`] fail.
+    pub fn register(mut self, name: impl Into<String>, executor: impl Executor) -> Self {
+        let name = name.into();
+        let valid = !name.is_empty()
+            && name.chars().count() <= 64
+            && !name.chars().any(|c| c.is_whitespace() || c.is_control());
+        let taken = [dry_run::NAME, sandbox::NAME].contains(&name.as_str()) || self.custom.contains_key(&name);
+        if self.error.is_none() {
+            if !valid {
+                self.error = Some(RegistryError::InvalidName(name));
+                return self;
+            }
+            if taken {
+                self.error = Some(RegistryError::Duplicate(name));
+                return self;
+            }
+        }
+        self.custom.insert(name, Arc::new(executor));
+        self
+    }
+
+    /// The registry, or the first registration that was refused.
+    pub fn build(self) -> Result<Executors, RegistryError> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        Ok(Executors {
+            custom: self.custom,
+            ..Executors::new()
+        })
+    }
+}
+
 impl Executor for Executors {
     async fn execute(&self, request: ExecRequest) -> ExecutorResult {
         match request.step.executor.as_str() {
@@ -96,17 +222,23 @@ impl Executor for Executors {
             // Boxed: the sandbox's future is large, and inline it would make every
             // dry-run call's future as large (an allocation glibc serves slowly).
             sandbox::NAME => Box::pin(self.sandbox.execute(request)).await,
-            other => ExecutorResult::Permanent(format!(
-                "step {}: unknown executor {other:?} (known: {})",
-                request.step.code,
-                KNOWN_EXECUTORS.join(", ")
-            )),
+            other => match self.custom.get(other) {
+                Some(executor) => executor.execute_boxed(request).await,
+                None => ExecutorResult::Permanent(format!(
+                    "step {}: unknown executor {other:?} (known: {})",
+                    request.step.code,
+                    self.names().join(", ")
+                )),
+            },
         }
     }
 
     fn release(&self, attempt: &AttemptId, delivery: u32) {
         self.dry_run.release(attempt, delivery);
         self.sandbox.release(attempt, delivery);
+        for executor in self.custom.values() {
+            executor.release_dyn(attempt, delivery);
+        }
     }
 }
 
@@ -210,8 +342,83 @@ mod tests {
     }
 
     #[test]
-    fn known_executors_are_the_registered_ones() {
-        assert_eq!(KNOWN_EXECUTORS, &["dry-run:v1", "sqlite-sandbox:v1"]);
+    fn names_are_the_built_ins_then_the_registered_ones() {
+        assert_eq!(Executors::new().names(), ["dry-run:v1", "sqlite-sandbox:v1"]);
+        let executors = Executors::builder()
+            .register("zeta:v1", DryRun)
+            .register("acme-crm:v1", DryRun)
+            .build()
+            .unwrap();
+        assert_eq!(
+            executors.names(),
+            ["dry-run:v1", "sqlite-sandbox:v1", "acme-crm:v1", "zeta:v1"]
+        );
+    }
+
+    /// A program's own executor: answers with the key it was given.
+    struct Echo;
+
+    impl Executor for Echo {
+        async fn execute(&self, request: ExecRequest) -> ExecutorResult {
+            ExecutorResult::Done {
+                evidence: json!({"echo": request.step.payload}),
+                target_receipt: json!({"key": request.idempotency_key}),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_registered_executor_runs_under_its_name() {
+        let executors = Executors::builder().register("acme-crm:v1", Echo).build().unwrap();
+        let result = executors.execute(request("acme-crm:v1", "push", json!({"n": 1}))).await;
+        assert_eq!(
+            result,
+            ExecutorResult::Done {
+                evidence: json!({"echo": {"n": 1}}),
+                target_receipt: json!({"key": "ik-push"}),
+            }
+        );
+        // The built-ins stay available next to it.
+        let dry = executors.execute(request("dry-run:v1", "a", json!({}))).await;
+        assert!(matches!(dry, ExecutorResult::Done { .. }));
+    }
+
+    #[test]
+    fn a_taken_or_malformed_name_is_refused() {
+        let err = Executors::builder().register("dry-run:v1", Echo).build().unwrap_err();
+        assert_eq!(err, RegistryError::Duplicate("dry-run:v1".into()));
+        let err = Executors::builder()
+            .register("a:v1", Echo)
+            .register("a:v1", DryRun)
+            .build()
+            .unwrap_err();
+        assert_eq!(err, RegistryError::Duplicate("a:v1".into()));
+        for bad in ["", "has space", "ctl\u{7}"] {
+            let err = Executors::builder().register(bad, Echo).build().unwrap_err();
+            assert_eq!(err, RegistryError::InvalidName(bad.into()));
+        }
+    }
+
+    #[test]
+    fn plan_validation_accepts_registered_names_only() {
+        let spec = |executor: &str| leasehold_engine::PlanSpec {
+            name: "p".into(),
+            recovery: "resume".into(),
+            volatile_fields: Vec::new(),
+            steps: vec![Step {
+                code: "s".into(),
+                executor: executor.into(),
+                payload: json!({}),
+            }],
+        };
+        let now = leasehold_engine::Timestamp::from_millis(0);
+        let executors = Executors::builder().register("acme-crm:v1", Echo).build().unwrap();
+        assert!(spec("acme-crm:v1")
+            .into_plan(&executors.names(), PlanId::new("p"), now)
+            .is_ok());
+        assert!(spec("acme-crm:v1")
+            .into_plan(&Executors::new().names(), PlanId::new("p"), now)
+            .is_err());
     }
 
     #[test]

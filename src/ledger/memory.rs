@@ -527,7 +527,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::entropy::SeededEntropy;
-    use crate::executor::KNOWN_EXECUTORS;
+    use crate::executor::Executors;
     use leasehold_engine::{Guard, Step};
 
     fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
@@ -589,7 +589,7 @@ mod tests {
         let mut attempts = Vec::new();
         for name in ["a", "b", "c"] {
             let plan = ledger
-                .register_plan(spec(name, "resume", 2), KNOWN_EXECUTORS)
+                .register_plan(spec(name, "resume", 2), &Executors::new().names())
                 .await
                 .unwrap();
             attempts.push(ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id);
@@ -622,7 +622,7 @@ mod tests {
             let recovery = if i % 2 == 0 { "resume" } else { "replay" };
             plans.push(
                 ledger
-                    .register_plan(spec(&format!("p{i}"), recovery, 1 + i % 3), KNOWN_EXECUTORS)
+                    .register_plan(spec(&format!("p{i}"), recovery, 1 + i % 3), &Executors::new().names())
                     .await
                     .unwrap(),
             );
@@ -680,7 +680,7 @@ mod tests {
     fn moving_writes_into_a_record_is_applying_them() {
         let now = Timestamp::from_millis(1_000);
         let plan = spec("p", "replay", 3)
-            .into_plan(KNOWN_EXECUTORS, PlanId::new("p"), now)
+            .into_plan(&Executors::new().names(), PlanId::new("p"), now)
             .unwrap();
         let ids = NewIds {
             attempt: AttemptId::new("a"),

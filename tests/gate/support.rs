@@ -8,7 +8,7 @@
 
 use leasehold::clock::ManualClock;
 use leasehold::entropy::SeededEntropy;
-use leasehold::executor::KNOWN_EXECUTORS;
+use leasehold::executor::Executors;
 use leasehold::ledger::memory::MemoryLedger;
 use leasehold::ledger::Ledger;
 use leasehold_engine::canonical::fingerprint;
@@ -112,7 +112,7 @@ impl<L: Ledger> Fixture<L> {
     /// Registers `spec` in `ledger`.
     pub async fn new(ledger: L, clock: Arc<ManualClock>, spec: PlanSpec) -> Self {
         let plan = ledger
-            .register_plan(spec, KNOWN_EXECUTORS)
+            .register_plan(spec, &Executors::new().names())
             .await
             .expect("the plan registers");
         Self {
