@@ -12,4 +12,5 @@ pub mod entropy;
 pub mod executor;
 pub mod ledger;
 pub mod report;
+pub mod text;
 pub mod worker;

@@ -10,7 +10,9 @@
 //! values (volatile identity stripped) and the engine's reasons. It never holds a
 //! lease token (nothing here reads `Command::lease_token`) nor a database URL
 //! (nothing here is given one). Attempt error texts are not rendered either: they
-//! come from executors and operators and are shown by `leasehold status`.
+//! come from executors and operators and are shown by `leasehold status`. Every
+//! stored text in a text report (names, codes, ids, reasons, paths, values) goes
+//! through [`crate::text::clean`], so none can forge a line or drive a terminal.
 //!
 //! JSON shapes (keys always present unless marked `?`):
 //! - gate: `{"report": "gate", "verdict": "PASS"|"BLOCK", "plan": PLAN,
@@ -134,11 +136,16 @@ pub fn gate_json(report: &GateReport, plan: &Plan) -> Value {
     })
 }
 
+/// A stored value as terminal-safe text.
+fn t(value: impl std::fmt::Display) -> String {
+    crate::text::clean(&value.to_string()).into_owned()
+}
+
 fn attempt_line(a: &AttemptRef) -> String {
-    format!(
+    t(format_args!(
         "{} (#{}, {}) {}, command {} {}",
         a.attempt_id, a.number, a.action, a.status, a.command_id, a.command_status
-    )
+    ))
 }
 
 /// A value for a text report: canonical JSON, cut at [`TEXT_VALUE_CHARS_MAX`]
@@ -149,18 +156,18 @@ fn value_text(v: Option<&Value>) -> String {
     };
     let text = leasehold_engine::canonical::canonical_json(v);
     if text.chars().count() > TEXT_VALUE_CHARS_MAX {
-        format!("{}…", text.chars().take(TEXT_VALUE_CHARS_MAX).collect::<String>())
+        t(format_args!("{}…", text.chars().take(TEXT_VALUE_CHARS_MAX).collect::<String>()))
     } else {
-        text
+        t(text)
     }
 }
 
 fn differences_text(out: &mut String, diffs: &[Difference], left: &str, right: &str) {
     let width = left.len().max(right.len()) + 1;
     for d in diffs {
-        let _ = write!(out, "  {}", d.path);
+        let _ = write!(out, "  {}", t(&d.path));
         if let (Some(ordinal), Some(code)) = (d.ordinal, &d.step_code) {
-            let _ = write!(out, "  (receipt {ordinal}, {code})");
+            let _ = write!(out, "  (receipt {ordinal}, {})", t(code));
         }
         out.push('\n');
         let _ = writeln!(
@@ -188,22 +195,25 @@ pub fn gate_text(report: &GateReport, plan: &Plan) -> String {
             let _ = writeln!(
                 out,
                 "PASS: attempt {} (#{}) of plan {} ({}) may be released",
-                latest.attempt_id, latest.number, plan.id, plan.name
+                t(&latest.attempt_id),
+                latest.number,
+                t(&plan.id),
+                t(&plan.name)
             );
         }
         _ => {
             let _ = writeln!(
                 out,
                 "BLOCK: plan {} ({}) may not be released: {blocking} of {} checks block",
-                plan.id,
-                plan.name,
+                t(&plan.id),
+                t(&plan.name),
                 report.checks.len()
             );
         }
     }
     out.push('\n');
     for c in &report.checks {
-        let _ = writeln!(out, "[{}] {}: {}", c.verdict, c.name, c.reason);
+        let _ = writeln!(out, "[{}] {}: {}", c.verdict, c.name, t(&c.reason));
     }
     out.push('\n');
     let none = "-".to_owned();
@@ -224,22 +234,22 @@ pub fn gate_text(report: &GateReport, plan: &Plan) -> String {
     let _ = writeln!(
         out,
         "raw fingerprint       {}",
-        report.raw_fingerprint.as_ref().unwrap_or(&none)
+        t(report.raw_fingerprint.as_ref().unwrap_or(&none))
     );
     let _ = writeln!(
         out,
         "semantic fingerprint  {}",
-        report.semantic_fingerprint.as_ref().unwrap_or(&none)
+        t(report.semantic_fingerprint.as_ref().unwrap_or(&none))
     );
     let _ = writeln!(
         out,
         "baseline semantic     {}",
-        report.baseline_semantic_fingerprint.as_ref().unwrap_or(&none)
+        t(report.baseline_semantic_fingerprint.as_ref().unwrap_or(&none))
     );
     if !report.tampered.is_empty() {
         let _ = writeln!(out, "\ntampered receipts:");
-        for t in &report.tampered {
-            let _ = writeln!(out, "  {t}");
+        for tampered in &report.tampered {
+            let _ = writeln!(out, "  {}", t(tampered));
         }
     }
     if !report.drift.is_empty() {
@@ -265,10 +275,10 @@ pub fn comparison_json(c: &Comparison, plan: &Plan) -> Value {
 }
 
 fn side_line(s: &AttemptSide) -> String {
-    format!(
+    t(format_args!(
         "{} (#{}, {}) {}, command {} {}",
         s.attempt_id, s.number, s.action, s.status, s.command_id, s.command_status
-    )
+    ))
 }
 
 /// The comparison as readable text: a headline verdict, both attempts with their
@@ -280,20 +290,22 @@ pub fn comparison_text(c: &Comparison, plan: &Plan) -> String {
         ComparisonVerdict::Equal => writeln!(
             out,
             "EQUAL: attempts #{l} and #{r} of plan {} ({}) delivered the same evidence",
-            plan.id, plan.name
+            t(&plan.id),
+            t(&plan.name)
         ),
         ComparisonVerdict::Drift => writeln!(
             out,
             "DRIFT: attempts #{l} and #{r} of plan {} ({}) differ in {} {}",
-            plan.id,
-            plan.name,
+            t(&plan.id),
+            t(&plan.name),
             c.differences.len(),
             if c.differences.len() == 1 { "field" } else { "fields" }
         ),
         ComparisonVerdict::Incomparable => writeln!(
             out,
             "INCOMPARABLE: attempts #{l} and #{r} of plan {} ({}) cannot be compared",
-            plan.id, plan.name
+            t(&plan.id),
+            t(&plan.name)
         ),
     };
     out.push('\n');
@@ -303,19 +315,19 @@ pub fn comparison_text(c: &Comparison, plan: &Plan) -> String {
     let same = |b: bool| if b { "equal" } else { "differ" };
     let _ = writeln!(out, "steps                 {}", same(c.steps_equal));
     let _ = writeln!(out, "semantic fingerprints {}", same(c.semantic_equal));
-    let _ = writeln!(out, "  left                {}", c.left.semantic_fingerprint);
-    let _ = writeln!(out, "  right               {}", c.right.semantic_fingerprint);
+    let _ = writeln!(out, "  left                {}", t(&c.left.semantic_fingerprint));
+    let _ = writeln!(out, "  right               {}", t(&c.right.semantic_fingerprint));
     let _ = writeln!(
         out,
         "raw fingerprints      {}",
         same(c.left.raw_fingerprint == c.right.raw_fingerprint)
     );
-    let _ = writeln!(out, "  left                {}", c.left.raw_fingerprint);
-    let _ = writeln!(out, "  right               {}", c.right.raw_fingerprint);
+    let _ = writeln!(out, "  left                {}", t(&c.left.raw_fingerprint));
+    let _ = writeln!(out, "  right               {}", t(&c.right.raw_fingerprint));
     if !c.problems.is_empty() {
         let _ = writeln!(out, "\nproblems:");
         for p in &c.problems {
-            let _ = writeln!(out, "  {p}");
+            let _ = writeln!(out, "  {}", t(p));
         }
     }
     if c.differences.is_empty() {

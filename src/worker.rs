@@ -8,6 +8,12 @@
 //! deliveries finish within a grace period; deliveries still running then are
 //! dropped, and their leases expire for another worker to take over.
 //!
+//! Every executor call has a time budget, the worker's step timeout
+//! ([`DEFAULT_STEP_TIMEOUT`] unless [`Worker::with_step_timeout`] says otherwise):
+//! a call still running when it runs out is dropped (an executor that runs SQL on a
+//! blocking thread stops it then) and the step fails permanently, with a message
+//! naming the step and the limit. The budget is on the tokio clock.
+//!
 //! The worker is generic over its ledger, executor and clock, so the simulator runs
 //! this same code with an RPC ledger client, a simulated target and skewed clocks.
 //! Its clock only schedules heartbeats and polls; leases are decided by the ledger.
@@ -176,6 +182,9 @@ pub struct WorkerReport {
     pub abandoned: u64,
 }
 
+/// The time budget of one executor call unless the worker is given another.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Who hears a worker's events; `None` when nobody listens, so that no event is
 /// built for nobody.
 type Observer = Option<Arc<dyn Fn(&WorkerEvent) + Send + Sync>>;
@@ -188,6 +197,7 @@ pub struct Worker<L, E, C> {
     clock: Arc<C>,
     config: WorkerConfig,
     observer: Observer,
+    step_timeout: Duration,
 }
 
 impl<L, E, C> fmt::Debug for Worker<L, E, C> {
@@ -209,7 +219,15 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             clock,
             config,
             observer: None,
+            step_timeout: DEFAULT_STEP_TIMEOUT,
         }
+    }
+
+    /// Gives every executor call at most `timeout` (at least 1 ms); a call still
+    /// running then is dropped and its step fails.
+    pub fn with_step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = timeout.max(Duration::from_millis(1));
+        self
     }
 
     /// Calls `observer` for every [`WorkerEvent`].
@@ -271,19 +289,19 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
                     grace_until = Some(tokio::time::Instant::now() + Duration::from_millis(options.grace_ms));
                     self.emit(|| WorkerEvent::Stopping { in_flight: tasks.len(), grace_ms: options.grace_ms });
                 }
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    match done {
-                        Ok(Outcome::Delivered) => report.delivered += 1,
-                        Ok(Outcome::Failed(_)) => report.failed += 1,
-                        Ok(Outcome::Refused(_)) => report.refused += 1,
-                        Ok(Outcome::Abandoned(_)) | Err(_) => report.abandoned += 1,
-                    }
-                }
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => tally(&mut report, done),
                 () = sleep_until_opt(grace_until) => {
+                    // Deliveries that ended (their last write committed) while the
+                    // timer fired count as what they were, not as dropped.
+                    while let Some(done) = tasks.try_join_next() {
+                        tally(&mut report, done);
+                    }
                     let dropped = tasks.len();
                     tasks.abort_all();
                     report.abandoned += dropped as u64;
-                    self.emit(|| WorkerEvent::GraceExpired { dropped });
+                    if dropped > 0 {
+                        self.emit(|| WorkerEvent::GraceExpired { dropped });
+                    }
                     break;
                 }
                 () = sleep_ms_opt(poll.then_some(wait_ms)) => {}
@@ -315,10 +333,21 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             clock: Arc::clone(&self.clock),
             observer: self.observer.clone(),
             lease_ms: self.config.lease_ms,
+            step_timeout: self.step_timeout,
             claimed: Box::new(claimed),
             claimed_at,
         };
         delivery.run()
+    }
+}
+
+/// Counts a delivery's end in the report.
+fn tally(report: &mut WorkerReport, done: Result<Outcome, tokio::task::JoinError>) {
+    match done {
+        Ok(Outcome::Delivered) => report.delivered += 1,
+        Ok(Outcome::Failed(_)) => report.failed += 1,
+        Ok(Outcome::Refused(_)) => report.refused += 1,
+        Ok(Outcome::Abandoned(_)) | Err(_) => report.abandoned += 1,
     }
 }
 
@@ -358,6 +387,7 @@ struct Delivery<L, E, C> {
     clock: Arc<C>,
     observer: Observer,
     lease_ms: u64,
+    step_timeout: Duration,
     // Boxed: the task that owns this future is allocated per delivery, and a
     // smaller one is cheaper to allocate and to move.
     claimed: Box<Claimed>,
@@ -592,7 +622,19 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             idempotency_key: receipt.idempotency_key.clone(),
         });
         match request {
-            Some(request) => Box::pin(self.executor.execute(request)),
+            Some(request) => {
+                let (code, budget) = (request.step.code.clone(), self.step_timeout);
+                let call = self.executor.execute(request);
+                Box::pin(async move {
+                    match tokio::time::timeout(budget, call).await {
+                        Ok(result) => result,
+                        Err(_) => ExecutorResult::Permanent(format!(
+                            "step {code}: still running after its time budget of {} ms (step timeout); stopped",
+                            budget.as_millis()
+                        )),
+                    }
+                })
+            }
             None => Box::pin(std::future::ready(ExecutorResult::Permanent(format!(
                 "step {ordinal} is not in the plan"
             )))),

@@ -11,6 +11,15 @@ use serde_json::{json, Value};
 
 /// The largest canonical payload a step may carry.
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// The longest plan name, step code or volatile field name, in characters.
+pub const MAX_NAME_CHARS: usize = 200;
+/// The most steps a plan may have.
+pub const MAX_STEPS: usize = 1_000;
+/// The most volatile fields a plan may name.
+pub const MAX_VOLATILE_FIELDS: usize = 100;
+/// The largest plan file the CLI reads, in bytes: room for [`MAX_STEPS`] small steps
+/// or a few large payloads, and a bound on what a hostile file can make it allocate.
+pub const MAX_PLAN_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// A plan as written in a plan file (TOML or JSON). Unknown fields are refused.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -79,6 +88,33 @@ pub enum PlanError {
         /// 0-based index.
         index: usize,
     },
+    /// A name, code or volatile field holds a control character (a newline, an
+    /// escape…), which could forge lines of output or logs.
+    #[error("{field}: must not contain control characters (found {found})")]
+    ControlCharacter {
+        /// The field, e.g. `steps[2].code`.
+        field: String,
+        /// The first one, escaped (`\n`, `\u{1b}`).
+        found: String,
+    },
+    /// A name, code or volatile field is too long.
+    #[error("{field}: {chars} characters exceeds the limit of {MAX_NAME_CHARS}")]
+    TooLong {
+        /// The field.
+        field: String,
+        /// Its length in characters.
+        chars: usize,
+    },
+    /// Too many steps or volatile fields.
+    #[error("{field}: {count} entries exceeds the limit of {max}")]
+    TooMany {
+        /// `steps` or `volatile_fields`.
+        field: &'static str,
+        /// How many there are.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The stored fingerprint does not match the plan's content.
     #[error("fingerprint: stored {stored} but the content hashes to {computed}")]
     FingerprintMismatch {
@@ -96,6 +132,21 @@ impl PlanSpec {
         if self.name.trim().is_empty() {
             return Err(PlanError::EmptyName);
         }
+        check_text("name", &self.name)?;
+        if self.steps.len() > MAX_STEPS {
+            return Err(PlanError::TooMany {
+                field: "steps",
+                count: self.steps.len(),
+                max: MAX_STEPS,
+            });
+        }
+        if self.volatile_fields.len() > MAX_VOLATILE_FIELDS {
+            return Err(PlanError::TooMany {
+                field: "volatile_fields",
+                count: self.volatile_fields.len(),
+                max: MAX_VOLATILE_FIELDS,
+            });
+        }
         let recovery: Recovery = self
             .recovery
             .parse()
@@ -107,11 +158,13 @@ impl PlanSpec {
             if field.is_empty() {
                 return Err(PlanError::EmptyVolatileField { index });
             }
+            check_text(&format!("volatile_fields[{index}]"), field)?;
         }
         for (index, step) in self.steps.iter().enumerate() {
             if step.code.trim().is_empty() {
                 return Err(PlanError::EmptyCode { index });
             }
+            check_text(&format!("steps[{index}].code"), &step.code)?;
             if self.steps[..index].iter().any(|s| s.code == step.code) {
                 return Err(PlanError::DuplicateCode {
                     index,
@@ -142,6 +195,28 @@ impl PlanSpec {
             created_at: now,
         })
     }
+}
+
+/// Refuses a name, code or volatile field with a control character (C0, DEL, C1, or
+/// a bidirectional override) or longer than [`MAX_NAME_CHARS`].
+fn check_text(field: &str, text: &str) -> Result<(), PlanError> {
+    let is_bad = |c: char| {
+        c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
+    };
+    if let Some(bad) = text.chars().find(|c| is_bad(*c)) {
+        return Err(PlanError::ControlCharacter {
+            field: field.to_owned(),
+            found: bad.escape_default().to_string(),
+        });
+    }
+    let chars = text.chars().count();
+    if chars > MAX_NAME_CHARS {
+        return Err(PlanError::TooLong {
+            field: field.to_owned(),
+            chars,
+        });
+    }
+    Ok(())
 }
 
 /// SHA-256 of the canonical JSON of a plan's content (everything but id and status).
@@ -233,6 +308,32 @@ mod tests {
             build(s).unwrap_err().to_string(),
             "recovery: \"rewind\" is not a recovery mode (expected resume or replay)"
         );
+    }
+
+    #[test]
+    fn control_characters_and_oversized_names_are_refused_by_field() {
+        let mut s = spec(json!([{"code": "a", "executor": "dry-run:v1"}]));
+        s.name = "p\n[w1] attempt x: delivered".into();
+        assert_eq!(
+            build(s).unwrap_err().to_string(),
+            "name: must not contain control characters (found \\n)"
+        );
+        let e = build(spec(json!([{"code": "a\u{1b}[31m", "executor": "dry-run:v1"}]))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "steps[0].code: must not contain control characters (found \\u{1b})"
+        );
+        let mut s = spec(json!([{"code": "a", "executor": "dry-run:v1"}]));
+        s.volatile_fields = vec!["ok".into(), "x\u{202e}y".into()];
+        assert!(build(s).unwrap_err().to_string().starts_with("volatile_fields[1]: must not contain"));
+        let long = "c".repeat(MAX_NAME_CHARS + 1);
+        let e = build(spec(json!([{"code": long, "executor": "dry-run:v1"}]))).unwrap_err();
+        assert_eq!(e.to_string(), "steps[0].code: 201 characters exceeds the limit of 200");
+        let many: Vec<Value> = (0..=MAX_STEPS)
+            .map(|i| json!({"code": format!("s{i}"), "executor": "dry-run:v1"}))
+            .collect();
+        let e = build(spec(Value::Array(many))).unwrap_err();
+        assert_eq!(e.to_string(), "steps: 1001 entries exceeds the limit of 1000");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use leasehold_engine::{Action, AttemptId, PlanSpec};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The rehearsal plan shipped with leasehold, used by `demo`.
 const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml");
@@ -80,9 +81,12 @@ enum Command {
         /// Exit once no attempt is QUEUED or RUNNING.
         #[arg(long)]
         until_idle: bool,
-        /// Seconds in-flight deliveries get to finish after SIGINT/SIGTERM.
+        /// Seconds in-flight deliveries get to finish after SIGINT/SIGTERM (clamped to 0..=3600).
         #[arg(long, default_value_t = 30)]
         grace_secs: u64,
+        /// Seconds one step may run before it is stopped and fails (clamped to 1..=86400).
+        #[arg(long, default_value_t = 300)]
+        step_timeout_secs: u64,
     },
     /// Show an attempt: its command, lease and receipts (never the lease token).
     Status {
@@ -217,11 +221,15 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let result = runtime.block_on(dispatch(cli));
+    // Steps still on the blocking pool were cancelled when their deliveries were
+    // dropped; do not wait long for them.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             if !f.message.is_empty() {
-                eprintln!("error: {}", f.message);
+                eprintln!("error: {}", leasehold::text::clean(&f.message));
             }
             ExitCode::from(f.code)
         }
@@ -314,6 +322,7 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
             batch,
             until_idle,
             grace_secs,
+            step_timeout_secs,
         } => {
             let config = WorkerConfig::clamped(
                 true,
@@ -322,10 +331,20 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
                 lease_secs.clamp(1, 86_400) * 1_000,
             );
             let id = id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
-            let report = run_worker(ledger, &id, config, until_idle, grace_secs * 1_000, stop_signal()).await;
+            let settings = WorkerSettings {
+                until_idle,
+                grace_ms: grace_secs.clamp(0, 3_600) * 1_000,
+                step_timeout: Duration::from_secs(step_timeout_secs.clamp(1, 86_400)),
+            };
+            let report = run_worker(ledger, &id, config, settings, stop_signal()).await;
             println!(
-                "[{id}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
-                report.claimed, report.delivered, report.failed, report.refused, report.abandoned
+                "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
+                leasehold::text::clean(&id),
+                report.claimed,
+                report.delivered,
+                report.failed,
+                report.refused,
+                report.abandoned
             );
             Ok(())
         }
@@ -430,18 +449,29 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
     }
 }
 
+/// How a command-line worker runs, beyond its [`WorkerConfig`].
+struct WorkerSettings {
+    until_idle: bool,
+    grace_ms: u64,
+    step_timeout: Duration,
+}
+
 async fn run_worker<L: Ledger>(
     ledger: Arc<L>,
     id: &str,
     config: WorkerConfig,
-    until_idle: bool,
-    grace_ms: u64,
+    settings: WorkerSettings,
     stop: impl std::future::Future<Output = ()>,
 ) -> leasehold::worker::WorkerReport {
-    let prefix = id.to_owned();
+    let prefix = leasehold::text::clean(id).into_owned();
     let worker = Worker::new(id, ledger, Arc::new(Executors::new()), Arc::new(SystemClock), config)
-        .on_event(move |event: &WorkerEvent| println!("[{prefix}] {event}"));
-    worker.run(stop, RunOptions { until_idle, grace_ms }).await
+        .with_step_timeout(settings.step_timeout)
+        .on_event(move |event: &WorkerEvent| println!("[{prefix}] {}", leasehold::text::clean(&event.to_string())));
+    let options = RunOptions {
+        until_idle: settings.until_idle,
+        grace_ms: settings.grace_ms,
+    };
+    worker.run(stop, options).await
 }
 
 /// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called,
@@ -479,9 +509,25 @@ fn stop_signal() -> impl std::future::Future<Output = ()> {
 
 fn read_plan_file(path: &Path) -> Result<PlanSpec, Failure> {
     let name = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| Failure::bad_input(format!("plan file {name}: {e}")))?;
+    let text = read_capped(path, leasehold_engine::plan::MAX_PLAN_FILE_BYTES)
+        .map_err(|e| Failure::bad_input(format!("plan file {name}: {e}")))?;
     parse_plan(&text, path.extension().and_then(|e| e.to_str()) == Some("json"))
         .map_err(|e| Failure::bad_input(format!("plan file {name}: {e}")))
+}
+
+/// Reads a UTF-8 text file of at most `max` bytes, reading no more than `max + 1`
+/// bytes of it whatever it is (`/dev/zero`, a pipe, a huge file).
+fn read_capped(path: &Path, max: u64) -> Result<String, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > max {
+        return Err(format!("larger than the limit of {max} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
 }
 
 /// Parses plan text as JSON or TOML; the error is one line with its position.
@@ -528,7 +574,12 @@ async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
             record.attempt.id, record.attempt.number
         );
         let stop = std::future::pending::<()>();
-        let report = run_worker(Arc::clone(&ledger), &format!("demo-worker-{n}"), config, true, 0, stop).await;
+        let settings = WorkerSettings {
+            until_idle: true,
+            grace_ms: 0,
+            step_timeout: leasehold::worker::DEFAULT_STEP_TIMEOUT,
+        };
+        let report = run_worker(Arc::clone(&ledger), &format!("demo-worker-{n}"), config, settings, stop).await;
         if report.delivered == 0 {
             return Err(Failure {
                 code: 1,

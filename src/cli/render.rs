@@ -1,10 +1,22 @@
 //! Text and JSON renderings of plans and attempts. No rendering ever includes a
 //! lease token: `Command` skips it when serialized and the text forms never read it.
+//!
+//! Every text rendering is total: any value a ledger answers, damaged or hostile,
+//! renders without a panic. Every stored text (names, codes, ids, errors, owners) is
+//! shown through [`clean`], so control characters cannot forge lines or drive the
+//! terminal, and a stored digest that is not 64 hex digits shows as
+//! `<not a sha-256>` ([`short_sha`]).
 
+use leasehold::text::{clean, short_sha};
 use leasehold_engine::evidence::{raw_fingerprint, semantic_fingerprint};
 use leasehold_engine::{AttemptRecord, Plan, Timestamp};
 use serde::Serialize;
-use std::fmt::Write;
+use std::fmt::{Display, Write};
+
+/// A stored value as terminal-safe text.
+fn c(value: impl Display) -> String {
+    clean(&value.to_string()).into_owned()
+}
 
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: Serialize>(value: &T) {
@@ -28,12 +40,12 @@ pub fn plan_list(plans: &[Plan]) -> String {
         let _ = writeln!(
             out,
             "{}  {:<8} {:<20} {} steps  {}  {}",
-            p.id,
+            c(&p.id),
             p.status,
-            p.name,
+            c(&p.name),
             p.steps.len(),
             p.recovery,
-            &p.fingerprint[..16]
+            short_sha(&p.fingerprint)
         );
     }
     out
@@ -42,56 +54,62 @@ pub fn plan_list(plans: &[Plan]) -> String {
 /// A plan with its steps.
 pub fn plan(p: &Plan) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "plan        {}", p.id);
-    let _ = writeln!(out, "name        {}", p.name);
+    let _ = writeln!(out, "plan        {}", c(&p.id));
+    let _ = writeln!(out, "name        {}", c(&p.name));
     let _ = writeln!(out, "status      {}", p.status);
     let _ = writeln!(out, "recovery    {}", p.recovery);
-    let _ = writeln!(out, "fingerprint {}", p.fingerprint);
+    let _ = writeln!(out, "fingerprint {}", c(&p.fingerprint));
     if !p.volatile_fields.is_empty() {
-        let _ = writeln!(out, "volatile    {}", p.volatile_fields.join(", "));
+        let _ = writeln!(out, "volatile    {}", c(p.volatile_fields.join(", ")));
     }
     let _ = writeln!(out, "registered  {}", p.created_at);
     let _ = writeln!(out, "steps:");
     for (i, s) in p.steps.iter().enumerate() {
-        let _ = writeln!(out, "  {}. {} ({})", i + 1, s.code, s.executor);
+        let _ = writeln!(out, "  {}. {} ({})", i + 1, c(&s.code), c(&s.executor));
     }
     out
 }
 
 /// An attempt, its command and receipts.
 pub fn status(r: &AttemptRecord) -> String {
-    let (a, c) = (&r.attempt, &r.command);
+    let (a, cmd) = (&r.attempt, &r.command);
     let mut out = String::new();
     let _ = writeln!(
         out,
         "attempt     {} (#{} of plan {}, {})",
-        a.id, a.number, a.plan_id, a.action
+        c(&a.id),
+        a.number,
+        c(&a.plan_id),
+        a.action
     );
     let _ = writeln!(out, "status      {}", a.status);
     let _ = writeln!(out, "created     {}", a.created_at);
     let _ = writeln!(out, "started     {}", ts(a.started_at));
     let _ = writeln!(out, "finished    {}", ts(a.finished_at));
     if let Some(e) = &a.error {
-        let _ = writeln!(out, "error       {e}");
+        let _ = writeln!(out, "error       {}", c(e));
     }
-    let _ = writeln!(out, "command     {} {}", c.id, c.status);
-    let _ = writeln!(out, "  owner           {}", c.lease_owner.as_deref().unwrap_or("-"));
-    let _ = writeln!(out, "  last heartbeat  {}", ts(c.last_heartbeat_at));
-    let _ = writeln!(out, "  lease until     {}", ts(c.lease_until));
-    let _ = writeln!(out, "  delivery count  {}", c.delivery_count);
-    let _ = writeln!(out, "  last error      {}", c.last_error.as_deref().unwrap_or("-"));
+    let _ = writeln!(out, "command     {} {}", c(&cmd.id), cmd.status);
+    let _ = writeln!(out, "  owner           {}", c(cmd.lease_owner.as_deref().unwrap_or("-")));
+    let _ = writeln!(out, "  last heartbeat  {}", ts(cmd.last_heartbeat_at));
+    let _ = writeln!(out, "  lease until     {}", ts(cmd.lease_until));
+    let _ = writeln!(out, "  delivery count  {}", cmd.delivery_count);
+    let _ = writeln!(out, "  last error      {}", c(cmd.last_error.as_deref().unwrap_or("-")));
     let _ = writeln!(out, "receipts:");
     for rc in &r.receipts {
         let _ = write!(
             out,
             "  {}. {:<24} {:<9} key {}",
-            rc.ordinal, rc.step_code, rc.status, rc.idempotency_key
+            rc.ordinal,
+            c(&rc.step_code),
+            rc.status,
+            c(&rc.idempotency_key)
         );
         if let Some(sha) = &rc.evidence_sha256 {
-            let _ = write!(out, " evidence {}", &sha[..16]);
+            let _ = write!(out, " evidence {}", short_sha(sha));
         }
         if let Some(e) = &rc.error {
-            let _ = write!(out, " error: {e}");
+            let _ = write!(out, " error: {}", c(e));
         }
         out.push('\n');
     }
@@ -100,7 +118,7 @@ pub fn status(r: &AttemptRecord) -> String {
 
 /// Every attempt of a plan, one line each.
 pub fn history(p: &Plan, records: &[AttemptRecord]) -> String {
-    let mut out = format!("plan {} ({})\n", p.id, p.name);
+    let mut out = format!("plan {} ({})\n", c(&p.id), c(&p.name));
     if records.is_empty() {
         out.push_str("no attempts\n");
     }
@@ -114,7 +132,7 @@ pub fn history(p: &Plan, records: &[AttemptRecord]) -> String {
             out,
             "  #{:<3} {} {:<10} {:<10} {:<10} {}/{} steps  deliveries {}  created {}",
             r.attempt.number,
-            r.attempt.id,
+            c(&r.attempt.id),
             r.attempt.action,
             r.attempt.status,
             r.command.status,
@@ -136,7 +154,7 @@ pub fn outcome(plan: &Plan, r: &AttemptRecord) -> String {
         .count();
     format!(
         "attempt {} (#{}): {} / {}, {}/{} receipts SUCCEEDED, deliveries {}\n  raw fingerprint      {}\n  semantic fingerprint {}\n",
-        r.attempt.id,
+        c(&r.attempt.id),
         r.attempt.number,
         r.attempt.status,
         r.command.status,

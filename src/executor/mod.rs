@@ -9,8 +9,13 @@
 //! - the same idempotency key always gets the same target receipt;
 //! - evidence is derived only from the step, its payload and the target's state, so
 //!   two deliveries that do the same work record the same semantic evidence;
-//! - waiting uses `tokio::time` only, and nothing blocks on another thread, so an
-//!   executor runs unchanged under a simulated clock on a single-threaded host;
+//! - waiting uses `tokio::time` only, so an executor runs under a simulated clock;
+//!   CPU-bound work (the sandbox's SQL) runs on tokio's blocking pool, never on an
+//!   async thread, and stops soon after its future is dropped, so heartbeats, other
+//!   deliveries and shutdown never wait for it (the simulator uses only executors
+//!   that do not block);
+//! - an executor does not time itself: the worker gives every step a time budget
+//!   (`step_timeout`) and drops the call when it runs out;
 //! - a malformed payload is a permanent failure whose message names the field.
 //!
 //! [`Executors`] is the registry that the worker uses: it dispatches on

@@ -22,22 +22,79 @@
 //! Every payload or SQL error is a permanent failure naming the step and the field
 //! or statement; only failing to open a sandbox is transient.
 //!
-//! SQLite is called synchronously inside the future (no `spawn_blocking`): a
-//! simulator runs this on a single-threaded host, and sandbox work is small.
+//! # Threat model: what a plan author can and cannot do
+//!
+//! A plan author is not trusted. Plan SQL can create, fill, query and drop tables,
+//! views, indexes and triggers in its own in-memory database and nothing else:
+//! - an authorizer denies, at prepare time, everything that reaches outside that
+//!   database: `ATTACH`/`DETACH` (so also `VACUUM INTO` a host file), virtual tables,
+//!   `load_extension` and every `PRAGMA` except a few read-only introspection ones
+//!   (`table_info`, `index_list`, …; so no `temp_store_directory`, `journal_mode`,
+//!   `writable_schema`, `foreign_keys = OFF`); the attached-database limit is zero;
+//! - SQLite's defensive mode is on and the schema is untrusted, temporary storage
+//!   stays in memory, and the database is capped at [`MAX_DATABASE_PAGES`] pages;
+//! - SQL text is capped at [`MAX_SQL_BYTES`] per statement and [`MAX_VALUE_BYTES`]
+//!   per value; each check at [`MAX_CHECK_ROWS`] rows, and a step's evidence at
+//!   [`MAX_EVIDENCE_BYTES`]: past a cap the step fails permanently, naming it;
+//! - checks are truly read-only: while they run the authorizer denies every write,
+//!   transaction, savepoint and pragma, and a statement SQLite does not call
+//!   read-only is refused;
+//! - the SQL runs on tokio's blocking pool, never on an async thread, with a progress
+//!   handler that ends it as soon as its call is dropped — the worker's per-step time
+//!   budget (`step_timeout`) or the end of its grace period — so a runaway query
+//!   never stops heartbeats, other deliveries or shutdown.
+//!
+//! A plan author therefore cannot read or write host files, the ledger or its lease
+//! tokens, load code, or keep a worker busy past its step budget. It can still spend
+//! up to a step's budget of one blocking thread's CPU and the memory of one capped
+//! database per open delivery.
 
 use super::{describe, pace, payload_delay_ms, ExecRequest, Executor, ExecutorResult};
 use leasehold_engine::{Action, AttemptId, Step};
+use rusqlite::config::DbConfig;
+use rusqlite::hooks::{AuthAction, AuthContext, Authorization};
+use rusqlite::limits::Limit;
 use rusqlite::types::ValueRef;
 use rusqlite::Connection;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// The executor name plans use for [`SqliteSandbox`].
 pub const NAME: &str = "sqlite-sandbox:v1";
 
 const PAYLOAD_FIELDS: &[&str] = &["sql", "checks", "undo_sql", "delay_ms"];
+
+/// The longest SQL statement text a sandbox prepares, in bytes.
+pub const MAX_SQL_BYTES: i32 = 64 * 1024;
+/// The largest string or blob value a sandbox holds, in bytes.
+pub const MAX_VALUE_BYTES: i32 = 1024 * 1024;
+/// The most pages (4 KiB each) a sandbox database (main or temp) may grow to: 64 MiB.
+pub const MAX_DATABASE_PAGES: u32 = 16_384;
+/// The most rows one check may answer.
+pub const MAX_CHECK_ROWS: usize = 1_000;
+/// The most bytes (as JSON) the check rows of one step may add up to.
+pub const MAX_EVIDENCE_BYTES: usize = 256 * 1024;
+/// Virtual-machine instructions between two looks at whether the step was cancelled.
+const PROGRESS_OPS: i32 = 1_000;
+/// The pragmas plan SQL may run: read-only introspection of its own database.
+const READ_PRAGMAS: &[&str] = &[
+    "table_info",
+    "table_xinfo",
+    "table_list",
+    "index_list",
+    "index_info",
+    "index_xinfo",
+    "foreign_key_list",
+    "foreign_key_check",
+    "integrity_check",
+    "quick_check",
+    "collation_list",
+];
+/// SQL functions plan SQL may not call, whatever this build of SQLite includes.
+const DENIED_FUNCTIONS: &[&str] = &["load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"];
 
 /// The `sqlite-sandbox:v1` executor: one in-memory SQLite database per delivery.
 #[derive(Default)]
@@ -51,6 +108,8 @@ type Sandboxes = BTreeMap<(AttemptId, u32), Arc<Mutex<Sandbox>>>;
 
 struct Sandbox {
     conn: Connection,
+    /// True while checks run: the authorizer then denies every write.
+    checking: Arc<AtomicBool>,
     /// Answers by idempotency key, so a repeated key gets the same answer.
     answered: BTreeMap<String, ExecutorResult>,
 }
@@ -94,38 +153,136 @@ impl SqliteSandbox {
         if let Some(sandbox) = map.get(&(attempt.clone(), delivery)) {
             return Ok(Arc::clone(sandbox));
         }
-        let conn = Connection::open_in_memory().map_err(|e| format!("could not open a sandbox database: {e}"))?;
-        conn.execute_batch("PRAGMA foreign_keys = ON")
-            .map_err(|e| format!("could not enable foreign keys in the sandbox: {e}"))?;
+        let checking = Arc::new(AtomicBool::new(false));
+        let conn = open_sandbox(Arc::clone(&checking))?;
         let sandbox = Arc::new(Mutex::new(Sandbox {
             conn,
+            checking,
             answered: BTreeMap::new(),
         }));
         map.insert((attempt.clone(), delivery), Arc::clone(&sandbox));
         Ok(sandbox)
     }
 
-    fn run(&self, request: &ExecRequest, payload: &StepPayload) -> ExecutorResult {
+    /// Runs a step in its delivery's sandbox on the blocking pool. Dropping the
+    /// returned future (a step budget or a grace period ran out) cancels the SQL.
+    async fn run(&self, request: ExecRequest, payload: StepPayload) -> ExecutorResult {
         let sandbox = match self.sandbox(&request.attempt_id, request.delivery) {
             Ok(sandbox) => sandbox,
             Err(message) => return ExecutorResult::Transient(format!("step {}: {message}", request.step.code)),
         };
-        // A poisoned sandbox is still usable: the step that panicked is reported
-        // by its own caller, and later steps see whatever it committed.
-        let mut sandbox = sandbox.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(answer) = sandbox.answered.get(&request.idempotency_key) {
-            return answer.clone();
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let _cancel_on_drop = CancelOnDrop(Arc::clone(&cancelled));
+        let code = request.step.code.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            // A poisoned sandbox is still usable: the step that panicked is reported
+            // by its own caller, and later steps see whatever it committed.
+            let mut sandbox = sandbox.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(answer) = sandbox.answered.get(&request.idempotency_key) {
+                return answer.clone();
+            }
+            if cancelled.load(Ordering::Relaxed) {
+                return ExecutorResult::Permanent(format!("step {}: cancelled before it ran", request.step.code));
+            }
+            let flag = Arc::clone(&cancelled);
+            sandbox
+                .conn
+                .progress_handler(PROGRESS_OPS, Some(move || flag.load(Ordering::Relaxed)));
+            let sandbox_id = Self::sandbox_id(&request.attempt_id, request.delivery);
+            let answer = run_step(&sandbox, &request.step, &payload, &sandbox_id, &request.idempotency_key);
+            sandbox.conn.progress_handler(0, None::<fn() -> bool>);
+            // A cancelled step has no answer to repeat: nobody received this one.
+            if !cancelled.load(Ordering::Relaxed) {
+                sandbox.answered.insert(request.idempotency_key.clone(), answer.clone());
+            }
+            answer
+        });
+        match task.await {
+            Ok(answer) => answer,
+            Err(e) => ExecutorResult::Permanent(format!("step {code}: the sandbox failed: {e}")),
         }
-        let sandbox_id = Self::sandbox_id(&request.attempt_id, request.delivery);
-        let answer = run_step(
-            &sandbox.conn,
-            &request.step,
-            payload,
-            &sandbox_id,
-            &request.idempotency_key,
-        );
-        sandbox.answered.insert(request.idempotency_key.clone(), answer.clone());
-        answer
+    }
+}
+
+/// Sets its flag when dropped: the running step's progress handler then interrupts
+/// its SQL.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Opens a fresh in-memory sandbox database, locked down as the module docs say.
+fn open_sandbox(checking: Arc<AtomicBool>) -> Result<Connection, String> {
+    let fail = |what: &str, e: rusqlite::Error| format!("could not {what} in the sandbox: {e}");
+    let conn = Connection::open_in_memory().map_err(|e| format!("could not open a sandbox database: {e}"))?;
+    conn.execute_batch(&format!(
+        "PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; \
+         PRAGMA main.max_page_count = {MAX_DATABASE_PAGES}; PRAGMA temp.max_page_count = {MAX_DATABASE_PAGES};"
+    ))
+    .map_err(|e| fail("set its pragmas", e))?;
+    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0);
+    conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES);
+    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES);
+    for (setting, on) in [
+        (DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true),
+        (DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false),
+        (DbConfig::SQLITE_DBCONFIG_WRITABLE_SCHEMA, false),
+    ] {
+        conn.set_db_config(setting, on)
+            .map_err(|e| fail("configure the database", e))?;
+    }
+    conn.authorizer(Some(move |ctx: AuthContext<'_>| {
+        if authorize(&ctx, checking.load(Ordering::Relaxed)) {
+            Authorization::Allow
+        } else {
+            Authorization::Deny
+        }
+    }));
+    Ok(conn)
+}
+
+/// Whether plan SQL may do `ctx`; while `checking`, only reads are allowed.
+fn authorize(ctx: &AuthContext<'_>, checking: bool) -> bool {
+    // Only the sandbox's own databases: nothing else can be attached anyway.
+    let own = matches!(ctx.database_name, None | Some("main") | Some("temp"));
+    match ctx.action {
+        AuthAction::Select | AuthAction::Recursive => true,
+        AuthAction::Read { .. } => own,
+        AuthAction::Function { function_name } => !DENIED_FUNCTIONS
+            .iter()
+            .any(|f| f.eq_ignore_ascii_case(function_name)),
+        AuthAction::Pragma { pragma_name, .. } => {
+            !checking && READ_PRAGMAS.iter().any(|p| p.eq_ignore_ascii_case(pragma_name))
+        }
+        AuthAction::Insert { .. }
+        | AuthAction::Update { .. }
+        | AuthAction::Delete { .. }
+        | AuthAction::CreateIndex { .. }
+        | AuthAction::CreateTable { .. }
+        | AuthAction::CreateTempIndex { .. }
+        | AuthAction::CreateTempTable { .. }
+        | AuthAction::CreateTempTrigger { .. }
+        | AuthAction::CreateTempView { .. }
+        | AuthAction::CreateTrigger { .. }
+        | AuthAction::CreateView { .. }
+        | AuthAction::DropIndex { .. }
+        | AuthAction::DropTable { .. }
+        | AuthAction::DropTempIndex { .. }
+        | AuthAction::DropTempTable { .. }
+        | AuthAction::DropTempTrigger { .. }
+        | AuthAction::DropTempView { .. }
+        | AuthAction::DropTrigger { .. }
+        | AuthAction::DropView { .. }
+        | AuthAction::AlterTable { .. }
+        | AuthAction::Reindex { .. }
+        | AuthAction::Analyze { .. }
+        | AuthAction::Transaction { .. }
+        | AuthAction::Savepoint { .. } => !checking && own,
+        // ATTACH, DETACH, virtual tables and anything this list does not name.
+        _ => false,
     }
 }
 
@@ -144,7 +301,7 @@ impl Executor for SqliteSandbox {
             Err(message) => return ExecutorResult::Permanent(message),
         };
         pace(payload.delay_ms).await;
-        self.run(&request, &payload)
+        self.run(request, payload).await
     }
 
     fn release(&self, attempt: &AttemptId, delivery: u32) {
@@ -255,7 +412,8 @@ fn checks(code: &str, value: Option<&Value>) -> Result<Vec<Check>, String> {
     Ok(checks)
 }
 
-fn run_step(conn: &Connection, step: &Step, payload: &StepPayload, sandbox_id: &str, key: &str) -> ExecutorResult {
+fn run_step(sandbox: &Sandbox, step: &Step, payload: &StepPayload, sandbox_id: &str, key: &str) -> ExecutorResult {
+    let conn = &sandbox.conn;
     let code = &step.code;
     let field = if payload.compensate { "undo_sql" } else { "sql" };
     for (index, sql) in payload.statements.iter().enumerate() {
@@ -264,18 +422,23 @@ fn run_step(conn: &Connection, step: &Step, payload: &StepPayload, sandbox_id: &
         }
     }
     let mut results = Map::new();
-    for (index, check) in payload.checks.iter().enumerate() {
-        match run_check(conn, &check.query) {
+    let mut budget = MAX_EVIDENCE_BYTES;
+    sandbox.checking.store(true, Ordering::Relaxed);
+    let checked = payload.checks.iter().enumerate().try_for_each(|(index, check)| {
+        match run_check(conn, &check.query, &mut budget) {
             Ok(rows) => {
                 results.insert(check.name.clone(), Value::Array(rows));
+                Ok(())
             }
-            Err(e) => {
-                return ExecutorResult::Permanent(format!(
-                    "step {code}: check checks[{index}] ({}) failed: {e}",
-                    check.name
-                ))
-            }
+            Err(e) => Err(ExecutorResult::Permanent(format!(
+                "step {code}: check checks[{index}] ({}) failed: {e}",
+                check.name
+            ))),
         }
+    });
+    sandbox.checking.store(false, Ordering::Relaxed);
+    if let Err(failed) = checked {
+        return failed;
     }
     let mut evidence = json!({
         "sandbox_id": sandbox_id,
@@ -291,7 +454,8 @@ fn run_step(conn: &Connection, step: &Step, payload: &StepPayload, sandbox_id: &
     }
 }
 
-fn run_check(conn: &Connection, query: &str) -> Result<Vec<Value>, String> {
+/// Runs one check query, read-only, spending its rows' JSON size from `budget`.
+fn run_check(conn: &Connection, query: &str, budget: &mut usize) -> Result<Vec<Value>, String> {
     let mut stmt = conn.prepare(query).map_err(|e| e.to_string())?;
     if !stmt.readonly() {
         return Err("a check must only read the sandbox".into());
@@ -300,10 +464,18 @@ fn run_check(conn: &Connection, query: &str) -> Result<Vec<Value>, String> {
     let mut rows = stmt.query([]).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+        if out.len() == MAX_CHECK_ROWS {
+            return Err(format!("it answers more than {MAX_CHECK_ROWS} rows (the limit per check)"));
+        }
         let values = (0..columns)
             .map(|i| row.get_ref(i).map(json_value).map_err(|e| e.to_string()))
             .collect::<Result<Vec<_>, _>>()?;
-        out.push(Value::Array(values));
+        let row = Value::Array(values);
+        let bytes = row.to_string().len() + 1;
+        *budget = budget.checked_sub(bytes).ok_or_else(|| {
+            format!("the step's check rows exceed {MAX_EVIDENCE_BYTES} bytes of evidence (the limit per step)")
+        })?;
+        out.push(row);
     }
     Ok(out)
 }
@@ -427,7 +599,10 @@ mod tests {
         );
         let writing =
             json!({"sql": ["CREATE TABLE w (x)"], "checks": [{"name": "w", "query": "INSERT INTO w VALUES (1)"}]});
-        assert!(permanent(sandbox.execute(request("b", writing)).await).ends_with("must only read the sandbox"));
+        assert_eq!(
+            permanent(sandbox.execute(request("b", writing)).await),
+            "step b: check checks[0] (w) failed: not authorized"
+        );
     }
 
     #[tokio::test]
@@ -548,5 +723,88 @@ mod tests {
         let payload = json!({"sql": [], "checks": [], "delay_ms": 1});
         evidence(SqliteSandbox::new().execute(request("slow", payload)).await);
         assert!(started.elapsed() >= std::time::Duration::from_millis(1));
+    }
+
+    #[tokio::test]
+    async fn nothing_outside_the_sandbox_database_can_be_reached() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = |name: &str| dir.path().join(name).display().to_string();
+        let attacks = [
+            format!("ATTACH DATABASE '{}' AS x", host("attached.db")),
+            format!("ATTACH DATABASE 'file:{}?mode=rwc' AS x", host("uri.db")),
+            format!("VACUUM INTO '{}'", host("vacuumed.db")),
+            format!("PRAGMA temp_store_directory = '{}'", host("")),
+            "PRAGMA writable_schema = ON".to_owned(),
+            "PRAGMA foreign_keys = OFF".to_owned(),
+            "SELECT load_extension('/tmp/evil')".to_owned(),
+            "DETACH DATABASE temp".to_owned(),
+        ];
+        for (i, sql) in attacks.iter().enumerate() {
+            let sandbox = SqliteSandbox::new();
+            let payload = json!({"sql": ["CREATE TABLE t (x)", sql], "checks": []});
+            let message = permanent(sandbox.execute(request(&format!("s{i}"), payload)).await);
+            assert!(message.starts_with(&format!("step s{i}: statement sql[1] failed:")), "{sql}: {message}");
+        }
+        let created: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert!(created.is_empty(), "host files were created: {created:?}");
+    }
+
+    #[tokio::test]
+    async fn checks_cannot_write_attach_or_change_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("check.db").display().to_string();
+        let sandbox = SqliteSandbox::new();
+        evidence(sandbox.execute(request("seed", create())).await);
+        let queries = [
+            format!("ATTACH DATABASE '{file}' AS x"),
+            "PRAGMA table_info(t)".to_owned(),
+            "BEGIN".to_owned(),
+            "CREATE TABLE u (x)".to_owned(),
+            "DELETE FROM t".to_owned(),
+            "WITH d AS (DELETE FROM t RETURNING id) SELECT 1".to_owned(),
+        ];
+        for (i, query) in queries.iter().enumerate() {
+            let payload = json!({"sql": [], "checks": [{"name": "c", "query": query}]});
+            let message = permanent(sandbox.execute(request(&format!("c{i}"), payload)).await);
+            assert!(message.starts_with(&format!("step c{i}: check checks[0] (c) failed")), "{query}: {message}");
+        }
+        assert!(!std::path::Path::new(&file).exists());
+        let count = json!({"sql": [], "checks": [{"name": "n", "query": "SELECT count(*) FROM t"}]});
+        assert_eq!(evidence(sandbox.execute(request("n", count)).await)["checks"]["n"], json!([[2]]));
+        // The step's own SQL may still write after a check ran.
+        let write = json!({"sql": ["INSERT INTO t (id) VALUES (3)"], "checks": []});
+        evidence(sandbox.execute(request("w", write)).await);
+    }
+
+    #[tokio::test]
+    async fn evidence_is_capped_by_rows_and_bytes() {
+        let sandbox = SqliteSandbox::new();
+        let rows = json!({"sql": [], "checks": [{"name": "many", "query":
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 1001) SELECT i FROM n"}]});
+        let message = permanent(sandbox.execute(request("rows", rows)).await);
+        assert!(message.ends_with("answers more than 1000 rows (the limit per check)"), "{message}");
+        let bytes = json!({"sql": [], "checks": [{"name": "big", "query":
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 300) SELECT zeroblob(1000) FROM n"}]});
+        let message = permanent(sandbox.execute(request("bytes", bytes)).await);
+        assert!(message.contains("exceed 262144 bytes of evidence"), "{message}");
+        let huge = json!({"sql": ["SELECT zeroblob(2000000)"], "checks": []});
+        let message = permanent(sandbox.execute(request("huge", huge)).await);
+        assert!(message.contains("too big"), "{message}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropping_a_runaway_step_stops_its_sql() {
+        let sandbox = SqliteSandbox::new();
+        let runaway = json!({"sql": ["WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n"], "checks": []});
+        let budget = std::time::Duration::from_millis(200);
+        let outcome = tokio::time::timeout(budget, sandbox.execute(request("runaway", runaway))).await;
+        assert!(outcome.is_err(), "a query that never ends ended: {outcome:?}");
+        // The next step of the same delivery needs the sandbox the runaway held: it
+        // runs only once the runaway's SQL was interrupted.
+        let next = json!({"sql": [], "checks": [{"name": "one", "query": "SELECT 1"}]});
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(30), sandbox.execute(request("next", next)))
+            .await
+            .expect("the runaway step still holds the sandbox");
+        assert_eq!(evidence(answer)["checks"]["one"], json!([[1]]));
     }
 }
