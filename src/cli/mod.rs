@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
 use leasehold::executor::Executors;
-use leasehold::ledger::sqlite::SqliteLedger;
+use leasehold::ledger::sqlite::{OpenMode, SqliteLedger};
 use leasehold::ledger::{find_plan, DbUrl, Ledger, LedgerError};
 use leasehold::report;
 use leasehold::worker::{RunOptions, Worker, WorkerEvent};
@@ -236,14 +236,36 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// How a command opens a SQLite ledger: only `migrate`, `demo` and `bench` may
+/// create the file, and reads open it read-only.
+fn open_mode(command: &Command) -> OpenMode {
+    match command {
+        Command::Migrate | Command::Demo | Command::Bench(_) => OpenMode::Create,
+        Command::Plan(PlanCommand::List | PlanCommand::Show { .. })
+        | Command::Status { .. }
+        | Command::History { .. }
+        | Command::Compare { .. }
+        | Command::Gate { .. } => OpenMode::ReadOnly,
+        Command::Plan(PlanCommand::Add { .. } | PlanCommand::Retire { .. })
+        | Command::Enqueue { .. }
+        | Command::Worker { .. }
+        | Command::Reconcile { .. }
+        | Command::Abort { .. } => OpenMode::Existing,
+    }
+}
+
 async fn dispatch(cli: Cli) -> Outcome {
     match DbUrl::parse(&cli.db)? {
         DbUrl::Sqlite(path) => {
-            let ledger = SqliteLedger::open(&path, Arc::new(SystemClock), Arc::new(OsEntropy))?;
+            let mode = open_mode(&cli.command);
+            let ledger = SqliteLedger::open_with(&path, mode, Arc::new(SystemClock), Arc::new(OsEntropy))?;
             run(Arc::new(ledger), cli.command, cli.json).await
         }
         DbUrl::Mysql(url) => {
             let ledger = leasehold::ledger::mysql::MysqlLedger::open(&url, Arc::new(OsEntropy));
+            if open_mode(&cli.command) != OpenMode::Create {
+                ledger.check_schema().await?;
+            }
             run(Arc::new(ledger), cli.command, cli.json).await
         }
     }

@@ -87,6 +87,23 @@ pub fn pending<'m>(migrations: &'m [Migration], applied: &[u32]) -> Result<Vec<&
     Ok(migrations.iter().filter(|m| !applied.contains(&m.version)).collect())
 }
 
+/// Checks, on every open, that a ledger's recorded schema version (`newest`, the
+/// largest in its `schema_migrations`; `None` when empty) is one this binary can use:
+/// a newer one is refused as [`LedgerError::BadInput`] naming both versions.
+/// `ledger` says which ledger, for the message.
+pub fn check_version(ledger: &str, newest: Option<i64>, migrations: &[Migration]) -> Result<(), LedgerError> {
+    let known = migrations.last().map_or(0, |m| m.version);
+    match newest {
+        Some(version) if version > i64::from(known) => Err(LedgerError::BadInput(format!(
+            "{ledger} has schema version {version}, newer than this binary's {known}: use the leasehold release that wrote it"
+        ))),
+        Some(version) if version < 1 => Err(LedgerError::Integrity(format!(
+            "{ledger} records schema version {version}, which no release wrote"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Applies every pending migration to `target` in version order, recording each at
 /// `now`; answers the versions applied now (empty when up to date).
 pub fn run<T: MigrationTarget + ?Sized>(
@@ -162,6 +179,19 @@ mod tests {
         let e = pending(LIST, &[1, 2, 7]).unwrap_err();
         assert!(matches!(e, LedgerError::Integrity(_)), "{e}");
         assert!(e.to_string().contains("schema version 7"), "{e}");
+    }
+
+    #[test]
+    fn check_version_refuses_a_newer_schema_naming_both_versions() {
+        assert!(check_version("x", Some(2), LIST).is_ok());
+        assert!(check_version("x", Some(1), LIST).is_ok());
+        assert!(check_version("x", None, LIST).is_ok());
+        let e = check_version("the ledger at a.db", Some(9), LIST).unwrap_err();
+        assert!(matches!(e, LedgerError::BadInput(_)), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "the ledger at a.db has schema version 9, newer than this binary's 2: use the leasehold release that wrote it"
+        );
     }
 
     #[test]

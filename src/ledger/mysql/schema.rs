@@ -107,6 +107,40 @@ pub(super) async fn run(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u
     Ok(applied)
 }
 
+impl super::MysqlLedger {
+    /// Refuses a database this binary cannot use, before any other call: no
+    /// `schema_migrations` table (never migrated), or a schema version newer than
+    /// the newest this binary knows ([`migrate::check_version`]). The CLI calls it on
+    /// every open but `migrate`'s.
+    pub async fn check_schema(&self) -> Result<(), LedgerError> {
+        self.retry(|| async {
+            let mut conn = self.connect().await?;
+            check_schema(&mut conn, &self.shared.url.to_string()).await
+        })
+        .await
+    }
+}
+
+/// [`super::MysqlLedger::check_schema`] over one connection; `url` (shown without its
+/// password) names the ledger in messages.
+async fn check_schema(conn: &mut Conn, url: &str) -> Result<(), TxError> {
+    let tables: Option<i64> = conn
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'",
+        )
+        .await
+        .db()?;
+    if tables.unwrap_or(0) == 0 {
+        return Err(LedgerError::BadInput(format!(
+            "the ledger at {url} holds no leasehold schema: run `leasehold migrate`"
+        ))
+        .into());
+    }
+    let newest: Option<Option<i64>> = conn.query_first("SELECT MAX(version) FROM schema_migrations").await.db()?;
+    Ok(migrate::check_version(&format!("the ledger at {url}"), newest.flatten(), MIGRATIONS)?)
+}
+
 async fn run_locked(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>, TxError> {
     conn.query_drop(
         "CREATE TABLE IF NOT EXISTS schema_migrations (\

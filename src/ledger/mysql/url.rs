@@ -200,6 +200,13 @@ impl MysqlUrl {
             None => (rest, None),
         };
         let (authority, database) = rest.split_once('/').ok_or_else(|| bad("has no database"))?;
+        if database.contains('@') {
+            // A '/' in the password, not percent-encoded: nothing of the URL is
+            // echoed, since any part of it may be the password.
+            return Err(bad(
+                "has an '@' after its first '/': percent-encode a '/' in the user or password as %2F",
+            ));
+        }
         // The password may contain '@' when percent-encoding was forgotten: split at
         // the last one, which always ends the credentials.
         let (credentials, hostport) = match authority.rsplit_once('@') {
@@ -415,6 +422,20 @@ mod tests {
             let text = e.to_string();
             assert!(text.contains(expected), "{url}: {text}");
             assert!(!text.contains("secret"), "{url}: {text}");
+        }
+    }
+
+    #[test]
+    fn an_unencoded_slash_in_the_password_is_named_without_echoing_it() {
+        for url in [
+            "mysql://root:se/cret@127.0.0.1:3306/test",
+            "mysql://root:secret/@db.example/test?pool_max=2",
+        ] {
+            let e = MysqlUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains("percent-encode a '/'"), "{e}");
+            for part in ["cret", "secret", "root", "127.0.0.1", "db.example"] {
+                assert!(!e.contains(part), "{part:?} shown in {e}");
+            }
         }
     }
 }

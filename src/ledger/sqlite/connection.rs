@@ -126,13 +126,22 @@ impl SqliteCore {
     /// Sets WAL for files, `synchronous=NORMAL`, `foreign_keys=ON` and a busy timeout
     /// of [`BUSY_TIMEOUT`].
     pub fn open(path: &str, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
-        let conn = Connection::open(path).map_err(|e| match rows::sql_error(e) {
-            LedgerError::Internal(m) => LedgerError::Internal(format!("cannot open the database: {m}")),
-            other => other,
-        })?;
+        Self::open_with(path, super::OpenMode::Create, clock, entropy)
+    }
+
+    /// [`SqliteCore::open`] in `mode` (see [`super::open`]): only
+    /// [`super::OpenMode::Create`] creates a file, every other mode checks the
+    /// schema version first, and a read-only connection sets no pragma that writes.
+    pub fn open_with(
+        path: &str,
+        mode: super::OpenMode,
+        clock: Arc<dyn Clock>,
+        entropy: Arc<dyn Entropy>,
+    ) -> Result<Self, LedgerError> {
+        let conn = super::open::connect(path, mode, is_private(path))?;
         // Set first: switching to WAL itself may have to wait for another connection.
         conn.busy_timeout(BUSY_TIMEOUT).sql()?;
-        if !is_private(path) {
+        if !is_private(path) && mode != super::OpenMode::ReadOnly {
             let _mode: String = conn
                 .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
                 .sql()?;

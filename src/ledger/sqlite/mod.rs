@@ -50,11 +50,13 @@
 //! ([`super::migrate`]), never by opening.
 
 mod connection;
+pub mod open;
 mod rows;
 #[cfg(test)]
 mod tests;
 
 pub use connection::{ClaimRequest, GroupCall, SqliteCore, BUSY_TIMEOUT};
+pub use open::OpenMode;
 
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
@@ -354,6 +356,8 @@ impl Drop for Writer {
 
 struct Shared {
     path: String,
+    /// How the pool's further connections open (never creating the file again).
+    mode: OpenMode,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     pool: Pool,
@@ -375,7 +379,7 @@ impl Shared {
                 let taken = lock(idle).pop();
                 let core = match taken {
                     Some(core) => core,
-                    None => SqliteCore::open(&self.path, self.clock.clone(), self.entropy.clone())?,
+                    None => SqliteCore::open_with(&self.path, self.mode, self.clock.clone(), self.entropy.clone())?,
                 };
                 let out = f(&core);
                 let mut idle = lock(idle);
@@ -411,19 +415,40 @@ impl SqliteLedger {
     /// by a single connection) without creating any table: call
     /// [`Ledger::migrate`] for that.
     pub fn open(path: &str, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
-        let first = SqliteCore::open(path, clock.clone(), entropy.clone())?;
+        Self::open_with(path, OpenMode::Create, clock, entropy)
+    }
+
+    /// [`SqliteLedger::open`] in `mode` ([`open`]): every connection is opened so,
+    /// and the schema version is checked before anything else unless creating.
+    pub fn open_with(
+        path: &str,
+        mode: OpenMode,
+        clock: Arc<dyn Clock>,
+        entropy: Arc<dyn Entropy>,
+    ) -> Result<Self, LedgerError> {
+        let first = SqliteCore::open_with(path, mode, clock.clone(), entropy.clone())?;
         let (pool, writer) = if connection::is_private(path) {
             (Pool::Private, Writer::spawn(first, None)?)
         } else {
+            // A read-only ledger's writer only ever answers refusals from SQLite,
+            // and it needs no checkpointer.
+            let checkpointer = match mode {
+                OpenMode::ReadOnly => None,
+                _ => Some(SqliteCore::open_with(path, mode, clock.clone(), entropy.clone())?),
+            };
             let writer = Writer::spawn(
-                SqliteCore::open(path, clock.clone(), entropy.clone())?,
-                Some(SqliteCore::open(path, clock.clone(), entropy.clone())?),
+                SqliteCore::open_with(path, mode, clock.clone(), entropy.clone())?,
+                checkpointer,
             )?;
             (Pool::File(Mutex::new(vec![first])), writer)
         };
         Ok(Self {
             shared: Arc::new(Shared {
                 path: path.to_owned(),
+                mode: match mode {
+                    OpenMode::ReadOnly => OpenMode::ReadOnly,
+                    OpenMode::Create | OpenMode::Existing => OpenMode::Existing,
+                },
                 clock,
                 entropy,
                 pool,

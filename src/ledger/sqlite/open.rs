@@ -1,0 +1,111 @@
+//! How a SQLite ledger file is opened: for writing (creating it only for `migrate`)
+//! or read-only, and checked before any call runs.
+//!
+//! Contract:
+//! - [`OpenMode::Create`] (migrate, demo, bench) creates a missing file, as SQLite
+//!   does; [`OpenMode::Existing`] (every other write) and [`OpenMode::ReadOnly`]
+//!   (every read) never create one: a missing file is "no ledger at PATH: run
+//!   `leasehold migrate`" ([`LedgerError::BadInput`], exit 2 in the CLI);
+//! - a read-only open uses `SQLITE_OPEN_READ_ONLY` and sets no pragma that writes
+//!   (no `journal_mode`), so a read never changes the file, and a file the process
+//!   may only read can still be listed;
+//! - a directory or a file that is not a SQLite database is refused naming the path
+//!   ([`LedgerError::BadInput`]);
+//! - except for [`OpenMode::Create`], the schema version is checked on every open
+//!   ([`check_schema`]): a ledger without the schema, or from a newer release, is
+//!   refused before anything is read or written.
+
+use super::super::migrate::{self, SQLITE};
+use super::super::LedgerError;
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
+use std::path::Path;
+
+/// What an open may do to the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Read and write, creating the file if it is missing (migrate, demo, bench).
+    Create,
+    /// Read and write an existing, migrated ledger.
+    Existing,
+    /// Only read an existing, migrated ledger; never write or create anything.
+    ReadOnly,
+}
+
+/// Opens a connection to `path` in `mode`; for a private in-memory database (`private`)
+/// the mode is moot. Refuses a missing file (unless creating), a directory and a
+/// file that is not a SQLite database, naming the path; checks the schema version
+/// unless creating.
+pub(super) fn connect(path: &str, mode: OpenMode, private: bool) -> Result<Connection, LedgerError> {
+    let uri = path.starts_with("file:");
+    if !private && !uri {
+        let file = Path::new(path);
+        if file.is_dir() {
+            return Err(LedgerError::BadInput(format!(
+                "{path} is a directory, not a ledger file"
+            )));
+        }
+        if mode != OpenMode::Create && !file.exists() {
+            return Err(LedgerError::BadInput(format!(
+                "no ledger at {path}: run `leasehold migrate` to create one"
+            )));
+        }
+    }
+    let access = match mode {
+        OpenMode::Create => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        OpenMode::Existing if private => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        OpenMode::Existing => OpenFlags::SQLITE_OPEN_READ_WRITE,
+        OpenMode::ReadOnly if private => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        OpenMode::ReadOnly => OpenFlags::SQLITE_OPEN_READ_ONLY,
+    };
+    let flags = access | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| open_error(path, &e))?;
+    // Reading the schema is the first thing that touches the file: a file that is
+    // not a database fails here, before any pragma.
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get::<_, i64>(0))
+        .map_err(|e| open_error(path, &e))?;
+    if mode != OpenMode::Create && !private {
+        check_schema(&conn, path)?;
+    }
+    Ok(conn)
+}
+
+/// Refuses a ledger whose schema this binary cannot use: no `schema_migrations`
+/// table (never migrated), or a recorded version newer than the newest known.
+pub fn check_schema(conn: &Connection, path: &str) -> Result<(), LedgerError> {
+    let has_history: Option<i64> = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| open_error(path, &e))?;
+    if has_history.is_none() {
+        return Err(LedgerError::BadInput(format!(
+            "{path} holds no leasehold schema: run `leasehold migrate`"
+        )));
+    }
+    let newest: Option<i64> = conn
+        .query_row("SELECT max(version) FROM schema_migrations", [], |row| row.get(0))
+        .map_err(|e| open_error(path, &e))?;
+    migrate::check_version(&format!("the ledger at {path}"), newest, SQLITE)
+}
+
+/// An open failure as a one-line error naming the path: bad input when the file is
+/// not a usable database, unavailable when it is busy, internal otherwise.
+fn open_error(path: &str, e: &rusqlite::Error) -> LedgerError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => {
+            LedgerError::BadInput(format!("{path} is not a SQLite database (or it is damaged)"))
+        }
+        Some(ErrorCode::CannotOpen) => LedgerError::BadInput(format!("cannot open the ledger at {path}: {e}")),
+        Some(ErrorCode::PermissionDenied | ErrorCode::ReadOnly) => {
+            LedgerError::BadInput(format!("cannot use the ledger at {path}: {e}"))
+        }
+        Some(ErrorCode::DatabaseCorrupt) => LedgerError::Integrity(format!("the ledger at {path} is damaged: {e}")),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            LedgerError::Unavailable(format!("the ledger at {path} is busy: {e}"))
+        }
+        _ => LedgerError::Internal(format!("cannot open the ledger at {path}: {e}")),
+    }
+}
