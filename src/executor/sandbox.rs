@@ -29,16 +29,17 @@
 //! - an authorizer denies, at prepare time, everything that reaches outside that
 //!   database: `ATTACH`/`DETACH` (so also `VACUUM INTO` a host file), virtual tables,
 //!   `load_extension` and every `PRAGMA` except a few read-only introspection ones
-//!   (`table_info`, `index_list`, …; so no `temp_store_directory`, `journal_mode`,
-//!   `writable_schema`, `foreign_keys = OFF`); the attached-database limit is zero;
+//!   (`table_info`, `index_list`, …) and `user_version`/`application_id` (so no
+//!   `temp_store_directory`, `journal_mode`, `writable_schema`, `foreign_keys = OFF`);
+//!   the attached-database limit is zero;
 //! - SQLite's defensive mode is on and the schema is untrusted, temporary storage
 //!   stays in memory, and the database is capped at [`MAX_DATABASE_PAGES`] pages;
 //! - SQL text is capped at [`MAX_SQL_BYTES`] per statement and [`MAX_VALUE_BYTES`]
 //!   per value; each check at [`MAX_CHECK_ROWS`] rows, and a step's evidence at
 //!   [`MAX_EVIDENCE_BYTES`]: past a cap the step fails permanently, naming it;
 //! - checks are truly read-only: while they run the authorizer denies every write,
-//!   transaction, savepoint and pragma, and a statement SQLite does not call
-//!   read-only is refused;
+//!   transaction, savepoint and pragma that sets something, and a statement SQLite
+//!   does not call read-only is refused;
 //! - the SQL runs on tokio's blocking pool, never on an async thread, with a progress
 //!   handler that ends it as soon as its call is dropped — the worker's per-step time
 //!   budget (`step_timeout`) or the end of its grace period — so a runaway query
@@ -93,6 +94,8 @@ const READ_PRAGMAS: &[&str] = &[
     "quick_check",
     "collation_list",
 ];
+/// The pragmas plan SQL may also set: numbers in its own database's header.
+const HEADER_PRAGMAS: &[&str] = &["user_version", "application_id"];
 /// SQL functions plan SQL may not call, whatever this build of SQLite includes.
 const DENIED_FUNCTIONS: &[&str] = &["load_extension", "fts3_tokenizer", "readfile", "writefile", "edit"];
 
@@ -254,8 +257,14 @@ fn authorize(ctx: &AuthContext<'_>, checking: bool) -> bool {
         AuthAction::Function { function_name } => !DENIED_FUNCTIONS
             .iter()
             .any(|f| f.eq_ignore_ascii_case(function_name)),
-        AuthAction::Pragma { pragma_name, .. } => {
-            !checking && READ_PRAGMAS.iter().any(|p| p.eq_ignore_ascii_case(pragma_name))
+        AuthAction::Pragma {
+            pragma_name,
+            pragma_value,
+        } => {
+            let named = |list: &[&str]| list.iter().any(|p| p.eq_ignore_ascii_case(pragma_name));
+            // A read-only pragma's value is its argument (a table name); a header
+            // pragma with a value sets it, which only the step's own SQL may do.
+            named(READ_PRAGMAS) || (named(HEADER_PRAGMAS) && (pragma_value.is_none() || !checking))
         }
         AuthAction::Insert { .. }
         | AuthAction::Update { .. }
@@ -757,11 +766,11 @@ mod tests {
         evidence(sandbox.execute(request("seed", create())).await);
         let queries = [
             format!("ATTACH DATABASE '{file}' AS x"),
-            "PRAGMA table_info(t)".to_owned(),
+            "PRAGMA user_version = 7".to_owned(),
             "BEGIN".to_owned(),
             "CREATE TABLE u (x)".to_owned(),
             "DELETE FROM t".to_owned(),
-            "WITH d AS (DELETE FROM t RETURNING id) SELECT 1".to_owned(),
+            "DELETE FROM t RETURNING id".to_owned(),
         ];
         for (i, query) in queries.iter().enumerate() {
             let payload = json!({"sql": [], "checks": [{"name": "c", "query": query}]});
