@@ -156,7 +156,10 @@ fn value_text(v: Option<&Value>) -> String {
     };
     let text = leasehold_engine::canonical::canonical_json(v);
     if text.chars().count() > TEXT_VALUE_CHARS_MAX {
-        t(format_args!("{}…", text.chars().take(TEXT_VALUE_CHARS_MAX).collect::<String>()))
+        t(format_args!(
+            "{}…",
+            text.chars().take(TEXT_VALUE_CHARS_MAX).collect::<String>()
+        ))
     } else {
         t(text)
     }

@@ -53,7 +53,10 @@ mod tests {
             clean("a\nb\r\x1b[31m\u{7f}\u{85}\u{202e}z"),
             "a\\nb\\r\\u{1b}[31m\\u{7f}\\u{85}\\u{202e}z"
         );
-        assert_eq!(clean("[w1] x\n[w1] attempt y: delivered"), "[w1] x\\n[w1] attempt y: delivered");
+        assert_eq!(
+            clean("[w1] x\n[w1] attempt y: delivered"),
+            "[w1] x\\n[w1] attempt y: delivered"
+        );
     }
 
     #[test]

@@ -190,7 +190,10 @@ fn sandbox_sql_reaches_no_host_file_and_no_ledger_row() {
             "attach-ledger",
             sandbox_plan(
                 "attach-ledger",
-                &[&format!("ATTACH DATABASE '{ledger}' AS l"), "UPDATE l.command SET status = 'QUEUED'"],
+                &[
+                    &format!("ATTACH DATABASE '{ledger}' AS l"),
+                    "UPDATE l.command SET status = 'QUEUED'",
+                ],
                 json!([{"name": "tokens", "query": "SELECT lease_token FROM l.command"}]),
             ),
         ),
@@ -198,7 +201,10 @@ fn sandbox_sql_reaches_no_host_file_and_no_ledger_row() {
             "attach-new-file",
             sandbox_plan(
                 "attach-new-file",
-                &[&format!("ATTACH DATABASE '{}' AS x", target("made.db")), "CREATE TABLE x.t (a)"],
+                &[
+                    &format!("ATTACH DATABASE '{}' AS x", target("made.db")),
+                    "CREATE TABLE x.t (a)",
+                ],
                 json!([]),
             ),
         ),
@@ -268,7 +274,11 @@ fn sandbox_sql_reaches_no_host_file_and_no_ledger_row() {
         // Nothing of the ledger came back as evidence.
         assert!(status["receipts"][0]["evidence"].is_null(), "{name}: {status:#}");
     }
-    assert!(files_in(Path::new(&host)).is_empty(), "host files: {:?}", files_in(Path::new(&host)));
+    assert!(
+        files_in(Path::new(&host)).is_empty(),
+        "host files: {:?}",
+        files_in(Path::new(&host))
+    );
     // The ledger's own rows are as the worker left them: every command ended.
     for (_, attempt) in &attempts {
         assert_eq!(db.status(attempt)["command"]["status"], "FAILED");
@@ -304,7 +314,10 @@ fn a_runaway_step_fails_within_its_budget_while_the_same_worker_delivers_another
     let delivered = db.status(&other);
     assert_eq!(delivered["attempt"]["status"], "SUCCEEDED", "{delivered:#}");
     let done = lines.last().unwrap();
-    assert!(done.contains("delivered 1, failed 1, refused 0, abandoned 0"), "{lines:?}");
+    assert!(
+        done.contains("delivered 1, failed 1, refused 0, abandoned 0"),
+        "{lines:?}"
+    );
 }
 
 #[test]
@@ -335,7 +348,10 @@ fn control_characters_are_refused_in_plans_and_escaped_in_output() {
     let db = Db::new();
     let forged = "x\n[w1] attempt att-0: delivered";
     for (field, plan) in [
-        ("name", json!({"name": forged, "recovery": "resume", "steps": [{"code": "a", "executor": "dry-run:v1"}]})),
+        (
+            "name",
+            json!({"name": forged, "recovery": "resume", "steps": [{"code": "a", "executor": "dry-run:v1"}]}),
+        ),
         (
             "steps[0].code",
             json!({"name": "p", "recovery": "resume", "steps": [{"code": "a\u{1b}[2J", "executor": "dry-run:v1"}]}),
@@ -354,7 +370,11 @@ fn control_characters_are_refused_in_plans_and_escaped_in_output() {
     // An executor's error text is not the plan's to vet: it is escaped when shown.
     let attempt = db.enqueue(
         "err",
-        &sandbox_plan("err", &["SELECT * FROM \"t\n[w1] attempt att-0: delivered\""], json!([])),
+        &sandbox_plan(
+            "err",
+            &["SELECT * FROM \"t\n[w1] attempt att-0: delivered\""],
+            json!([]),
+        ),
     );
     let (_, lines) = db.worker(&["--until-idle", "--lease-secs", "30"]).finish_within(WAIT);
     assert!(!lines.iter().any(|l| l.starts_with("[w1] attempt att-0")), "{lines:?}");

@@ -325,7 +325,10 @@ mod tests {
         );
         let mut s = spec(json!([{"code": "a", "executor": "dry-run:v1"}]));
         s.volatile_fields = vec!["ok".into(), "x\u{202e}y".into()];
-        assert!(build(s).unwrap_err().to_string().starts_with("volatile_fields[1]: must not contain"));
+        assert!(build(s)
+            .unwrap_err()
+            .to_string()
+            .starts_with("volatile_fields[1]: must not contain"));
         let long = "c".repeat(MAX_NAME_CHARS + 1);
         let e = build(spec(json!([{"code": long, "executor": "dry-run:v1"}]))).unwrap_err();
         assert_eq!(e.to_string(), "steps[0].code: 201 characters exceeds the limit of 200");

@@ -543,9 +543,7 @@ fn read_capped(path: &Path, max: u64) -> Result<String, String> {
     use std::io::Read;
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut bytes = Vec::new();
-    file.take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
     if bytes.len() as u64 > max {
         return Err(format!("larger than the limit of {max} bytes"));
     }
@@ -626,4 +624,91 @@ async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
     let history = ledger.history(&plan.id).await?;
     print!("{}", report::gate_text(&gate(&plan, &history), &plan));
     Ok(())
+}
+
+#[cfg(test)]
+mod props {
+    //! Plan parsing and validation are total: any file content, any field text,
+    //! parses and validates to a plan or to a one-line error, never a panic.
+
+    use super::*;
+    use leasehold_engine::{PlanId, Timestamp};
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![any::<String>(), "[ -~\n\u{1b}\u{202e}é]{0,40}", "[a-z-]{1,12}"]
+    }
+
+    fn payload() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            text().prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(text(), inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn plan_json() -> impl Strategy<Value = Value> {
+        (
+            text(),
+            prop_oneof![Just("resume".to_owned()), Just("replay".to_owned()), text()],
+            prop::collection::vec(text(), 0..3),
+            prop::collection::vec(
+                (
+                    text(),
+                    prop_oneof![Just("dry-run:v1".to_owned()), Just("sqlite-sandbox:v1".to_owned()), text()],
+                    payload(),
+                ),
+                0..4,
+            ),
+        )
+            .prop_map(|(name, recovery, volatile, steps)| {
+                let steps: Vec<Value> = steps
+                    .into_iter()
+                    .map(|(code, executor, payload)| json!({"code": code, "executor": executor, "payload": {"p": payload}}))
+                    .collect();
+                json!({"name": name, "recovery": recovery, "volatile_fields": volatile, "steps": steps})
+            })
+    }
+
+    fn validate(text: &str, is_json: bool) -> Result<(), String> {
+        let spec = parse_plan(text, is_json)?;
+        spec.into_plan(KNOWN_EXECUTORS, PlanId::new("p"), Timestamp::from_millis(0))
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_text_parses_or_fails_on_one_line(text in any::<String>(), is_json in any::<bool>()) {
+            if let Err(e) = validate(&text, is_json) {
+                prop_assert!(!e.is_empty() && !e.contains('\n'), "{:?}", e);
+            }
+        }
+
+        #[test]
+        fn any_plan_shaped_file_validates_or_names_a_field(plan in plan_json()) {
+            let as_json = plan.to_string();
+            let json_result = validate(&as_json, true);
+            if let Err(e) = &json_result {
+                prop_assert!(!e.is_empty() && !e.contains('\n'), "{:?}", e);
+            }
+            if let Ok(as_toml) = toml::to_string(&plan) {
+                let toml_result = validate(&as_toml, false);
+                // The same plan in either spelling is accepted or refused alike.
+                prop_assert_eq!(json_result.is_ok(), toml_result.is_ok(), "{:?} / {:?}", json_result, toml_result);
+            }
+        }
+    }
 }

@@ -90,7 +90,11 @@ pub fn status(r: &AttemptRecord) -> String {
         let _ = writeln!(out, "error       {}", c(e));
     }
     let _ = writeln!(out, "command     {} {}", c(&cmd.id), cmd.status);
-    let _ = writeln!(out, "  owner           {}", c(cmd.lease_owner.as_deref().unwrap_or("-")));
+    let _ = writeln!(
+        out,
+        "  owner           {}",
+        c(cmd.lease_owner.as_deref().unwrap_or("-"))
+    );
     let _ = writeln!(out, "  last heartbeat  {}", ts(cmd.last_heartbeat_at));
     let _ = writeln!(out, "  lease until     {}", ts(cmd.lease_until));
     let _ = writeln!(out, "  delivery count  {}", cmd.delivery_count);
@@ -164,4 +168,181 @@ pub fn outcome(plan: &Plan, r: &AttemptRecord) -> String {
         raw_fingerprint(&r.receipts),
         semantic_fingerprint(plan, &r.receipts)
     )
+}
+
+#[cfg(test)]
+mod props {
+    //! Every rendering is total: arbitrary stored values (any text, any digest, any
+    //! timestamp, any status) render without a panic, line for line, with no raw
+    //! control character.
+
+    use super::*;
+    use leasehold::text::needs_escape;
+    use leasehold_engine::{
+        Action, Attempt, AttemptId, AttemptStatus, Command, CommandId, CommandStatus, PlanId, PlanStatus, Receipt,
+        ReceiptStatus, Recovery, Step,
+    };
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[ -~\n\r\t\u{1b}\u{7f}\u{85}\u{202e}é]{0,80}",
+            "[0-9a-f]{64}",
+        ]
+    }
+
+    fn time() -> impl Strategy<Value = Timestamp> {
+        prop_oneof![any::<i64>(), 0i64..4_000_000_000_000].prop_map(Timestamp::from_millis)
+    }
+
+    fn any_plan() -> impl Strategy<Value = Plan> {
+        (
+            (text(), text(), text(), time()),
+            prop::sample::select(PlanStatus::ALL),
+            prop::sample::select(Recovery::ALL),
+            prop::collection::vec((text(), text()), 0..4),
+            prop::collection::vec(text(), 0..3),
+        )
+            .prop_map(
+                |((id, name, fingerprint, created_at), status, recovery, steps, volatile)| Plan {
+                    id: PlanId::new(id),
+                    name,
+                    status,
+                    recovery,
+                    steps: steps
+                        .into_iter()
+                        .map(|(code, executor)| Step {
+                            code,
+                            executor,
+                            payload: serde_json::json!({}),
+                        })
+                        .collect(),
+                    volatile_fields: volatile,
+                    fingerprint,
+                    created_at,
+                },
+            )
+    }
+
+    fn receipt() -> impl Strategy<Value = Receipt> {
+        (
+            (text(), any::<u32>(), text(), text()),
+            prop::sample::select(ReceiptStatus::ALL),
+            (
+                prop::option::of(text()),
+                prop::option::of(text()),
+                prop::option::of(text()),
+            ),
+            (prop::option::of(time()), prop::option::of(time())),
+        )
+            .prop_map(
+                |((attempt, ordinal, code, key), status, (evidence, sha, error), (started, finished))| Receipt {
+                    attempt_id: AttemptId::new(attempt),
+                    ordinal,
+                    step_code: code,
+                    idempotency_key: key,
+                    status,
+                    evidence: evidence.clone(),
+                    evidence_sha256: sha,
+                    target_receipt: evidence,
+                    error,
+                    started_at: started,
+                    finished_at: finished,
+                },
+            )
+    }
+
+    fn record() -> impl Strategy<Value = AttemptRecord> {
+        (
+            (text(), text(), any::<u32>(), prop::sample::select(Action::ALL)),
+            prop::sample::select(AttemptStatus::ALL),
+            prop::sample::select(CommandStatus::ALL),
+            (time(), prop::option::of(time()), prop::option::of(text())),
+            (text(), prop::option::of(text()), any::<u32>(), prop::option::of(text())),
+            prop::collection::vec(receipt(), 0..4),
+        )
+            .prop_map(
+                |(
+                    (id, plan, number, action),
+                    status,
+                    cstatus,
+                    (at, maybe_at, error),
+                    (cid, owner, count, last),
+                    receipts,
+                )| {
+                    AttemptRecord {
+                        attempt: Attempt {
+                            id: AttemptId::new(id.clone()),
+                            plan_id: PlanId::new(plan),
+                            number,
+                            action,
+                            status,
+                            created_at: at,
+                            started_at: maybe_at,
+                            finished_at: maybe_at,
+                            error,
+                        },
+                        command: Command {
+                            id: CommandId::new(cid),
+                            attempt_id: AttemptId::new(id),
+                            status: cstatus,
+                            available_at: at,
+                            lease_owner: owner,
+                            lease_token: None,
+                            lease_until: maybe_at,
+                            last_heartbeat_at: maybe_at,
+                            delivery_count: count,
+                            last_error: last,
+                            finished_at: maybe_at,
+                        },
+                        receipts,
+                    }
+                },
+            )
+    }
+
+    /// No raw control character but the line ends.
+    fn clean_lines(out: &str) -> bool {
+        !out.chars().any(|c| c != '\n' && needs_escape(c))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn plans_render_one_line_each(plans in prop::collection::vec(any_plan(), 0..4)) {
+            let out = plan_list(&plans);
+            prop_assert!(clean_lines(&out));
+            prop_assert_eq!(out.lines().count(), plans.len().max(1));
+            for p in &plans {
+                let shown = plan(p);
+                prop_assert!(clean_lines(&shown));
+                let volatile = usize::from(!p.volatile_fields.is_empty());
+                prop_assert_eq!(shown.lines().count(), 7 + volatile + p.steps.len());
+            }
+        }
+
+        #[test]
+        fn attempts_render_line_for_line(p in any_plan(), records in prop::collection::vec(record(), 0..3)) {
+            for r in &records {
+                let out = status(r);
+                prop_assert!(clean_lines(&out));
+                let error = usize::from(r.attempt.error.is_some());
+                prop_assert_eq!(out.lines().count(), 12 + error + r.receipts.len());
+                let shown = outcome(&p, r);
+                prop_assert!(clean_lines(&shown));
+                prop_assert_eq!(shown.lines().count(), 3);
+            }
+            let out = history(&p, &records);
+            prop_assert!(clean_lines(&out));
+            prop_assert_eq!(out.lines().count(), 1 + records.len().max(1));
+            let report = leasehold::report::gate_text(&leasehold_engine::gate::gate(&p, &records), &p);
+            prop_assert!(clean_lines(&report));
+            if let [left, right, ..] = records.as_slice() {
+                let comparison = leasehold_engine::evidence::compare(&p, left, right);
+                prop_assert!(clean_lines(&leasehold::report::comparison_text(&comparison, &p)));
+            }
+        }
+    }
 }

@@ -254,9 +254,9 @@ fn authorize(ctx: &AuthContext<'_>, checking: bool) -> bool {
     match ctx.action {
         AuthAction::Select | AuthAction::Recursive => true,
         AuthAction::Read { .. } => own,
-        AuthAction::Function { function_name } => !DENIED_FUNCTIONS
-            .iter()
-            .any(|f| f.eq_ignore_ascii_case(function_name)),
+        AuthAction::Function { function_name } => {
+            !DENIED_FUNCTIONS.iter().any(|f| f.eq_ignore_ascii_case(function_name))
+        }
         AuthAction::Pragma {
             pragma_name,
             pragma_value,
@@ -474,7 +474,9 @@ fn run_check(conn: &Connection, query: &str, budget: &mut usize) -> Result<Vec<V
     let mut out = Vec::new();
     while let Some(row) = rows.next().map_err(|e| e.to_string())? {
         if out.len() == MAX_CHECK_ROWS {
-            return Err(format!("it answers more than {MAX_CHECK_ROWS} rows (the limit per check)"));
+            return Err(format!(
+                "it answers more than {MAX_CHECK_ROWS} rows (the limit per check)"
+            ));
         }
         let values = (0..columns)
             .map(|i| row.get_ref(i).map(json_value).map_err(|e| e.to_string()))
@@ -752,7 +754,10 @@ mod tests {
             let sandbox = SqliteSandbox::new();
             let payload = json!({"sql": ["CREATE TABLE t (x)", sql], "checks": []});
             let message = permanent(sandbox.execute(request(&format!("s{i}"), payload)).await);
-            assert!(message.starts_with(&format!("step s{i}: statement sql[1] failed:")), "{sql}: {message}");
+            assert!(
+                message.starts_with(&format!("step s{i}: statement sql[1] failed:")),
+                "{sql}: {message}"
+            );
         }
         let created: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert!(created.is_empty(), "host files were created: {created:?}");
@@ -775,11 +780,17 @@ mod tests {
         for (i, query) in queries.iter().enumerate() {
             let payload = json!({"sql": [], "checks": [{"name": "c", "query": query}]});
             let message = permanent(sandbox.execute(request(&format!("c{i}"), payload)).await);
-            assert!(message.starts_with(&format!("step c{i}: check checks[0] (c) failed")), "{query}: {message}");
+            assert!(
+                message.starts_with(&format!("step c{i}: check checks[0] (c) failed")),
+                "{query}: {message}"
+            );
         }
         assert!(!std::path::Path::new(&file).exists());
         let count = json!({"sql": [], "checks": [{"name": "n", "query": "SELECT count(*) FROM t"}]});
-        assert_eq!(evidence(sandbox.execute(request("n", count)).await)["checks"]["n"], json!([[2]]));
+        assert_eq!(
+            evidence(sandbox.execute(request("n", count)).await)["checks"]["n"],
+            json!([[2]])
+        );
         // The step's own SQL may still write after a check ran.
         let write = json!({"sql": ["INSERT INTO t (id) VALUES (3)"], "checks": []});
         evidence(sandbox.execute(request("w", write)).await);
@@ -791,7 +802,10 @@ mod tests {
         let rows = json!({"sql": [], "checks": [{"name": "many", "query":
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 1001) SELECT i FROM n"}]});
         let message = permanent(sandbox.execute(request("rows", rows)).await);
-        assert!(message.ends_with("answers more than 1000 rows (the limit per check)"), "{message}");
+        assert!(
+            message.ends_with("answers more than 1000 rows (the limit per check)"),
+            "{message}"
+        );
         let bytes = json!({"sql": [], "checks": [{"name": "big", "query":
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n LIMIT 300) SELECT zeroblob(1000) FROM n"}]});
         let message = permanent(sandbox.execute(request("bytes", bytes)).await);
@@ -811,9 +825,12 @@ mod tests {
         // The next step of the same delivery needs the sandbox the runaway held: it
         // runs only once the runaway's SQL was interrupted.
         let next = json!({"sql": [], "checks": [{"name": "one", "query": "SELECT 1"}]});
-        let answer = tokio::time::timeout(std::time::Duration::from_secs(30), sandbox.execute(request("next", next)))
-            .await
-            .expect("the runaway step still holds the sandbox");
+        let answer = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            sandbox.execute(request("next", next)),
+        )
+        .await
+        .expect("the runaway step still holds the sandbox");
         assert_eq!(evidence(answer)["checks"]["one"], json!([[1]]));
     }
 }

@@ -137,8 +137,15 @@ async fn check_schema(conn: &mut Conn, url: &str) -> Result<(), TxError> {
         ))
         .into());
     }
-    let newest: Option<Option<i64>> = conn.query_first("SELECT MAX(version) FROM schema_migrations").await.db()?;
-    Ok(migrate::check_version(&format!("the ledger at {url}"), newest.flatten(), MIGRATIONS)?)
+    let newest: Option<Option<i64>> = conn
+        .query_first("SELECT MAX(version) FROM schema_migrations")
+        .await
+        .db()?;
+    Ok(migrate::check_version(
+        &format!("the ledger at {url}"),
+        newest.flatten(),
+        MIGRATIONS,
+    )?)
 }
 
 async fn run_locked(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>, TxError> {
