@@ -682,7 +682,7 @@ mod props {
 
     fn validate(text: &str, is_json: bool) -> Result<(), String> {
         let spec = parse_plan(text, is_json)?;
-        spec.into_plan(KNOWN_EXECUTORS, PlanId::new("p"), Timestamp::from_millis(0))
+        spec.into_plan(&Executors::new().names(), PlanId::new("p"), Timestamp::from_millis(0))
             .map(drop)
             .map_err(|e| e.to_string())
     }
