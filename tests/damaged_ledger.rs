@@ -276,3 +276,123 @@ fn reads_leave_a_read_only_ledger_file_unchanged() {
     assert!(seen.contains(&ledger.plan), "{seen}");
     assert_eq!(std::fs::read(&file).unwrap(), before, "a read changed the ledger file");
 }
+
+#[test]
+fn a_read_only_ledger_in_a_read_only_directory_can_be_read_by_another_user() {
+    let ledger = Ledger::new();
+    let dir = ledger.dir.path();
+    let file = ledger.file();
+    for side in ["ledger.db-wal", "ledger.db-shm", "plan.json"] {
+        let _ = std::fs::remove_file(dir.join(side));
+    }
+    let before = std::fs::read(&file).unwrap();
+    let mode = |path: &Path, bits: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(bits)).unwrap();
+    };
+    mode(&file, 0o444);
+    mode(dir, 0o555);
+    // As root, file modes bind nobody: read as the unprivileged `nobody` instead.
+    let root = Command::new("id").arg("-u").output().unwrap().stdout == b"0\n";
+    let read = |args: &[&str]| {
+        let mut cmd = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+            c
+        } else {
+            Command::new(BIN)
+        };
+        cmd.arg("--db").arg(&ledger.url).args(args).env_remove("LEASEHOLD_DB");
+        cmd.output().unwrap()
+    };
+    for args in [
+        vec!["plan", "list"],
+        vec!["status", &ledger.attempts[0]],
+        vec!["gate", &ledger.plan],
+    ] {
+        let out = read(&args);
+        assert!(
+            matches!(out.status.code(), Some(0 | 4)),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let write = read(&["enqueue", &ledger.plan]);
+    assert_eq!(write.status.code(), Some(2), "{}", text(&write.stderr));
+    assert!(
+        text(&write.stderr).contains(&file.display().to_string()),
+        "{}",
+        text(&write.stderr)
+    );
+    mode(dir, 0o755);
+    assert_eq!(std::fs::read(&file).unwrap(), before, "a read changed the ledger file");
+    assert_eq!(files_in(dir), ["ledger.db"], "a read created a file");
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The CLI URL of database `name` on the server of `LEASEHOLD_TEST_MYSQL_URL`.
+fn mysql_url_of(admin: &str, name: &str) -> String {
+    let (base, query) = admin.split_once('?').map_or((admin, None), |(b, q)| (b, Some(q)));
+    let (server, _) = base.rsplit_once('/').expect("a mysql URL with a database");
+    match query {
+        Some(q) => format!("{server}/{name}?{q}"),
+        None => format!("{server}/{name}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_ledger_unmigrated_or_from_a_newer_release_is_refused_by_every_command() {
+    use leasehold::ledger::mysql::scratch::ScratchDatabase;
+    use leasehold::ledger::mysql::MysqlUrl;
+    use mysql_async::prelude::Queryable;
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
+        println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
+        return;
+    };
+    let db = ScratchDatabase::create(&MysqlUrl::parse(&admin).unwrap(), "lh_h11_")
+        .await
+        .expect("create a test database");
+    let url = mysql_url_of(&admin, &db.url().database);
+    let cli = |args: Vec<&str>| {
+        let url = url.clone();
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            leasehold(&url, &args)
+        })
+    };
+    for args in [vec!["plan", "list"], vec!["enqueue", "p"]] {
+        let out = cli(args.clone()).await.unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("holds no leasehold schema: run `leasehold migrate`"));
+    }
+    let out = cli(vec!["migrate"]).await.unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut conn = mysql_async::Conn::from_url(url.as_str()).await.unwrap();
+    conn.query_drop("INSERT INTO schema_migrations (version, name, applied_at) VALUES (99, 'from-the-future', 0)")
+        .await
+        .unwrap();
+    conn.disconnect().await.unwrap();
+    for args in [
+        vec!["plan", "list"],
+        vec!["status", "att-1"],
+        vec!["enqueue", "p"],
+        vec!["worker", "--until-idle"],
+    ] {
+        let out = cli(args.clone()).await.unwrap();
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("schema version 99, newer than this binary's"),
+            "{args:?}: {stderr}"
+        );
+    }
+}

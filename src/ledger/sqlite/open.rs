@@ -8,7 +8,9 @@
 //!   `leasehold migrate`" ([`LedgerError::BadInput`], exit 2 in the CLI);
 //! - a read-only open uses `SQLITE_OPEN_READ_ONLY` and sets no pragma that writes
 //!   (no `journal_mode`), so a read never changes the file, and a file the process
-//!   may only read can still be listed;
+//!   may only read can still be listed; in a directory it may not write either (no
+//!   `-shm` can be made, and none exists, so no process has the ledger open), the
+//!   file is read as immutable;
 //! - a directory or a file that is not a SQLite database is refused naming the path
 //!   ([`LedgerError::BadInput`]);
 //! - except for [`OpenMode::Create`], the schema version is checked on every open
@@ -61,11 +63,48 @@ pub(super) fn connect(path: &str, mode: OpenMode, private: bool) -> Result<Conne
     let conn = Connection::open_with_flags(path, flags).map_err(|e| open_error(path, &e))?;
     // Reading the schema is the first thing that touches the file: a file that is
     // not a database fails here, before any pragma.
-    conn.query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get::<_, i64>(0))
-        .map_err(|e| open_error(path, &e))?;
+    let conn = match probe(&conn) {
+        Ok(()) => conn,
+        Err(e) if mode == OpenMode::ReadOnly && !private && !uri && cannot_share_wal(path, &e) => {
+            drop(conn);
+            immutable(path).map_err(|e| open_error(path, &e))?
+        }
+        Err(e) => return Err(open_error(path, &e)),
+    };
     if mode != OpenMode::Create && !private {
         check_schema(&conn, path)?;
     }
+    Ok(conn)
+}
+
+/// Reads the schema table: the first read, which fails on a file that is not a database.
+fn probe(conn: &Connection) -> rusqlite::Result<()> {
+    conn.query_row("SELECT count(*) FROM sqlite_master", [], |row| row.get::<_, i64>(0))
+        .map(drop)
+}
+
+/// Whether a read-only open of a WAL ledger failed only because SQLite could not
+/// create its `-shm` side file (a directory this process may not write) while no
+/// `-shm` exists: then no process has the ledger open in WAL mode, nothing is
+/// writing it, and the file may be read as it is.
+fn cannot_share_wal(path: &str, e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen))
+        && !Path::new(&format!("{path}-shm")).exists()
+}
+
+/// Opens `path` read-only as an immutable file: no lock, no side file.
+fn immutable(path: &str) -> rusqlite::Result<Connection> {
+    let mut uri = String::from("file:");
+    for c in path.chars() {
+        match c {
+            '%' | '?' | '#' => uri.push_str(&format!("%{:02X}", c as u32)),
+            c => uri.push(c),
+        }
+    }
+    uri.push_str("?immutable=1");
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(uri, flags)?;
+    probe(&conn)?;
     Ok(conn)
 }
 
