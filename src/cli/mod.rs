@@ -6,7 +6,7 @@ mod render;
 use clap::{Parser, Subcommand, ValueEnum};
 use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
-use leasehold::executor::Executors;
+use leasehold::executor::{Executors, HttpConfig};
 use leasehold::ledger::sqlite::{OpenMode, SqliteLedger};
 use leasehold::ledger::{find_plan, DbUrl, Ledger, LedgerError};
 use leasehold::report;
@@ -87,6 +87,8 @@ enum Command {
         /// Seconds one step may run before it is stopped and fails (clamped to 1..=86400).
         #[arg(long, default_value_t = 300)]
         step_timeout_secs: u64,
+        #[command(flatten)]
+        http: HttpArgs,
     },
     /// Show an attempt: its command, lease and receipts (never the lease token).
     Status {
@@ -128,9 +130,41 @@ enum Command {
         plan: String,
     },
     /// Run the rehearsal plan twice (embedded SQLite by default) and show outcomes, comparison and gate.
-    Demo,
+    Demo {
+        #[command(flatten)]
+        http: HttpArgs,
+    },
     /// Measure end-to-end dry-run deliveries on this database (writes bench plans to it).
     Bench(bench::BenchArgs),
+}
+
+/// The `http:v1` executor's egress allowlist, on `worker` and `demo`.
+#[derive(clap::Args, Debug, Default)]
+struct HttpArgs {
+    /// A host the http:v1 executor may call, HOST or HOST:PORT (repeatable; also
+    /// LEASEHOLD_HTTP_ALLOW, comma-separated). Every other host is refused.
+    #[arg(
+        long = "http-allow",
+        value_name = "HOST[:PORT]",
+        env = "LEASEHOLD_HTTP_ALLOW",
+        value_delimiter = ','
+    )]
+    allow: Vec<String>,
+}
+
+impl HttpArgs {
+    /// The executor registry these flags configure; `step_timeout` caps every HTTP
+    /// call's own budget, so its retries end before the worker stops the call.
+    fn executors(&self, step_timeout: Duration) -> Result<Executors, Failure> {
+        let mut config = HttpConfig::allowing(&self.allow).map_err(Failure::bad_input)?;
+        config.budget_cap = step_timeout
+            .saturating_sub(Duration::from_millis(500))
+            .max(Duration::from_millis(100));
+        Executors::builder()
+            .http(config)
+            .build()
+            .map_err(|e| Failure::bad_input(e.to_string()))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -240,7 +274,7 @@ pub fn main() -> ExitCode {
 /// create the file, and reads open it read-only.
 fn open_mode(command: &Command) -> OpenMode {
     match command {
-        Command::Migrate | Command::Demo | Command::Bench(_) => OpenMode::Create,
+        Command::Migrate | Command::Demo { .. } | Command::Bench(_) => OpenMode::Create,
         Command::Plan(PlanCommand::List | PlanCommand::Show { .. })
         | Command::Status { .. }
         | Command::History { .. }
@@ -345,6 +379,7 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
             until_idle,
             grace_secs,
             step_timeout_secs,
+            http,
         } => {
             let config = WorkerConfig::clamped(
                 true,
@@ -358,7 +393,8 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
                 grace_ms: grace_secs.clamp(0, 3_600) * 1_000,
                 step_timeout: Duration::from_secs(step_timeout_secs.clamp(1, 86_400)),
             };
-            let report = run_worker(ledger, &id, config, settings, stop_signal()).await;
+            let executors = Arc::new(http.executors(settings.step_timeout)?);
+            let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
             println!(
                 "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
                 leasehold::text::clean(&id),
@@ -466,7 +502,7 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
                 code => Err(Failure::silent(u8::try_from(code).unwrap_or(1))),
             }
         }
-        Command::Demo => demo(ledger).await,
+        Command::Demo { http } => demo(ledger, &http).await,
         Command::Bench(args) => bench::run(ledger, args, json).await,
     }
 }
@@ -480,13 +516,14 @@ struct WorkerSettings {
 
 async fn run_worker<L: Ledger>(
     ledger: Arc<L>,
+    executors: Arc<Executors>,
     id: &str,
     config: WorkerConfig,
     settings: WorkerSettings,
     stop: impl std::future::Future<Output = ()>,
 ) -> leasehold::worker::WorkerReport {
     let prefix = leasehold::text::clean(id).into_owned();
-    let worker = Worker::new(id, ledger, Arc::new(Executors::new()), Arc::new(SystemClock), config)
+    let worker = Worker::new(id, ledger, executors, Arc::new(SystemClock), config)
         .with_step_timeout(settings.step_timeout)
         .on_event(move |event: &WorkerEvent| println!("[{prefix}] {}", leasehold::text::clean(&event.to_string())));
     let options = RunOptions {
@@ -567,7 +604,8 @@ fn parse_plan(text: &str, json: bool) -> Result<PlanSpec, String> {
     })
 }
 
-async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
+async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {
+    let executors = Arc::new(http.executors(leasehold::worker::DEFAULT_STEP_TIMEOUT)?);
     let applied = ledger.migrate().await?;
     if !applied.is_empty() {
         println!("migrated the database schema");
@@ -576,7 +614,7 @@ async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
         code: 1,
         message: format!("built-in rehearsal plan: {e}"),
     })?;
-    let plan = ledger.register_plan(spec, &Executors::new().names()).await?;
+    let plan = ledger.register_plan(spec, &executors.names()).await?;
     println!(
         "plan {} ({}, {} steps, recovery {})",
         plan.id,
@@ -599,7 +637,15 @@ async fn demo<L: Ledger>(ledger: Arc<L>) -> Outcome {
             grace_ms: 0,
             step_timeout: leasehold::worker::DEFAULT_STEP_TIMEOUT,
         };
-        let report = run_worker(Arc::clone(&ledger), &format!("demo-worker-{n}"), config, settings, stop).await;
+        let report = run_worker(
+            Arc::clone(&ledger),
+            Arc::clone(&executors),
+            &format!("demo-worker-{n}"),
+            config,
+            settings,
+            stop,
+        )
+        .await;
         if report.delivered == 0 {
             return Err(Failure {
                 code: 1,

@@ -20,14 +20,16 @@
 //!
 //! [`Executors`] is the registry that the worker uses: it dispatches on
 //! `request.step.executor` to a built-in — [`DryRun`] (`dry-run:v1`),
-//! [`SqliteSandbox`] (`sqlite-sandbox:v1`) — or to an executor
+//! [`SqliteSandbox`] (`sqlite-sandbox:v1`), [`Http`] (`http:v1`) — or to an executor
 //! the program registered by name ([`Executors::builder`]); [`Executors::names`] is
 //! what plan validation accepts.
 
 pub mod dry_run;
+pub mod http;
 pub mod sandbox;
 
 pub use dry_run::DryRun;
+pub use http::{Http, HttpConfig};
 pub use sandbox::SqliteSandbox;
 
 use leasehold_engine::{Action, AttemptId, CommandId, PlanId, Step};
@@ -108,12 +110,14 @@ pub enum RegistryError {
 }
 
 /// The registry the worker uses: dispatches on `request.step.executor` to a
-/// built-in — [`DryRun`] (`dry-run:v1`), [`SqliteSandbox`] (`sqlite-sandbox:v1`)
-/// — or to an executor the program registered with [`Executors::builder`]. Plan validation
+/// built-in — [`DryRun`] (`dry-run:v1`), [`SqliteSandbox`] (`sqlite-sandbox:v1`),
+/// [`Http`] (`http:v1`, calling only the hosts its allowlist names) — or to an
+/// executor the program registered with [`Executors::builder`]. Plan validation
 /// accepts exactly [`Executors::names`].
 pub struct Executors {
     dry_run: DryRun,
     sandbox: SqliteSandbox,
+    http: Http,
     /// Registered by the program, by name (ordered: nothing iterates a hash map).
     custom: BTreeMap<String, Arc<dyn DynExecutor>>,
 }
@@ -133,11 +137,13 @@ impl Default for Executors {
 }
 
 impl Executors {
-    /// The built-in executors only.
+    /// The built-in executors only; `http:v1` with an empty allowlist (every call
+    /// refused until hosts are allowed through [`ExecutorsBuilder::http`]).
     pub fn new() -> Self {
         Self {
             dry_run: DryRun,
             sandbox: SqliteSandbox::default(),
+            http: Http::new(HttpConfig::default()),
             custom: BTreeMap::new(),
         }
     }
@@ -145,6 +151,7 @@ impl Executors {
     /// A builder: the built-ins plus executors the program registers by name.
     pub fn builder() -> ExecutorsBuilder {
         ExecutorsBuilder {
+            http: HttpConfig::default(),
             custom: BTreeMap::new(),
             error: None,
         }
@@ -153,7 +160,7 @@ impl Executors {
     /// Every executor name this registry runs (the built-ins, then the registered
     /// ones in name order): what plan validation accepts.
     pub fn names(&self) -> Vec<&str> {
-        let mut names = vec![dry_run::NAME, sandbox::NAME];
+        let mut names = vec![dry_run::NAME, sandbox::NAME, http::NAME];
         names.extend(self.custom.keys().map(String::as_str));
         names
     }
@@ -167,11 +174,17 @@ impl Executors {
     pub fn sandbox(&self) -> &SqliteSandbox {
         &self.sandbox
     }
+
+    /// The `http:v1` executor.
+    pub fn http(&self) -> &Http {
+        &self.http
+    }
 }
 
 /// Builds an [`Executors`] registry: `Executors::builder().register("acme-crm:v1",
 /// MyExecutor).build()?`.
 pub struct ExecutorsBuilder {
+    http: HttpConfig,
     custom: BTreeMap<String, Arc<dyn DynExecutor>>,
     /// The first refused registration, reported by [`ExecutorsBuilder::build`].
     error: Option<RegistryError>,
@@ -193,7 +206,8 @@ impl ExecutorsBuilder {
         let valid = !name.is_empty()
             && name.chars().count() <= 64
             && !name.chars().any(|c| c.is_whitespace() || c.is_control());
-        let taken = [dry_run::NAME, sandbox::NAME].contains(&name.as_str()) || self.custom.contains_key(&name);
+        let taken =
+            [dry_run::NAME, sandbox::NAME, http::NAME].contains(&name.as_str()) || self.custom.contains_key(&name);
         if self.error.is_none() {
             if !valid {
                 self.error = Some(RegistryError::InvalidName(name));
@@ -208,12 +222,19 @@ impl ExecutorsBuilder {
         self
     }
 
+    /// Configures the built-in `http:v1` executor (its egress allowlist and limits).
+    pub fn http(mut self, config: HttpConfig) -> Self {
+        self.http = config;
+        self
+    }
+
     /// The registry, or the first registration that was refused.
     pub fn build(self) -> Result<Executors, RegistryError> {
         if let Some(error) = self.error {
             return Err(error);
         }
         Ok(Executors {
+            http: Http::new(self.http),
             custom: self.custom,
             ..Executors::new()
         })
@@ -227,6 +248,7 @@ impl Executor for Executors {
             // Boxed: the sandbox's future is large, and inline it would make every
             // dry-run call's future as large (an allocation glibc serves slowly).
             sandbox::NAME => Box::pin(self.sandbox.execute(request)).await,
+            http::NAME => Box::pin(self.http.execute(request)).await,
             other => match self.custom.get(other) {
                 Some(executor) => executor.execute_boxed(request).await,
                 None => ExecutorResult::Permanent(format!(
@@ -241,6 +263,7 @@ impl Executor for Executors {
     fn release(&self, attempt: &AttemptId, delivery: u32) {
         self.dry_run.release(attempt, delivery);
         self.sandbox.release(attempt, delivery);
+        self.http.release(attempt, delivery);
         for executor in self.custom.values() {
             executor.release_dyn(attempt, delivery);
         }
@@ -341,14 +364,14 @@ mod tests {
         assert_eq!(
             result,
             ExecutorResult::Permanent(
-                "step a: unknown executor \"nope:v9\" (known: dry-run:v1, sqlite-sandbox:v1)".into()
+                "step a: unknown executor \"nope:v9\" (known: dry-run:v1, sqlite-sandbox:v1, http:v1)".into()
             )
         );
     }
 
     #[test]
     fn names_are_the_built_ins_then_the_registered_ones() {
-        assert_eq!(Executors::new().names(), ["dry-run:v1", "sqlite-sandbox:v1"]);
+        assert_eq!(Executors::new().names(), ["dry-run:v1", "sqlite-sandbox:v1", "http:v1"]);
         let executors = Executors::builder()
             .register("zeta:v1", DryRun)
             .register("acme-crm:v1", DryRun)
@@ -356,7 +379,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             executors.names(),
-            ["dry-run:v1", "sqlite-sandbox:v1", "acme-crm:v1", "zeta:v1"]
+            ["dry-run:v1", "sqlite-sandbox:v1", "http:v1", "acme-crm:v1", "zeta:v1"]
         );
     }
 

@@ -1,0 +1,729 @@
+//! `http:v1`: delivers a step as one HTTP request to an allowed host, with the
+//! step's idempotency key, so that a receiver applies it once however often it is
+//! sent.
+//!
+//! Contract. A step's payload:
+//! - `url` (string, required): `http://` or `https://`, no credentials in it; its
+//!   host (and port) must be on the worker's egress allowlist ([`HttpConfig`],
+//!   `--http-allow HOST[:PORT]`), or the step fails permanently naming the flag;
+//! - `method` (string): `POST` (default), `PUT`, `PATCH` or `DELETE`;
+//! - `body` (JSON, optional): sent as canonical JSON (`Content-Type:
+//!   application/json`), so every delivery sends the same bytes;
+//! - `headers` (object of strings, optional): extra headers; `Authorization`,
+//!   `Idempotency-Key`, `Host`, `Content-Length`, `webhook-*` and `Leasehold-*` are
+//!   refused (the executor sets those);
+//! - `auth_env` (string, optional): the name of an environment variable (it must
+//!   start with `LEASEHOLD_SECRET_`) whose value is sent as the `Authorization`
+//!   header value;
+//! - `secret_env` (string, optional): likewise, a Standard Webhooks secret
+//!   (`whsec_<base64>`, or raw text): the request is signed with `webhook-id` (the
+//!   idempotency key), `webhook-timestamp` and `webhook-signature: v1,<base64
+//!   HMAC-SHA256 of id.timestamp.body>`;
+//! - `timeout_ms` (whole number, default 10000): one request's timeout, clamped to
+//!   100..=60000;
+//! - `budget_ms` (whole number, default 30000): the time all tries of this call may
+//!   take, clamped to 100..=240000 and to [`HttpConfig::budget_cap`] (the CLI sets
+//!   that just below the worker's step timeout, so the executor gives up —
+//!   transient — before the worker stops the call — permanent);
+//! - `evidence` (array of JSON pointers, optional): response body fields kept as
+//!   evidence; the status always is;
+//! - `expect` (array of statuses, default: any 2xx): the statuses that mean success;
+//! - `receipt` (JSON pointer, default `/id`): the body field that is the receiver's
+//!   id for this key, recorded in the target receipt.
+//!
+//! Every try sends `Idempotency-Key: <key>`, `Leasehold-Attempt`, `Leasehold-Step`,
+//! `Leasehold-Delivery` and `Leasehold-Action` (execute, retry or compensate).
+//!
+//! Outcomes: an expected status → done, evidence `{"status", "fields": {pointer:
+//! value}}`, target receipt `{"idempotency_key", "id"}`. 408, 409 (the key is still
+//! being processed), 425, 429, 5xx, connection errors and timeouts → tried again with
+//! the same key after a jittered exponential backoff (at least `Retry-After` seconds
+//! when the receiver sends it) while the budget lasts, then transient (the worker
+//! retries the step later, and a takeover redelivers it, with the same key). Any other
+//! status (422: the key was used with another body; other 4xx; an unexpected 2xx or
+//! 3xx) → permanent, with the status and at most 200 characters of the body.
+//! Redirects are followed only to the same host and port (at most 5).
+//!
+//! Secrets: the values of `auth_env` and `secret_env` never appear in evidence,
+//! receipts or errors; only the variable's name is ever named. The backoff's jitter
+//! is a function of the key and the try number, not of a random source.
+
+use super::{describe, ExecRequest, Executor, ExecutorResult};
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use leasehold_engine::canonical::canonical_json;
+use leasehold_engine::{Action, Step};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The executor name plans use for [`Http`].
+pub const NAME: &str = "http:v1";
+
+const PAYLOAD_FIELDS: &[&str] = &[
+    "url",
+    "method",
+    "body",
+    "headers",
+    "auth_env",
+    "secret_env",
+    "timeout_ms",
+    "budget_ms",
+    "evidence",
+    "expect",
+    "receipt",
+];
+
+/// Environment variables a payload may name as a secret's source start with this.
+pub const SECRET_ENV_PREFIX: &str = "LEASEHOLD_SECRET_";
+
+/// How much of a response body is read (more is ignored).
+const MAX_BODY_BYTES: usize = 64 * 1024;
+/// How much of a body an error message quotes.
+const EXCERPT_CHARS: usize = 200;
+/// The first backoff, and the ceiling of any one backoff.
+const BACKOFF_FIRST_MS: u64 = 100;
+const BACKOFF_MAX_MS: u64 = 5_000;
+
+/// One allowed egress destination: a host, and a port or any port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowedHost {
+    host: String,
+    port: Option<u16>,
+}
+
+impl AllowedHost {
+    /// Parses `HOST[:PORT]` (`[v6]:PORT` for an IPv6 address); `HOST` alone allows
+    /// every port of that host.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = |why: &str| format!("--http-allow {text:?}: {why} (expected HOST or HOST:PORT)");
+        let text = text.trim();
+        if text.is_empty() || text.contains(['/', '@', '?', '#', ' ']) {
+            return Err(bad("not a host"));
+        }
+        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+            let (host, after) = rest.split_once(']').ok_or_else(|| bad("unclosed ["))?;
+            match after.strip_prefix(':') {
+                Some(port) => (format!("[{host}]"), Some(port)),
+                None if after.is_empty() => (format!("[{host}]"), None),
+                None => return Err(bad("junk after ]")),
+            }
+        } else {
+            match text.rsplit_once(':') {
+                Some((host, port)) if !host.contains(':') => (host.to_owned(), Some(port)),
+                Some(_) => return Err(bad("an IPv6 address goes in brackets")),
+                None => (text.to_owned(), None),
+            }
+        };
+        if host.is_empty() || host == "[]" {
+            return Err(bad("empty host"));
+        }
+        let port = match port {
+            Some(p) => Some(p.parse::<u16>().map_err(|_| bad("port is not a number 0..=65535"))?),
+            None => None,
+        };
+        Ok(Self {
+            host: host.to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    fn allows(&self, host: &str, port: u16) -> bool {
+        self.host == host && self.port.map_or(true, |p| p == port)
+    }
+}
+
+impl fmt::Display for AllowedHost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.host),
+            None => f.write_str(&self.host),
+        }
+    }
+}
+
+/// The longest `budget_ms` a payload may ask for.
+pub const MAX_BUDGET: Duration = Duration::from_secs(240);
+
+/// The `http:v1` executor's configuration: its egress allowlist and the cap on
+/// every call's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Hosts the executor may call; empty: none.
+    pub allow: Vec<AllowedHost>,
+    /// No call's tries last longer than this, whatever its `budget_ms` says: set it
+    /// a little below the worker's step timeout, so that a call runs out of budget
+    /// (transient: retried later with the same key) before the worker stops it
+    /// (permanent). Default [`MAX_BUDGET`].
+    pub budget_cap: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            allow: Vec::new(),
+            budget_cap: MAX_BUDGET,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// A configuration allowing each `HOST[:PORT]` given.
+    pub fn allowing<S: AsRef<str>>(hosts: impl IntoIterator<Item = S>) -> Result<Self, String> {
+        let allow = hosts
+            .into_iter()
+            .map(|h| AllowedHost::parse(h.as_ref()))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            allow,
+            ..Self::default()
+        })
+    }
+}
+
+/// The `http:v1` executor.
+pub struct Http {
+    config: HttpConfig,
+    /// Built on first use: most registries never send a request.
+    client: OnceLock<Result<reqwest::Client, String>>,
+}
+
+impl fmt::Debug for Http {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Http")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Http {
+    /// An executor calling only the hosts `config` allows.
+    pub fn new(config: HttpConfig) -> Self {
+        Self {
+            config,
+            client: OnceLock::new(),
+        }
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &HttpConfig {
+        &self.config
+    }
+
+    fn client(&self) -> Result<&reqwest::Client, String> {
+        self.client
+            .get_or_init(|| {
+                reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                        let first = &attempt.previous()[0];
+                        let next = attempt.url();
+                        if attempt.previous().len() > 5 {
+                            attempt.error("more than 5 redirects")
+                        } else if next.host_str() != first.host_str()
+                            || next.port_or_known_default() != first.port_or_known_default()
+                        {
+                            attempt.error("redirect to another host refused")
+                        } else {
+                            attempt.follow()
+                        }
+                    }))
+                    .build()
+                    .map_err(|e| format!("cannot build the HTTP client: {e}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+impl Executor for Http {
+    async fn execute(&self, request: ExecRequest) -> ExecutorResult {
+        let call = match Call::parse(&request, &self.config) {
+            Ok(call) => call,
+            Err(message) => return ExecutorResult::Permanent(message),
+        };
+        let client = match self.client() {
+            Ok(client) => client,
+            Err(message) => return ExecutorResult::Transient(message),
+        };
+        call.run(client, &request).await
+    }
+}
+
+/// A validated step payload, ready to send.
+struct Call {
+    code: String,
+    url: reqwest::Url,
+    method: reqwest::Method,
+    body: Option<Vec<u8>>,
+    headers: HeaderMap,
+    signing_key: Option<Vec<u8>>,
+    timeout: Duration,
+    budget: Duration,
+    evidence: Vec<String>,
+    expect: Option<Vec<u16>>,
+    receipt: String,
+}
+
+/// Why one try did not succeed.
+enum TryError {
+    /// Worth trying again with the same key (after `retry_after`, if the receiver
+    /// said).
+    Transient {
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// Never going to succeed.
+    Permanent(String),
+}
+
+impl Call {
+    fn parse(request: &ExecRequest, config: &HttpConfig) -> Result<Self, String> {
+        let step: &Step = &request.step;
+        let code = step.code.clone();
+        let Some(fields) = step.payload.as_object() else {
+            return Err(format!(
+                "step {code}: {NAME} payload must be an object, not {}",
+                describe(&step.payload)
+            ));
+        };
+        if let Some(unknown) = fields.keys().find(|k| !PAYLOAD_FIELDS.contains(&k.as_str())) {
+            return Err(format!(
+                "step {code}: payload field {unknown:?} is not known to {NAME} (expected one of: {})",
+                PAYLOAD_FIELDS.join(", ")
+            ));
+        }
+        let field_err = |field: &str, why: String| format!("step {code}: payload field {field} {why}");
+        let url_text = match fields.get("url") {
+            Some(Value::String(s)) => s.as_str(),
+            Some(other) => return Err(field_err("url", format!("must be a string, not {}", describe(other)))),
+            None => return Err(field_err("url", "is missing".into())),
+        };
+        let url = reqwest::Url::parse(url_text).map_err(|e| field_err("url", format!("is not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(field_err("url", format!("must be http or https, not {}", url.scheme())));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(field_err("url", "must not carry credentials (use auth_env)".into()));
+        }
+        let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+        let port = url.port_or_known_default().unwrap_or(0);
+        if !config.allow.iter().any(|a| a.allows(&host, port)) {
+            let allowed: Vec<String> = config.allow.iter().map(ToString::to_string).collect();
+            return Err(format!(
+                "step {code}: host {host}:{port} is not on this worker's egress allowlist \
+                 (allow it with --http-allow {host}:{port}; allowed now: {})",
+                if allowed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    allowed.join(", ")
+                }
+            ));
+        }
+        let method = match fields.get("method") {
+            None => reqwest::Method::POST,
+            Some(Value::String(m)) => match m.to_ascii_uppercase().as_str() {
+                "POST" => reqwest::Method::POST,
+                "PUT" => reqwest::Method::PUT,
+                "PATCH" => reqwest::Method::PATCH,
+                "DELETE" => reqwest::Method::DELETE,
+                _ => {
+                    return Err(field_err(
+                        "method",
+                        format!("must be POST, PUT, PATCH or DELETE, not {m:?}"),
+                    ))
+                }
+            },
+            Some(other) => {
+                return Err(field_err(
+                    "method",
+                    format!("must be a string, not {}", describe(other)),
+                ))
+            }
+        };
+        let body = fields.get("body").map(|b| canonical_json(b).into_bytes());
+        let mut headers = HeaderMap::new();
+        match fields.get("headers") {
+            None => {}
+            Some(Value::Object(extra)) => {
+                for (name, value) in extra {
+                    let lower = name.to_ascii_lowercase();
+                    if [
+                        "authorization",
+                        "idempotency-key",
+                        "host",
+                        "content-length",
+                        "transfer-encoding",
+                    ]
+                    .contains(&lower.as_str())
+                        || lower.starts_with("webhook-")
+                        || lower.starts_with("leasehold-")
+                    {
+                        return Err(field_err(
+                            "headers",
+                            format!("must not set {name} (the executor sets it; secrets come from auth_env)"),
+                        ));
+                    }
+                    let Value::String(value) = value else {
+                        return Err(field_err(
+                            "headers",
+                            format!("value of {name} must be a string, not {}", describe(value)),
+                        ));
+                    };
+                    let name = HeaderName::from_bytes(name.as_bytes())
+                        .map_err(|_| field_err("headers", format!("has an invalid header name {name:?}")))?;
+                    let value = HeaderValue::from_str(value)
+                        .map_err(|_| field_err("headers", format!("value of {name} is not a valid header value")))?;
+                    headers.insert(name, value);
+                }
+            }
+            Some(other) => {
+                return Err(field_err(
+                    "headers",
+                    format!("must be an object of strings, not {}", describe(other)),
+                ))
+            }
+        }
+        if body.is_some() {
+            headers.insert(
+                reqwest::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
+        if let Some(secret) = secret_from_env(&code, fields, "auth_env")? {
+            let mut value = HeaderValue::from_bytes(&secret).map_err(|_| {
+                field_err(
+                    "auth_env",
+                    "names a variable whose value is not a valid header value".into(),
+                )
+            })?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let signing_key = match secret_from_env(&code, fields, "secret_env")? {
+            None => None,
+            Some(secret) => Some(match secret.strip_prefix(b"whsec_") {
+                Some(encoded) => base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|_| field_err("secret_env", "names a whsec_ secret that is not base64".into()))?,
+                None => secret,
+            }),
+        };
+        let timeout = Duration::from_millis(whole(&code, fields, "timeout_ms")?.unwrap_or(10_000).clamp(100, 60_000));
+        let budget = Duration::from_millis(whole(&code, fields, "budget_ms")?.unwrap_or(30_000).clamp(100, 240_000))
+            .min(config.budget_cap);
+        let evidence = match fields.get("evidence") {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(p) if p.is_empty() || p.starts_with('/') => Ok(p.clone()),
+                    other => Err(field_err(
+                        "evidence",
+                        format!("must hold JSON pointers (\"/a/b\"), not {}", describe(other)),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(field_err(
+                    "evidence",
+                    format!("must be an array of JSON pointers, not {}", describe(other)),
+                ))
+            }
+        };
+        let expect = match fields.get("expect") {
+            None => None,
+            Some(Value::Array(items)) if !items.is_empty() => Some(
+                items
+                    .iter()
+                    .map(|item| {
+                        item.as_u64()
+                            .filter(|s| (100..=599).contains(s))
+                            .map(|s| s as u16)
+                            .ok_or_else(|| {
+                                field_err(
+                                    "expect",
+                                    format!("must hold statuses 100..=599, not {}", describe(item)),
+                                )
+                            })
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+            Some(other) => {
+                return Err(field_err(
+                    "expect",
+                    format!("must be a non-empty array of statuses, not {}", describe(other)),
+                ))
+            }
+        };
+        let receipt = match fields.get("receipt") {
+            None => "/id".to_owned(),
+            Some(Value::String(p)) if p.is_empty() || p.starts_with('/') => p.clone(),
+            Some(other) => {
+                return Err(field_err(
+                    "receipt",
+                    format!("must be a JSON pointer (\"/id\"), not {}", describe(other)),
+                ))
+            }
+        };
+        let mut fixed = |name: &'static str, value: String| {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        };
+        fixed("idempotency-key", request.idempotency_key.clone());
+        fixed("leasehold-attempt", request.attempt_id.to_string());
+        fixed("leasehold-step", code.clone());
+        fixed("leasehold-delivery", request.delivery.to_string());
+        fixed(
+            "leasehold-action",
+            match request.action {
+                Action::Execute => "execute",
+                Action::Retry => "retry",
+                Action::Compensate => "compensate",
+            }
+            .to_owned(),
+        );
+        Ok(Self {
+            code,
+            url,
+            method,
+            body,
+            headers,
+            signing_key,
+            timeout,
+            budget,
+            evidence,
+            expect,
+            receipt,
+        })
+    }
+
+    /// Tries the request until it succeeds, fails permanently, or the budget ends.
+    async fn run(&self, client: &reqwest::Client, request: &ExecRequest) -> ExecutorResult {
+        let deadline = Instant::now() + self.budget;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let error = match self.try_once(client, request, left.min(self.timeout)).await {
+                Ok(done) => return done,
+                Err(TryError::Permanent(message)) => return ExecutorResult::Permanent(message),
+                Err(TryError::Transient { message, retry_after }) => (message, retry_after),
+            };
+            let (message, retry_after) = error;
+            let wait = backoff(&request.idempotency_key, tries).max(retry_after.unwrap_or_default());
+            if Instant::now() + wait >= deadline {
+                return ExecutorResult::Transient(format!(
+                    "step {}: {message} (gave up after {tries} tries within the {} ms budget; the key is kept)",
+                    self.code,
+                    self.budget.as_millis()
+                ));
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    async fn try_once(
+        &self,
+        client: &reqwest::Client,
+        request: &ExecRequest,
+        timeout: Duration,
+    ) -> Result<ExecutorResult, TryError> {
+        let code = &self.code;
+        let mut builder = client
+            .request(self.method.clone(), self.url.clone())
+            .headers(self.headers.clone())
+            .timeout(timeout);
+        if let Some(key) = &self.signing_key {
+            let timestamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default();
+            let body = self.body.as_deref().unwrap_or_default();
+            let signature = sign(key, &request.idempotency_key, timestamp, body);
+            builder = builder
+                .header("webhook-id", request.idempotency_key.as_str())
+                .header("webhook-timestamp", timestamp.to_string())
+                .header("webhook-signature", format!("v1,{signature}"));
+        }
+        if let Some(body) = &self.body {
+            builder = builder.body(body.clone());
+        }
+        let mut response = builder.send().await.map_err(|e| classify(code, &e))?;
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|secs| Duration::from_secs(secs.min(3_600)));
+        let mut body = Vec::new();
+        while body.len() < MAX_BODY_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(e) => return Err(classify(code, &e)),
+            }
+        }
+        body.truncate(MAX_BODY_BYTES);
+        let expected = match &self.expect {
+            Some(list) => list.contains(&status),
+            None => (200..300).contains(&status),
+        };
+        if expected {
+            let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let fields: Map<String, Value> = self
+                .evidence
+                .iter()
+                .map(|p| (p.clone(), parsed.pointer(p).cloned().unwrap_or(Value::Null)))
+                .collect();
+            return Ok(ExecutorResult::Done {
+                evidence: json!({"status": status, "fields": fields}),
+                target_receipt: json!({
+                    "idempotency_key": request.idempotency_key,
+                    "id": parsed.pointer(&self.receipt).cloned().unwrap_or(Value::Null),
+                }),
+            });
+        }
+        let excerpt: String = String::from_utf8_lossy(&body).chars().take(EXCERPT_CHARS).collect();
+        let what = format!(
+            "{} answered {status}: {excerpt:?}",
+            self.url.host_str().unwrap_or("the host")
+        );
+        if matches!(status, 408 | 409 | 425 | 429) || (500..600).contains(&status) {
+            Err(TryError::Transient {
+                message: what,
+                retry_after,
+            })
+        } else if status == 422 {
+            Err(TryError::Permanent(format!(
+                "step {code}: {what} (the receiver refused the idempotency key, used before with another body)"
+            )))
+        } else {
+            Err(TryError::Permanent(format!("step {code}: {what}")))
+        }
+    }
+}
+
+/// A transport error's class: a refused redirect or a malformed request is
+/// permanent; connection errors and timeouts are transient.
+fn classify(code: &str, error: &reqwest::Error) -> TryError {
+    // Without the URL: it is the plan's, and the message stays short.
+    let error_text = error.without_url_ref();
+    if error.is_redirect() || error.is_builder() {
+        TryError::Permanent(format!("step {code}: {error_text}"))
+    } else {
+        TryError::Transient {
+            message: if error.is_timeout() {
+                "request timed out".to_owned()
+            } else if error.is_connect() {
+                format!("cannot connect: {error_text}")
+            } else {
+                format!("request failed: {error_text}")
+            },
+            retry_after: None,
+        }
+    }
+}
+
+/// Strips the URL from a reqwest error's text.
+trait WithoutUrl {
+    fn without_url_ref(&self) -> String;
+}
+
+impl WithoutUrl for reqwest::Error {
+    fn without_url_ref(&self) -> String {
+        let mut text = self.to_string();
+        if let Some(url) = self.url() {
+            text = text.replace(&format!(" ({url})"), "").replace(url.as_str(), "the URL");
+        }
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        text
+    }
+}
+
+/// The backoff before try `tries + 1`: exponential from 100 ms, capped at 5 s, with
+/// a jitter (50 to 100 %) derived from the key and the try number.
+fn backoff(key: &str, tries: u32) -> Duration {
+    let ceiling = BACKOFF_FIRST_MS
+        .saturating_mul(1u64 << tries.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX_MS);
+    let digest = Sha256::digest(format!("{key}#{tries}").as_bytes());
+    let fraction = u64::from(u16::from_be_bytes([digest[0], digest[1]]));
+    Duration::from_millis(ceiling / 2 + ceiling / 2 * fraction / u64::from(u16::MAX))
+}
+
+/// The Standard Webhooks signature: base64 HMAC-SHA256 of `id.timestamp.body`.
+pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes a key of any length");
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+}
+
+/// Reads the secret named by payload field `field`; the error names the field and
+/// the variable, never a value.
+fn secret_from_env(code: &str, fields: &Map<String, Value>, field: &str) -> Result<Option<Vec<u8>>, String> {
+    let name = match fields.get(field) {
+        None => return Ok(None),
+        Some(Value::String(name)) => name,
+        Some(other) => {
+            return Err(format!(
+                "step {code}: payload field {field} must name an environment variable, not {}",
+                describe(other)
+            ))
+        }
+    };
+    if !name.starts_with(SECRET_ENV_PREFIX)
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(format!(
+            "step {code}: payload field {field} must name a variable {SECRET_ENV_PREFIX}[A-Z0-9_]*, not {name:?}"
+        ));
+    }
+    match std::env::var_os(name) {
+        Some(value) if !value.is_empty() => Ok(Some(value.into_encoded_bytes())),
+        _ => Err(format!(
+            "step {code}: payload field {field}: environment variable {name} is not set"
+        )),
+    }
+}
+
+/// Reads an optional whole-number payload field.
+fn whole(code: &str, fields: &Map<String, Value>, field: &str) -> Result<Option<u64>, String> {
+    match fields.get(field) {
+        None => Ok(None),
+        Some(value) => value
+            .as_u64()
+            .or_else(|| {
+                value
+                    .as_f64()
+                    .filter(|f| *f >= 0.0 && f.fract() == 0.0)
+                    .map(|f| f as u64)
+            })
+            .map(Some)
+            .ok_or_else(|| {
+                format!(
+                    "step {code}: payload field {field} must be a non-negative whole number of milliseconds, not {}",
+                    describe(value)
+                )
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests;
