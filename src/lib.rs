@@ -12,5 +12,6 @@ pub mod entropy;
 pub mod executor;
 pub mod ledger;
 pub mod report;
+pub mod target;
 pub mod text;
 pub mod worker;

@@ -136,6 +136,37 @@ enum Command {
     },
     /// Measure end-to-end dry-run deliveries on this database (writes bench plans to it).
     Bench(bench::BenchArgs),
+    /// Serve the reference idempotent HTTP receiver, storing its keys in --db (its own tables).
+    Target(TargetArgs),
+}
+
+/// `leasehold target`: where it listens and which faults it injects.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Every request but GET /effects is a delivery keyed by its Idempotency-Key header: \
+the first applies its effect and stores its response, a repeat with the same body gets that response \
+(Idempotent-Replayed: true), with another body 422, while the first is still processing 409, \
+without the header 400. GET /effects answers keys, effects, replays, conflicts and by_key as JSON. \
+Stops on SIGINT/SIGTERM. See docs/target.md."
+)]
+struct TargetArgs {
+    /// The address to listen on (port 0: any free port; the bound address is printed).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// The share of first applications whose connection is closed without a reply,
+    /// after the effect is committed (0 to 1).
+    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    drop_reply_rate: f64,
+    /// The share of deliveries answered 503 before anything is done (0 to 1).
+    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    fail_rate: f64,
+    /// Milliseconds a first request works while it holds its key (a repeat then gets
+    /// 409), and a replay waits before it is answered (at most 60000).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    delay_ms: u64,
+    /// Seeds the fault draws (default: a random seed, printed).
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
 }
 
 /// The `http:v1` executor's egress allowlist, on `worker` and `demo`.
@@ -284,11 +315,16 @@ fn open_mode(command: &Command) -> OpenMode {
         | Command::Enqueue { .. }
         | Command::Worker { .. }
         | Command::Reconcile { .. }
-        | Command::Abort { .. } => OpenMode::Existing,
+        | Command::Abort { .. }
+        | Command::Target(_) => OpenMode::Existing,
     }
 }
 
 async fn dispatch(cli: Cli) -> Outcome {
+    if let Command::Target(args) = &cli.command {
+        // The target keeps its own tables and opens no ledger.
+        return serve_target(&cli.db, args).await;
+    }
     match DbUrl::parse(&cli.db)? {
         DbUrl::Sqlite(path) => {
             let mode = open_mode(&cli.command);
@@ -504,7 +540,58 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
         }
         Command::Demo { http } => demo(ledger, &http).await,
         Command::Bench(args) => bench::run(ledger, args, json).await,
+        Command::Target(_) => Err(Failure {
+            code: 1,
+            message: "the target is served before any ledger is opened".into(),
+        }),
     }
+}
+
+/// `leasehold target`: binds, opens the key store, prints where it listens (the
+/// first line, for scripts), and serves until SIGINT/SIGTERM.
+async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
+    use leasehold::entropy::Entropy as _;
+    let db = DbUrl::parse(db)?;
+    let seed = args.seed.unwrap_or_else(|| OsEntropy.next_u64());
+    let faults = leasehold::target::Faults {
+        fail_rate: args.fail_rate,
+        drop_reply_rate: args.drop_reply_rate,
+        delay: Duration::from_millis(args.delay_ms),
+        seed,
+    }
+    .checked()
+    .map_err(Failure::bad_input)?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| Failure::bad_input(format!("--listen {}: cannot listen there: {e}", args.listen)))?;
+    let addr = listener.local_addr().map_err(|e| Failure {
+        code: 1,
+        message: format!("--listen {}: {e}", args.listen),
+    })?;
+    let stop = stop_signal();
+    leasehold::target::open_and_serve(
+        &db,
+        faults,
+        listener,
+        |store| {
+            println!("leasehold target listening on http://{addr}");
+            println!(
+                "keys in {store}; faults: fail-rate {}, drop-reply-rate {}, delay {} ms, seed {seed}",
+                faults.fail_rate,
+                faults.drop_reply_rate,
+                faults.delay.as_millis()
+            );
+        },
+        stop,
+    )
+    .await
+    .map_err(|e| Failure {
+        code: match e {
+            leasehold::target::StoreError::Invalid(_) => 2,
+            _ => 1,
+        },
+        message: e.to_string(),
+    })
 }
 
 /// How a command-line worker runs, beyond its [`WorkerConfig`].
