@@ -1,0 +1,816 @@
+//! Real-process chaos: a `leasehold target` process that fails requests (503) and
+//! drops replies after applying them, and three `leasehold worker` processes that
+//! are killed (SIGKILL, then replaced) and paused (SIGSTOP past their lease, then
+//! SIGCONT) at random, deliver attempts of three-step `http:v1` plans — on SQLite
+//! and on MariaDB / MySQL (with `LEASEHOLD_TEST_MYSQL_URL`; skipped, saying so,
+//! without it).
+//!
+//! The schedule (which worker, kill or pause, when, for how long) and the target's
+//! fault draws come from one seed, printed at the start and in every failure;
+//! `LEASEHOLD_CHAOS_SEED=N` replays it (the processes' own timing still varies).
+//! Faults are injected for a bounded window, then every paused worker is continued
+//! and the run must converge within a deadline; each backend's run stops by itself.
+//!
+//! What is asserted, from the ledger, from the workers' own logs and from the
+//! target's `GET /effects`:
+//! - every attempt SUCCEEDED, its command DELIVERED, every receipt SUCCEEDED;
+//! - the target applied every key exactly once (`by_key` is 1 for each of the
+//!   ledger's keys, and nothing else), and holds no key half-done;
+//! - `delivery_count` = 1 + takeovers for every command: the claims the workers
+//!   logged have distinct delivery numbers up to `delivery_count`, the last one by
+//!   the lease owner on record, which alone logged the delivery; every earlier claim's
+//!   holder was killed or logged that it abandoned the lease or was refused; claims
+//!   no log shows (a worker killed between its claim and its log line) are no more
+//!   than the kills;
+//! - nothing written by a fenced worker: every refusal any worker met is the
+//!   stale-token refusal of that attempt's command, and every SUCCEEDED receipt's
+//!   target receipt and evidence are what the target stored for its key (asked again
+//!   as a sender would, which must replay and apply nothing).
+//!
+//! The figures (attempts, kills, pauses, dropped replies, takeovers, keys applied
+//! once) go to stderr even when the test passes.
+
+use leasehold::clock::SystemClock;
+use leasehold::engine::canonical::sha256_hex;
+use leasehold::engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, PlanSpec, ReceiptStatus};
+use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
+use leasehold::ledger::mysql::scratch::ScratchDatabase;
+use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
+use leasehold::ledger::sqlite::SqliteLedger;
+use leasehold::ledger::Ledger;
+use leasehold::target::Effects;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+/// Attempts delivered per backend, and the steps of each.
+const ATTEMPTS: usize = 36;
+const STEPS: usize = 3;
+/// Worker processes alive at any time (a killed one is replaced at once).
+const WORKERS: usize = 3;
+const LEASE_SECS: u64 = 2;
+/// Faults are injected for at most this long...
+const CHAOS_WINDOW: Duration = Duration::from_secs(30);
+/// ...then every attempt must be delivered, and every worker gone, within this.
+const LIVENESS_DEADLINE: Duration = Duration::from_secs(60);
+/// The target's faults.
+const FAIL_RATE: f64 = 0.15;
+const DROP_REPLY_RATE: f64 = 0.2;
+const DELAY_MS: u64 = 200;
+
+/// The chaos tests run one at a time: each uses the machine's two cores alone.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+#[test]
+fn sqlite_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let ledger_path = dir.path().join("ledger.db").display().to_string();
+    let ledger = runtime.block_on(async {
+        let ledger = SqliteLedger::open(&ledger_path, Arc::new(SystemClock), Arc::new(OsEntropy)).unwrap();
+        ledger.migrate().await.unwrap();
+        ledger
+    });
+    let target_db = format!("sqlite://{}", dir.path().join("target.db").display());
+    Chaos::new("sqlite", &runtime).run(&ledger, &format!("sqlite://{ledger_path}"), &target_db);
+}
+
+#[test]
+fn mysql_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
+        println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
+        return;
+    };
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = runtime();
+    let admin = MysqlUrl::parse(&admin).expect("LEASEHOLD_TEST_MYSQL_URL");
+    let scratch = runtime
+        .block_on(ScratchDatabase::create(&admin, "lh_chaos_"))
+        .expect("a scratch database");
+    let ledger = runtime.block_on(async {
+        let ledger = MysqlLedger::open(scratch.url(), Arc::new(OsEntropy));
+        ledger.migrate().await.unwrap();
+        ledger
+    });
+    // The target keeps its own tables in the same database.
+    let url = scratch.url().expose();
+    Chaos::new("mysql", &runtime).run(&ledger, &url, &url);
+    drop(ledger);
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A child process whose output is collected, line by line, as it comes.
+struct Proc {
+    id: String,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+    killed: bool,
+    pauses: u32,
+    paused_until: Option<Instant>,
+}
+
+impl Proc {
+    fn spawn(id: &str, args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env_remove("LEASEHOLD_DB")
+            .env_remove("LEASEHOLD_HTTP_ALLOW")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a leasehold process");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        // Drain both pipes from the start: a process whose pipe is full blocks in the
+        // middle of whatever it was doing.
+        let out = child.stdout.take().unwrap();
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let mut err = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Self {
+            id: id.to_owned(),
+            child,
+            lines,
+            stderr,
+            killed: false,
+            pauses: 0,
+            paused_until: None,
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{sig} {}", self.id);
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits (bounded) for the first output line containing `needle`.
+    fn wait_for_line(&self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(line) = self.lines().into_iter().find(|l| l.contains(needle)) {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} printed no line with {needle:?}; stderr: {}",
+                self.id,
+                self.stderr.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        // SIGKILL ends a stopped process too.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What one worker logged about one attempt, in its order.
+#[derive(Debug, Clone, PartialEq)]
+enum Logged {
+    Claimed(u32),
+    Delivered,
+    Refused(String),
+    Abandoned,
+    Failed(String),
+}
+
+/// Reads a worker's log: (attempt, event) in the order printed.
+fn parse_log(id: &str, lines: &[String]) -> Vec<(AttemptId, Logged)> {
+    let prefix = format!("[{id}] ");
+    let mut events = Vec::new();
+    for line in lines {
+        let Some(text) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        if let Some(rest) = text.strip_prefix("claimed attempt ") {
+            let mut words = rest.split_whitespace();
+            let attempt = words.next().unwrap_or_default();
+            let delivery = rest
+                .split_once("(delivery ")
+                .and_then(|(_, d)| d.split([',', ')']).next())
+                .and_then(|d| d.trim().parse().ok())
+                .unwrap_or(0);
+            events.push((AttemptId::new(attempt), Logged::Claimed(delivery)));
+        } else if let Some(rest) = text.strip_prefix("attempt ") {
+            let Some((attempt, what)) = rest.split_once(": ") else {
+                continue;
+            };
+            if attempt.contains(' ') {
+                continue; // a step line: "attempt A step 1/3 …"
+            }
+            let event = if what == "delivered" {
+                Logged::Delivered
+            } else if let Some(reason) = what.strip_prefix("write refused (") {
+                Logged::Refused(reason.trim_end_matches("); stopped work on it").to_owned())
+            } else if what.starts_with("abandoned") {
+                Logged::Abandoned
+            } else if let Some(error) = what.strip_prefix("failed: ") {
+                Logged::Failed(error.to_owned())
+            } else {
+                continue;
+            };
+            events.push((AttemptId::new(attempt), event));
+        }
+    }
+    events
+}
+
+/// A seeded source of the schedule's choices.
+struct Draws(SeededEntropy);
+
+impl Draws {
+    fn below(&self, n: u64) -> u64 {
+        self.0.next_u64() % n.max(1)
+    }
+
+    fn ms(&self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// One backend's run.
+struct Chaos<'a> {
+    backend: &'static str,
+    seed: u64,
+    runtime: &'a tokio::runtime::Runtime,
+}
+
+/// The figures a run prints.
+#[derive(Debug, Default)]
+struct Figures {
+    kills: u32,
+    pauses: u32,
+    workers_started: u32,
+    takeovers: u64,
+    takeovers_logged: u64,
+    claims_unlogged: u64,
+    refusals: u64,
+    refusals_of_paused_workers: u64,
+    abandoned: u64,
+}
+
+impl<'a> Chaos<'a> {
+    fn new(backend: &'static str, runtime: &'a tokio::runtime::Runtime) -> Self {
+        let seed = match std::env::var("LEASEHOLD_CHAOS_SEED") {
+            Ok(s) => s.trim().parse().expect("LEASEHOLD_CHAOS_SEED must be a whole number"),
+            Err(_) => OsEntropy.next_u64(),
+        };
+        let _ = writeln!(
+            std::io::stderr(),
+            "chaos ({backend}): seed {seed} (replay with LEASEHOLD_CHAOS_SEED={seed} cargo test -p leasehold --test chaos)"
+        );
+        Self { backend, seed, runtime }
+    }
+
+    /// Fails the test, naming the backend and the seed that replays it.
+    fn fail(&self, problems: &[String]) -> ! {
+        panic!(
+            "chaos ({}) seed {} — replay with LEASEHOLD_CHAOS_SEED={} cargo test -p leasehold --test chaos:\n{}",
+            self.backend,
+            self.seed,
+            self.seed,
+            problems.join("\n")
+        )
+    }
+
+    fn check(&self, ok: bool, problem: impl FnOnce() -> String) {
+        if !ok {
+            self.fail(&[problem()]);
+        }
+    }
+
+    /// The plan of attempt `n`: three http:v1 steps posting to the target.
+    fn plan(n: usize, target: &str) -> PlanSpec {
+        let steps: Vec<Value> = (1..=STEPS)
+            .map(|s| {
+                json!({
+                    "code": format!("step-{s}"),
+                    "executor": "http:v1",
+                    "payload": {
+                        "url": format!("http://{target}/orders/{n}/{s}"),
+                        "body": Self::body(n, s),
+                        "evidence": ["/id"],
+                        "timeout_ms": 2_000,
+                        "budget_ms": 5_000,
+                    },
+                })
+            })
+            .collect();
+        serde_json::from_value(json!({"name": format!("chaos-{n:03}"), "recovery": "resume", "steps": steps}))
+            .expect("a valid plan")
+    }
+
+    fn body(n: usize, step: usize) -> Value {
+        json!({"order": n, "step": step})
+    }
+
+    fn run<L: Ledger>(&self, ledger: &L, ledger_url: &str, target_url: &str) {
+        let started = Instant::now();
+        let draws = Draws(SeededEntropy::new(self.seed));
+        let target_seed = draws.0.next_u64().to_string();
+        let (fail, drop_reply, delay) = (FAIL_RATE.to_string(), DROP_REPLY_RATE.to_string(), DELAY_MS.to_string());
+        let target = Proc::spawn(
+            "target",
+            &[
+                "--db",
+                target_url,
+                "target",
+                "--listen",
+                "127.0.0.1:0",
+                "--fail-rate",
+                &fail,
+                "--drop-reply-rate",
+                &drop_reply,
+                "--delay-ms",
+                &delay,
+                "--seed",
+                &target_seed,
+            ],
+        );
+        let listening = target.wait_for_line("listening on http://", Duration::from_secs(30));
+        let addr = listening.rsplit("http://").next().unwrap().trim().to_owned();
+
+        // Plans and attempts, through the ledger.
+        let mut attempts = Vec::new();
+        for n in 0..ATTEMPTS {
+            let record = self.runtime.block_on(async {
+                let plan = ledger.register_plan(Self::plan(n, &addr), &["http:v1"]).await.unwrap();
+                ledger.enqueue(&plan.id, Action::Execute).await.unwrap()
+            });
+            attempts.push((n, record.attempt.id));
+        }
+
+        let mut figures = Figures::default();
+        let spawn_worker = |slot: usize, generation: u32| {
+            let id = format!("chaos-w{slot}-g{generation}");
+            Proc::spawn(
+                &id,
+                &[
+                    "--db",
+                    ledger_url,
+                    "worker",
+                    "--id",
+                    &id,
+                    "--lease-secs",
+                    &LEASE_SECS.to_string(),
+                    "--poll-secs",
+                    "1",
+                    "--batch",
+                    "1",
+                    "--step-timeout-secs",
+                    "8",
+                    "--until-idle",
+                    "--http-allow",
+                    &addr,
+                ],
+            )
+        };
+        let mut live: Vec<(Proc, u32)> = (0..WORKERS).map(|slot| (spawn_worker(slot, 0), 0)).collect();
+        figures.workers_started = WORKERS as u32;
+        let mut gone: Vec<Proc> = Vec::new();
+
+        // The safety phase: kill and pause at random, for a bounded window.
+        let open = || self.runtime.block_on(ledger.open_attempts()).unwrap_or(u64::MAX);
+        let chaos_started = Instant::now();
+        let mut next_event = chaos_started + draws.ms(300, 1_200);
+        while chaos_started.elapsed() < CHAOS_WINDOW && open() > 0 {
+            let now = Instant::now();
+            for (worker, _) in &mut live {
+                if worker.paused_until.is_some_and(|until| until <= now) {
+                    worker.signal("CONT");
+                    worker.paused_until = None;
+                }
+            }
+            let wake = live
+                .iter()
+                .filter_map(|(w, _)| w.paused_until)
+                .chain([next_event])
+                .min()
+                .unwrap();
+            if wake > now {
+                // Paces the schedule; nothing waits on this for a result.
+                std::thread::sleep((wake - now).min(Duration::from_millis(200)));
+                continue;
+            }
+            next_event = now + draws.ms(300, 1_200);
+            let slot = draws.below(WORKERS as u64) as usize;
+            let kill = draws.below(2) == 0;
+            let pause_for = draws.ms(LEASE_SECS * 1_000 + 500, LEASE_SECS * 1_000 + 2_000);
+            let (worker, generation) = &mut live[slot];
+            if worker.paused_until.is_some() || !worker.running() {
+                continue;
+            }
+            if kill {
+                worker.signal("KILL");
+                let _ = worker.child.wait();
+                worker.killed = true;
+                figures.kills += 1;
+                *generation += 1;
+                let replacement = spawn_worker(slot, *generation);
+                figures.workers_started += 1;
+                gone.push(std::mem::replace(worker, replacement));
+            } else {
+                worker.signal("STOP");
+                worker.pauses += 1;
+                worker.paused_until = Some(Instant::now() + pause_for);
+                figures.pauses += 1;
+            }
+        }
+        let chaos_elapsed = chaos_started.elapsed();
+
+        // The liveness phase: no more faults but the target's; everything converges.
+        for (worker, _) in &mut live {
+            if worker.paused_until.take().is_some() {
+                worker.signal("CONT");
+            }
+        }
+        let deadline = Instant::now() + LIVENESS_DEADLINE;
+        while open() > 0 {
+            self.check(Instant::now() < deadline, || {
+                format!(
+                    "{} attempts still open {LIVENESS_DEADLINE:?} after the faults stopped",
+                    open()
+                )
+            });
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for (worker, _) in &mut live {
+            while worker.running() {
+                self.check(Instant::now() < deadline, || {
+                    format!("worker {} did not exit once idle", worker.id)
+                });
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let status = worker.child.wait().unwrap();
+            self.check(status.success(), || {
+                format!(
+                    "worker {} exited {status}: {}",
+                    worker.id,
+                    worker.stderr.lock().unwrap()
+                )
+            });
+        }
+        let mut workers = gone;
+        workers.extend(live.into_iter().map(|(w, _)| w));
+
+        let records: Vec<(usize, AttemptRecord)> = attempts
+            .iter()
+            .map(|(n, id)| (*n, self.runtime.block_on(ledger.attempt(id)).unwrap()))
+            .collect();
+        let effects = self.effects(&addr);
+        self.check_ledger(&records);
+        self.check_effects(&records, &effects);
+        self.check_takeovers(&records, &workers, &mut figures);
+        self.check_receipts(&records, &addr, &effects);
+
+        let keys = records.iter().map(|(_, r)| r.receipts.len()).sum::<usize>();
+        let once = effects.by_key.values().filter(|n| **n == 1).count();
+        let _ = writeln!(
+            std::io::stderr(),
+            "chaos ({}) seed {}: {ATTEMPTS} attempts of {STEPS} http:v1 steps SUCCEEDED; \
+             {} worker processes ({} kills, {} pauses past the {LEASE_SECS} s lease); \
+             target: {} dropped replies, {} injected 503s, {} replays, {} 409s; \
+             {} takeovers ({} logged, {} claims lost with a killed worker's log), \
+             {} stale-token refusals ({} after a pause), {} abandoned leases; \
+             keys applied once: {once}/{keys}; faults for {:.1} s, total {:.1} s",
+            self.backend,
+            self.seed,
+            figures.workers_started,
+            figures.kills,
+            figures.pauses,
+            effects.faults.dropped_replies,
+            effects.faults.failed,
+            effects.replays,
+            effects.conflicts,
+            figures.takeovers,
+            figures.takeovers_logged,
+            figures.claims_unlogged,
+            figures.refusals,
+            figures.refusals_of_paused_workers,
+            figures.abandoned,
+            chaos_elapsed.as_secs_f64(),
+            started.elapsed().as_secs_f64(),
+        );
+        self.check(figures.kills >= 1 && figures.pauses >= 1, || {
+            format!("the schedule injected too little to prove anything: {figures:?}")
+        });
+        self.check(effects.faults.dropped_replies >= 1, || {
+            format!("the target dropped no reply: {effects:?}")
+        });
+        target.signal("TERM");
+    }
+
+    fn effects(&self, addr: &str) -> Effects {
+        self.runtime.block_on(async {
+            let body = reqwest::get(format!("http://{addr}/effects"))
+                .await
+                .expect("GET /effects")
+                .bytes()
+                .await
+                .unwrap();
+            serde_json::from_slice(&body).expect("effects JSON")
+        })
+    }
+
+    /// Every attempt SUCCEEDED, its command DELIVERED, every receipt SUCCEEDED.
+    fn check_ledger(&self, records: &[(usize, AttemptRecord)]) {
+        let mut problems = Vec::new();
+        for (_, r) in records {
+            if r.attempt.status != AttemptStatus::Succeeded || r.command.status != CommandStatus::Delivered {
+                problems.push(format!(
+                    "attempt {} is {} (command {}): {:?} / {:?}",
+                    r.attempt.id, r.attempt.status, r.command.status, r.attempt.error, r.command.last_error
+                ));
+            }
+            for receipt in &r.receipts {
+                if receipt.status != ReceiptStatus::Succeeded {
+                    problems.push(format!(
+                        "attempt {} step {} is {}: {:?}",
+                        r.attempt.id, receipt.step_code, receipt.status, receipt.error
+                    ));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            self.fail(&problems);
+        }
+    }
+
+    /// The target applied each of the ledger's keys exactly once, and nothing else.
+    fn check_effects(&self, records: &[(usize, AttemptRecord)], effects: &Effects) {
+        let keys: BTreeSet<&str> = records
+            .iter()
+            .flat_map(|(_, r)| r.receipts.iter().map(|x| x.idempotency_key.as_str()))
+            .collect();
+        let applied: BTreeSet<&str> = effects.by_key.keys().map(String::as_str).collect();
+        let mut problems = Vec::new();
+        if keys != applied {
+            problems.push(format!(
+                "keys the ledger holds but the target never applied: {:?}; applied but unknown to the ledger: {:?}",
+                keys.difference(&applied).collect::<Vec<_>>(),
+                applied.difference(&keys).collect::<Vec<_>>()
+            ));
+        }
+        for (key, n) in &effects.by_key {
+            if *n != 1 {
+                problems.push(format!("key {key} was applied {n} times"));
+            }
+        }
+        if effects.effects != keys.len() as u64 || effects.keys != keys.len() as u64 || effects.in_progress != 0 {
+            problems.push(format!(
+                "the target holds {} keys done, {} in progress, {} effects for {} keys",
+                effects.keys,
+                effects.in_progress,
+                effects.effects,
+                keys.len()
+            ));
+        }
+        if !problems.is_empty() {
+            self.fail(&problems);
+        }
+    }
+
+    /// `delivery_count` = 1 + takeovers, each takeover accounted for by the logs.
+    fn check_takeovers(&self, records: &[(usize, AttemptRecord)], workers: &[Proc], figures: &mut Figures) {
+        // Per attempt: (worker index, event) in each worker's order.
+        let mut logged: BTreeMap<AttemptId, Vec<(usize, Logged)>> = BTreeMap::new();
+        for (w, worker) in workers.iter().enumerate() {
+            for (attempt, event) in parse_log(&worker.id, &worker.lines()) {
+                logged.entry(attempt).or_default().push((w, event));
+            }
+        }
+        let mut problems = Vec::new();
+        for (_, r) in records {
+            let attempt = &r.attempt.id;
+            let count = r.command.delivery_count;
+            let events = logged.get(attempt).cloned().unwrap_or_default();
+            figures.takeovers += u64::from(count.saturating_sub(1));
+            let claims: Vec<(usize, u32)> = events
+                .iter()
+                .filter_map(|(w, e)| match e {
+                    Logged::Claimed(d) => Some((*w, *d)),
+                    _ => None,
+                })
+                .collect();
+            let deliveries: BTreeSet<u32> = claims.iter().map(|(_, d)| *d).collect();
+            if deliveries.len() != claims.len() || deliveries.iter().any(|d| *d == 0 || *d > count) {
+                problems.push(format!(
+                    "attempt {attempt}: claims {claims:?} do not fit delivery_count {count}"
+                ));
+            }
+            figures.takeovers_logged += claims.iter().filter(|(_, d)| *d >= 2).count() as u64;
+            figures.claims_unlogged += u64::from(count) - deliveries.len() as u64;
+            let owner = r.command.lease_owner.as_deref().unwrap_or_default();
+            let last = claims.iter().find(|(_, d)| *d == count);
+            if last.map(|(w, _)| workers[*w].id.as_str()) != Some(owner) {
+                problems.push(format!(
+                    "attempt {attempt}: delivery {count} (the last) was not logged by its lease owner {owner}: {claims:?}"
+                ));
+            }
+            let deliverers: Vec<&str> = events
+                .iter()
+                .filter(|(_, e)| *e == Logged::Delivered)
+                .map(|(w, _)| workers[*w].id.as_str())
+                .collect();
+            if deliverers != [owner] {
+                problems.push(format!(
+                    "attempt {attempt}: logged as delivered by {deliverers:?}, lease owner {owner}"
+                ));
+            }
+            for (w, delivery) in claims.iter().filter(|(_, d)| *d < count) {
+                // This holder's lease was lost: it was killed, or it said it let go.
+                let worker = &workers[*w];
+                let let_go = events
+                    .iter()
+                    .any(|(x, e)| x == w && matches!(e, Logged::Abandoned | Logged::Refused(_)));
+                if !worker.killed && !let_go {
+                    problems.push(format!(
+                        "attempt {attempt}: delivery {delivery} by {} was taken over, yet that worker was \
+                         neither killed nor logged losing its lease",
+                        worker.id
+                    ));
+                }
+            }
+            let stale = format!("command {} is not held by this lease", r.command.id);
+            for (w, event) in &events {
+                match event {
+                    Logged::Refused(reason) => {
+                        figures.refusals += 1;
+                        if workers[*w].pauses > 0 {
+                            figures.refusals_of_paused_workers += 1;
+                        }
+                        if *reason != stale {
+                            problems.push(format!(
+                                "attempt {attempt}: {} was refused with {reason:?}, not the stale-token refusal",
+                                workers[*w].id
+                            ));
+                        }
+                    }
+                    Logged::Abandoned => figures.abandoned += 1,
+                    Logged::Failed(error) => problems.push(format!(
+                        "attempt {attempt}: {} logged a failure: {error}",
+                        workers[*w].id
+                    )),
+                    Logged::Claimed(_) | Logged::Delivered => {}
+                }
+            }
+        }
+        if figures.claims_unlogged > u64::from(figures.kills) {
+            problems.push(format!(
+                "{} claims appear in no log, more than the {} kills could explain",
+                figures.claims_unlogged, figures.kills
+            ));
+        }
+        if !problems.is_empty() {
+            self.fail(&problems);
+        }
+    }
+
+    /// Every receipt is what the target stored for its key: asked again as a sender
+    /// would (same key, same body), the target replays, and applies nothing more.
+    fn check_receipts(&self, records: &[(usize, AttemptRecord)], addr: &str, before: &Effects) {
+        let asks: Vec<(String, Value)> = records
+            .iter()
+            .flat_map(|(n, r)| {
+                r.receipts
+                    .iter()
+                    .map(move |x| (x.idempotency_key.clone(), Self::body(*n, x.ordinal as usize)))
+            })
+            .collect();
+        let stored: BTreeMap<String, Result<Value, String>> = self.runtime.block_on(async {
+            let client = reqwest::Client::new();
+            let mut tasks = tokio::task::JoinSet::new();
+            for (key, body) in asks {
+                let (client, url) = (client.clone(), format!("http://{addr}/orders"));
+                tasks.spawn(async move {
+                    let body = leasehold::engine::canonical::canonical_json(&body);
+                    // The target still fails some requests (503): ask again.
+                    for _ in 0..50 {
+                        let Ok(response) = client
+                            .post(&url)
+                            .header("idempotency-key", &key)
+                            .body(body.clone())
+                            .send()
+                            .await
+                        else {
+                            continue;
+                        };
+                        if response.status() == 503 {
+                            continue;
+                        }
+                        let replayed = response
+                            .headers()
+                            .get("idempotent-replayed")
+                            .is_some_and(|v| v == "true");
+                        let status = response.status();
+                        let text = response.text().await.unwrap_or_default();
+                        return (
+                            key,
+                            if status == 201 && replayed {
+                                serde_json::from_str(&text).map_err(|e| e.to_string())
+                            } else {
+                                Err(format!("answered {status} (replayed: {replayed}): {text}"))
+                            },
+                        );
+                    }
+                    (key, Err("no answer but 503 in 50 tries".to_owned()))
+                });
+            }
+            let mut stored = BTreeMap::new();
+            while let Some(done) = tasks.join_next().await {
+                let (key, value) = done.unwrap();
+                stored.insert(key, value);
+            }
+            stored
+        });
+        let mut problems = Vec::new();
+        for (_, r) in records {
+            for receipt in &r.receipts {
+                let key = &receipt.idempotency_key;
+                let stored = match &stored[key] {
+                    Ok(v) => v,
+                    Err(e) => {
+                        problems.push(format!("key {key}: the target did not replay it: {e}"));
+                        continue;
+                    }
+                };
+                let parse = |text: &Option<String>| -> Value {
+                    text.as_deref()
+                        .and_then(|t| serde_json::from_str(t).ok())
+                        .unwrap_or(Value::Null)
+                };
+                let expected_receipt = json!({"idempotency_key": key, "id": stored["id"]});
+                if parse(&receipt.target_receipt) != expected_receipt {
+                    problems.push(format!(
+                        "key {key}: target receipt {:?} is not the target's stored response {stored}",
+                        receipt.target_receipt
+                    ));
+                }
+                if parse(&receipt.evidence) != json!({"status": 201, "fields": {"/id": stored["id"]}}) {
+                    problems.push(format!(
+                        "key {key}: evidence {:?} is not the target's stored response {stored}",
+                        receipt.evidence
+                    ));
+                }
+                let digest = receipt.evidence.as_deref().map(|e| sha256_hex(e.as_bytes()));
+                if digest.is_none() || digest != receipt.evidence_sha256 {
+                    problems.push(format!("key {key}: evidence does not match its SHA-256"));
+                }
+            }
+        }
+        let after = self.effects(addr);
+        if after.by_key != before.by_key || after.effects != before.effects {
+            problems.push("asking again applied something".to_owned());
+        }
+        if !problems.is_empty() {
+            self.fail(&problems);
+        }
+    }
+}
