@@ -155,10 +155,10 @@ struct TargetArgs {
     listen: String,
     /// The share of first applications whose connection is closed without a reply,
     /// after the effect is committed (0 to 1).
-    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    #[arg(long, value_name = "R", default_value_t = 0.0, allow_negative_numbers = true)]
     drop_reply_rate: f64,
     /// The share of deliveries answered 503 before anything is done (0 to 1).
-    #[arg(long, value_name = "R", default_value_t = 0.0)]
+    #[arg(long, value_name = "R", default_value_t = 0.0, allow_negative_numbers = true)]
     fail_rate: f64,
     /// Milliseconds a first request works while it holds its key (a repeat then gets
     /// 409), and a replay waits before it is answered (at most 60000).

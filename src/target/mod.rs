@@ -219,7 +219,11 @@ pub async fn open_and_serve(
     match db {
         DbUrl::Sqlite(path) => {
             let store = sqlite::SqliteStore::open(path)?;
-            on_ready(&format!("sqlite://{path}"));
+            if path == ":memory:" {
+                on_ready("sqlite::memory: (not durable: every key is forgotten when the target stops)");
+            } else {
+                on_ready(&format!("sqlite://{path}"));
+            }
             Target::new(store, faults)
                 .serve(listener, shutdown)
                 .await

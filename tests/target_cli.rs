@@ -1,0 +1,173 @@
+//! `leasehold target` as a process: it prints where it listens and where its keys
+//! are, serves until SIGTERM and exits 0, keeps its keys across a restart, refuses
+//! bad flags with exit 2 naming the flag, and never prints a database password.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+fn leasehold(args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command.args(args).env_remove("LEASEHOLD_DB");
+    command
+}
+
+/// A running `leasehold target` and its first two lines.
+struct Running {
+    child: Child,
+    addr: String,
+    banner: String,
+    _lines: Receiver<String>,
+}
+
+impl Running {
+    fn start(db: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["--db", db, "target", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let mut child = leasehold(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let wait = Duration::from_secs(30);
+        let first = lines.recv_timeout(wait).expect("the target printed where it listens");
+        let banner = lines
+            .recv_timeout(wait)
+            .expect("the target printed its store and faults");
+        let addr = first
+            .strip_prefix("leasehold target listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_owned();
+        Self {
+            child,
+            addr,
+            banner,
+            _lines: lines,
+        }
+    }
+
+    fn post(&self, key: &str) -> (u16, bool, String) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let response = reqwest::Client::new()
+                .post(format!("http://{}/orders", self.addr))
+                .header("idempotency-key", key)
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let replayed = response.headers().get("idempotent-replayed").is_some();
+            (response.status().as_u16(), replayed, response.text().await.unwrap())
+        })
+    }
+
+    /// SIGTERM, then the exit status (bounded wait).
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        for _ in 0..300 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        panic!("the target did not stop within 15 s of SIGTERM");
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn it_serves_until_sigterm_and_its_keys_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("keys.db").display());
+    let first = Running::start(&db, &["--seed", "7", "--delay-ms", "5"]);
+    assert_eq!(
+        first.banner,
+        format!("keys in {db}; faults: fail-rate 0, drop-reply-rate 0, delay 5 ms, seed 7")
+    );
+    let (status, replayed, body) = first.post("ik-cli");
+    assert_eq!((status, replayed), (201, false), "{body}");
+    assert!(first.terminate().success());
+
+    let second = Running::start(&db, &[]);
+    assert!(
+        second.banner.contains("seed "),
+        "a random seed is printed: {}",
+        second.banner
+    );
+    let again = second.post("ik-cli");
+    assert_eq!(again, (201, true, body), "the stored response, after a restart");
+    assert!(second.terminate().success());
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--fail-rate", "1.5"],
+            "error: --fail-rate 1.5: must be a rate between 0 and 1",
+        ),
+        (
+            &["--drop-reply-rate", "-0.1"],
+            "error: --drop-reply-rate -0.1: must be a rate between 0 and 1",
+        ),
+        (
+            &["--listen", "not-an-address"],
+            "error: --listen not-an-address: cannot listen there",
+        ),
+        (&["--fail-rate", "often"], "--fail-rate"),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec!["--db", "sqlite::memory:", "target"];
+        args.extend_from_slice(flags);
+        let out = leasehold(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+}
+
+#[test]
+fn an_unreachable_mysql_store_is_named_without_its_password() {
+    let out = leasehold(&[
+        "--db",
+        "mysql://app:s3cr%40t-pw@127.0.0.1:1/keys?connect_timeout_ms=2000",
+        "target",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: target store unavailable: mysql at mysql://app:***@127.0.0.1:1/keys"),
+        "{stderr}"
+    );
+    for secret in ["s3cr", "%40t", "t-pw"] {
+        assert!(!stderr.contains(secret), "{secret:?} shown in {stderr}");
+    }
+    assert!(out.stdout.is_empty(), "nothing is printed before the store is open");
+}
