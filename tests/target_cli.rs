@@ -171,3 +171,57 @@ fn an_unreachable_mysql_store_is_named_without_its_password() {
     }
     assert!(out.stdout.is_empty(), "nothing is printed before the store is open");
 }
+
+#[test]
+fn the_shipped_http_plan_is_delivered_to_the_target_twice_and_the_gate_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Running::start(
+        &format!("sqlite://{}", dir.path().join("target.db").display()),
+        &["--drop-reply-rate", "0.5", "--fail-rate", "0.3", "--seed", "11"],
+    );
+    // The plan as shipped, aimed at this target's port instead of 8080.
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/plans/http.toml")).unwrap();
+    assert!(
+        shipped.contains("http://127.0.0.1:8080/"),
+        "the plan targets the default address"
+    );
+    let plan = dir.path().join("http.toml");
+    std::fs::write(&plan, shipped.replace("127.0.0.1:8080", &target.addr)).unwrap();
+    let ledger = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let ok = |args: &[&str]| {
+        let mut all = vec!["--db", ledger.as_str()];
+        all.extend_from_slice(args);
+        let out = leasehold(&all).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    ok(&["migrate"]);
+    ok(&["plan", "add", plan.to_str().unwrap()]);
+    for _ in 0..2 {
+        ok(&["enqueue", "push-order"]);
+        let report = ok(&["worker", "--until-idle", "--http-allow", &target.addr]);
+        assert!(report.contains("delivered 1, failed 0"), "{report}");
+    }
+    let gate = ok(&["gate", "push-order"]);
+    assert!(gate.starts_with("PASS"), "{gate}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let effects: leasehold::target::Effects = runtime.block_on(async {
+        let body = reqwest::get(format!("http://{}/effects", target.addr))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    });
+    assert_eq!((effects.keys, effects.effects), (4, 4), "{effects:?}");
+    assert!(effects.by_key.values().all(|n| *n == 1), "{effects:?}");
+    assert!(target.terminate().success());
+}
