@@ -169,12 +169,18 @@ impl Proc {
     }
 
     fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
+        assert!(self.try_signal(sig), "kill -{sig} {}", self.id);
+    }
+
+    /// Sends `sig`; `false` when the process is gone (it exited on its own).
+    fn try_signal(&self, sig: &str) -> bool {
+        Command::new("kill")
             .arg(format!("-{sig}"))
             .arg(self.child.id().to_string())
+            .stderr(Stdio::null())
             .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{sig} {}", self.id);
+            .expect("run kill")
+            .success()
     }
 
     fn running(&mut self) -> bool {
@@ -420,6 +426,9 @@ impl<'a> Chaos<'a> {
         let open = || self.runtime.block_on(ledger.open_attempts()).unwrap_or(u64::MAX);
         let chaos_started = Instant::now();
         let mut next_event = chaos_started + draws.ms(300, 1_200);
+        // The first two events are a kill and a pause, in the seed's order; then any.
+        let mut events = 0u32;
+        let first_kill = draws.below(2) == 0;
         while chaos_started.elapsed() < CHAOS_WINDOW && open() > 0 {
             let now = Instant::now();
             for (worker, _) in &mut live {
@@ -441,14 +450,22 @@ impl<'a> Chaos<'a> {
             }
             next_event = now + draws.ms(300, 1_200);
             let slot = draws.below(WORKERS as u64) as usize;
-            let kill = draws.below(2) == 0;
+            let any_kill = draws.below(2) == 0;
             let pause_for = draws.ms(LEASE_SECS * 1_000 + 500, LEASE_SECS * 1_000 + 2_000);
+            let kill = match events {
+                0 => first_kill,
+                1 => !first_kill,
+                _ => any_kill,
+            };
             let (worker, generation) = &mut live[slot];
             if worker.paused_until.is_some() || !worker.running() {
                 continue;
             }
+            if !worker.try_signal(if kill { "KILL" } else { "STOP" }) {
+                continue; // it exited on its own since it was looked at
+            }
+            events += 1;
             if kill {
-                worker.signal("KILL");
                 let _ = worker.child.wait();
                 worker.killed = true;
                 figures.kills += 1;
@@ -457,7 +474,6 @@ impl<'a> Chaos<'a> {
                 figures.workers_started += 1;
                 gone.push(std::mem::replace(worker, replacement));
             } else {
-                worker.signal("STOP");
                 worker.pauses += 1;
                 worker.paused_until = Some(Instant::now() + pause_for);
                 figures.pauses += 1;
@@ -500,11 +516,24 @@ impl<'a> Chaos<'a> {
         let mut workers = gone;
         workers.extend(live.into_iter().map(|(w, _)| w));
 
+        let effects = self.effects(&addr);
+        let _ = writeln!(
+            std::io::stderr(),
+            "chaos ({}) seed {}: injected {} kills and {} pauses into {} worker processes over {:.1} s; \
+             the target dropped {} replies and failed {} requests",
+            self.backend,
+            self.seed,
+            figures.kills,
+            figures.pauses,
+            figures.workers_started,
+            chaos_elapsed.as_secs_f64(),
+            effects.faults.dropped_replies,
+            effects.faults.failed,
+        );
         let records: Vec<(usize, AttemptRecord)> = attempts
             .iter()
             .map(|(n, id)| (*n, self.runtime.block_on(ledger.attempt(id)).unwrap()))
             .collect();
-        let effects = self.effects(&addr);
         self.check_ledger(&records);
         self.check_effects(&records, &effects);
         self.check_takeovers(&records, &workers, &mut figures);
