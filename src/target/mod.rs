@@ -46,7 +46,7 @@ pub mod mysql;
 mod server;
 pub mod sqlite;
 
-pub use server::{Faults, Target};
+pub use server::{Faults, Target, MAX_DELAY};
 
 use crate::ledger::DbUrl;
 use serde::Serialize;
