@@ -12,5 +12,7 @@ pub mod entropy;
 pub mod executor;
 pub mod ledger;
 pub mod report;
+pub mod serve;
 pub mod text;
+pub mod tokens;
 pub mod worker;
