@@ -98,8 +98,20 @@ fn screenshot_dir() -> PathBuf {
     dir
 }
 
+/// Saves a screenshot of the whole page (the window grown to the page's height,
+/// then put back).
 async fn shot(client: &Client, name: &str) {
+    let (width, height) = client.get_window_size().await.expect("window size");
+    let (width, height) = (u32::try_from(width).unwrap_or(1280), u32::try_from(height).unwrap_or(900));
+    let page = js(client, "return document.documentElement.scrollHeight;").await.as_u64().unwrap_or(0);
+    let tall = u32::try_from(page).unwrap_or(u32::MAX).saturating_add(100).min(4000);
+    if tall > height {
+        client.set_window_size(width, tall).await.expect("grow the window");
+    }
     let png = client.screenshot().await.expect("screenshot");
+    if tall > height {
+        client.set_window_size(width, height).await.expect("restore the window");
+    }
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
     std::fs::write(screenshot_dir().join(format!("{name}.png")), png).expect("write screenshot");
 }
@@ -125,7 +137,11 @@ async fn wait_for_text(client: &Client, selector: &str, text: &str) {
 async fn wait_for_url(client: &Client, part: &str) {
     let deadline = Instant::now() + WAIT;
     while !client.current_url().await.expect("url").as_str().contains(part) {
-        assert!(Instant::now() < deadline, "the URL never contained {part:?}");
+        if Instant::now() > deadline {
+            let url = client.current_url().await.expect("url");
+            let text = js(client, "return document.body.innerText;").await;
+            panic!("the URL never contained {part:?}: at {url}, showing {text}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -153,13 +169,14 @@ async fn the_console_works_in_a_real_browser() {
     let base = server.base.clone();
     // A plan with two delivered attempts: comparison and gate have something to show.
     let payments = server.plan("payments", 2).await;
-    for _ in 0..2 {
+    // The second delivered a different amount: the comparison drifts and the gate blocks.
+    for amount in [42, 43] {
         server.enqueue(&payments).await;
         let c = server.claim(60_000).await;
         for ordinal in 1..=2 {
             server
                 .ledger
-                .complete_and_continue(&c.lease, ordinal, &json!({"amount": 42, "step": ordinal}), &json!({}), 60_000)
+                .complete_and_continue(&c.lease, ordinal, &json!({"amount": amount, "step": ordinal}), &json!({}), 60_000)
                 .await
                 .unwrap();
         }
@@ -251,11 +268,10 @@ async fn the_console_works_in_a_real_browser() {
     }
 
     // Reconcile an expired lease, from the keyboard, and see it requeued.
-    let expiring = server.plan("expiring", 1).await;
-    let expired = server.enqueue(&expiring).await.attempt.id;
+    // (The claim takes the oldest claimable command: the QUEUED "invoices" attempt.)
     let mut claimed = server.ledger.claim_and_begin("gone-worker", 1, 200).await.unwrap();
     assert_eq!(claimed.len(), 1);
-    let _gone = claimed.remove(0);
+    let expired = claimed.remove(0).lease.attempt_id;
     let id = expired.clone();
     wait_until("the lease to expire", WAIT, || async {
         let r = server.ledger.attempt(&id).await.unwrap();
@@ -283,12 +299,16 @@ async fn the_console_works_in_a_real_browser() {
     client.goto(&format!("{base}/plans/{}", payments.id)).await.unwrap();
     let order = js(&client, "return Array.from(document.querySelectorAll('main h2')).map(h => h.id);").await;
     assert_eq!(order, json!(["gate", "history", "compare"]));
-    wait_for_text(&client, "#gate", "Release gate PASS").await;
+    wait_for_text(&client, "#gate", "Release gate BLOCK").await;
+    wait_for_text(&client, "main table", "matches-baseline").await;
     shot(&client, "plan").await;
     client.form(Locator::Css("form[action$='/compare']")).await.unwrap().submit().await.unwrap();
     wait_for_url(&client, "/compare?").await;
-    wait_for_text(&client, "main h1", "Comparison").await;
-    wait_for_text(&client, "main", "Differences, field by field").await;
+    wait_for_text(&client, "main h1", "Comparison DRIFT").await;
+    let fields = js(&client, "return Array.from(document.querySelectorAll('main table')[1].querySelectorAll('tbody tr')).map(r => [r.cells[0].textContent, r.cells[2].textContent, r.cells[3].textContent]);").await;
+    let fields: Vec<(String, String, String)> = serde_json::from_value(fields).unwrap();
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    assert!(fields.iter().all(|(path, l, r)| path.ends_with("/evidence/amount") && l == "42" && r == "43"), "{fields:?}");
     shot(&client, "comparison").await;
     client.goto(&format!("{base}/plans/{}/gate", payments.id)).await.unwrap();
     wait_for_text(&client, "main h1", "Release gate").await;
