@@ -153,7 +153,10 @@ impl fmt::Display for WorkerEvent {
                 Outcome::Abandoned(r) => write!(f, "attempt {attempt}: abandoned: {r}"),
             },
             WorkerEvent::HeartbeatFailed { attempt, error } => {
-                write!(f, "attempt {attempt}: heartbeat failed ({error}); retrying while the lease lasts")
+                write!(
+                    f,
+                    "attempt {attempt}: heartbeat failed ({error}); retrying while the lease lasts"
+                )
             }
             WorkerEvent::LedgerUnavailable { error, retry_in_ms } => {
                 write!(f, "ledger unavailable ({error}); retrying in {retry_in_ms} ms")

@@ -102,8 +102,14 @@ fn screenshot_dir() -> PathBuf {
 /// then put back).
 async fn shot(client: &Client, name: &str) {
     let (width, height) = client.get_window_size().await.expect("window size");
-    let (width, height) = (u32::try_from(width).unwrap_or(1280), u32::try_from(height).unwrap_or(900));
-    let page = js(client, "return document.documentElement.scrollHeight;").await.as_u64().unwrap_or(0);
+    let (width, height) = (
+        u32::try_from(width).unwrap_or(1280),
+        u32::try_from(height).unwrap_or(900),
+    );
+    let page = js(client, "return document.documentElement.scrollHeight;")
+        .await
+        .as_u64()
+        .unwrap_or(0);
     let tall = u32::try_from(page).unwrap_or(u32::MAX).saturating_add(100).min(4000);
     if tall > height {
         client.set_window_size(width, tall).await.expect("grow the window");
@@ -156,7 +162,12 @@ async fn log_in(client: &Client, base: &str, token: &str) {
 
 /// No horizontal scrolling of the page itself (wide tables scroll in their region).
 async fn fits_the_width(client: &Client) -> bool {
-    js(client, "return document.documentElement.scrollWidth <= window.innerWidth + 1;").await == json!(true)
+    js(
+        client,
+        "return document.documentElement.scrollWidth <= window.innerWidth + 1;",
+    )
+    .await
+        == json!(true)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,7 +187,13 @@ async fn the_console_works_in_a_real_browser() {
         for ordinal in 1..=2 {
             server
                 .ledger
-                .complete_and_continue(&c.lease, ordinal, &json!({"amount": amount, "step": ordinal}), &json!({}), 60_000)
+                .complete_and_continue(
+                    &c.lease,
+                    ordinal,
+                    &json!({"amount": amount, "step": ordinal}),
+                    &json!({}),
+                    60_000,
+                )
                 .await
                 .unwrap();
         }
@@ -208,8 +225,17 @@ async fn the_console_works_in_a_real_browser() {
         running_badge.css_value("color").await.unwrap(),
         queued_badge.css_value("color").await.unwrap()
     );
-    let counts = client.find(Locator::Css(".counts")).await.unwrap().text().await.unwrap();
-    assert!(counts.contains("SUCCEEDED 2") && counts.contains("RUNNING 1") && counts.contains("QUEUED 1"), "{counts}");
+    let counts = client
+        .find(Locator::Css(".counts"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        counts.contains("SUCCEEDED 2") && counts.contains("RUNNING 1") && counts.contains("QUEUED 1"),
+        "{counts}"
+    );
     shot(&client, "attempts").await;
 
     // A RUNNING attempt updates in place: no reload.
@@ -235,18 +261,33 @@ async fn the_console_works_in_a_real_browser() {
         assert!(Instant::now() < deadline, "step 1 never showed SUCCEEDED: {s:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(js(&client, "return window.__noReload || null;").await, json!("still here"));
-    assert!(client.find(Locator::Css("a.button.abort")).await.is_ok(), "an operator may abort an open attempt");
-    assert!(client.find(Locator::Css("a.button.reconcile")).await.is_err(), "no reconcile while the lease is live");
+    assert_eq!(
+        js(&client, "return window.__noReload || null;").await,
+        json!("still here")
+    );
+    assert!(
+        client.find(Locator::Css("a.button.abort")).await.is_ok(),
+        "an operator may abort an open attempt"
+    );
+    assert!(
+        client.find(Locator::Css("a.button.reconcile")).await.is_err(),
+        "no reconcile while the lease is live"
+    );
     shot(&client, "attempt-running").await;
 
     // Pausing stops the polling; a hidden tab polls not at all.
     let toggle = client.find(Locator::Id("live-toggle")).await.unwrap();
     toggle.click().await.unwrap();
     assert_eq!(toggle.attr("aria-pressed").await.unwrap().as_deref(), Some("true"));
-    assert_eq!(js(&client, "return document.documentElement.dataset.livePolling;").await, json!("false"));
+    assert_eq!(
+        js(&client, "return document.documentElement.dataset.livePolling;").await,
+        json!("false")
+    );
     toggle.click().await.unwrap();
-    assert_eq!(js(&client, "return document.documentElement.dataset.livePolling;").await, json!("true"));
+    assert_eq!(
+        js(&client, "return document.documentElement.dataset.livePolling;").await,
+        json!("true")
+    );
     js(
         &client,
         "window.__hidden = []; document.addEventListener('visibilitychange', function () { \
@@ -281,7 +322,13 @@ async fn the_console_works_in_a_real_browser() {
     client.goto(&format!("{base}/attempts/{expired}")).await.unwrap();
     wait_for_text(&client, "#live", "expired").await;
     shot(&client, "attempt-expired").await;
-    client.find(Locator::Css("a.button.reconcile")).await.unwrap().click().await.unwrap();
+    client
+        .find(Locator::Css("a.button.reconcile"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     wait_for_url(&client, "/confirm?action=reconcile").await;
     shot(&client, "confirm-reconcile").await;
     // The confirmation button has the focus: Enter confirms.
@@ -297,34 +344,65 @@ async fn the_console_works_in_a_real_browser() {
 
     // The plan page: gate checks first, then the evidence history, then comparison.
     client.goto(&format!("{base}/plans/{}", payments.id)).await.unwrap();
-    let order = js(&client, "return Array.from(document.querySelectorAll('main h2')).map(h => h.id);").await;
+    let order = js(
+        &client,
+        "return Array.from(document.querySelectorAll('main h2')).map(h => h.id);",
+    )
+    .await;
     assert_eq!(order, json!(["gate", "history", "compare"]));
     wait_for_text(&client, "#gate", "Release gate BLOCK").await;
     wait_for_text(&client, "main table", "matches-baseline").await;
     shot(&client, "plan").await;
-    client.form(Locator::Css("form[action$='/compare']")).await.unwrap().submit().await.unwrap();
+    client
+        .form(Locator::Css("form[action$='/compare']"))
+        .await
+        .unwrap()
+        .submit()
+        .await
+        .unwrap();
     wait_for_url(&client, "/compare?").await;
     wait_for_text(&client, "main h1", "Comparison DRIFT").await;
     let fields = js(&client, "return Array.from(document.querySelectorAll('main table')[1].querySelectorAll('tbody tr')).map(r => [r.cells[0].textContent, r.cells[2].textContent, r.cells[3].textContent]);").await;
     let fields: Vec<(String, String, String)> = serde_json::from_value(fields).unwrap();
     assert_eq!(fields.len(), 2, "{fields:?}");
-    assert!(fields.iter().all(|(path, l, r)| path.ends_with("/evidence/amount") && l == "42" && r == "43"), "{fields:?}");
+    assert!(
+        fields
+            .iter()
+            .all(|(path, l, r)| path.ends_with("/evidence/amount") && l == "42" && r == "43"),
+        "{fields:?}"
+    );
     shot(&client, "comparison").await;
-    client.goto(&format!("{base}/plans/{}/gate", payments.id)).await.unwrap();
+    client
+        .goto(&format!("{base}/plans/{}/gate", payments.id))
+        .await
+        .unwrap();
     wait_for_text(&client, "main h1", "Release gate").await;
-    let order = js(&client, "return Array.from(document.querySelectorAll('main h2')).map(h => h.id);").await;
+    let order = js(
+        &client,
+        "return Array.from(document.querySelectorAll('main h2')).map(h => h.id);",
+    )
+    .await;
     assert_eq!(order[0], json!("checks"));
     shot(&client, "gate").await;
     client.goto(&format!("{base}/plans")).await.unwrap();
     shot(&client, "plans").await;
 
     // A viewer sees no action, even on an open attempt.
-    client.find(Locator::Css("form[action='/logout'] button")).await.unwrap().click().await.unwrap();
+    client
+        .find(Locator::Css("form[action='/logout'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     wait_for_url(&client, "/login").await;
     log_in(&client, &base, &server.viewer).await;
     client.goto(&format!("{base}/attempts/{running}")).await.unwrap();
     wait_for_text(&client, "#live", "RUNNING").await;
-    assert!(client.find(Locator::Css(".actions")).await.is_err(), "a viewer has no action buttons");
+    assert!(
+        client.find(Locator::Css(".actions")).await.is_err(),
+        "a viewer has no action buttons"
+    );
     assert!(client.find(Locator::Css("a[href*='/confirm']")).await.is_err());
     shot(&client, "attempt-viewer").await;
 
@@ -337,7 +415,10 @@ async fn the_console_works_in_a_real_browser() {
         shot(&client, name).await;
     }
     client.goto(&format!("{base}/attempts/{running}")).await.unwrap();
-    assert!(fits_the_width(&client).await, "the attempt page scrolls sideways at 320 px");
+    assert!(
+        fits_the_width(&client).await,
+        "the attempt page scrolls sideways at 320 px"
+    );
     shot(&client, "zoom-400-attempt").await;
     client.set_window_size(1280, 900).await.unwrap();
     client.close().await.unwrap();

@@ -40,8 +40,15 @@ impl Answer {
         assert_eq!(self.status.as_u16(), status, "{}", self.body);
         assert_eq!(self.content_type(), "application/problem+json", "{}", self.body);
         let p = self.json();
-        assert_eq!((p["status"].as_u64(), p["code"].as_str()), (Some(u64::from(status)), Some(code)), "{p}");
-        assert!(p["title"].is_string() && p["detail"].is_string() && p["type"] == "about:blank", "{p}");
+        assert_eq!(
+            (p["status"].as_u64(), p["code"].as_str()),
+            (Some(u64::from(status)), Some(code)),
+            "{p}"
+        );
+        assert!(
+            p["title"].is_string() && p["detail"].is_string() && p["type"] == "about:blank",
+            "{p}"
+        );
         p
     }
 
@@ -67,7 +74,10 @@ async fn call_with(
     body: Option<Value>,
     headers: &[(&str, &str)],
 ) -> Answer {
-    let client = Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let client = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
     let mut request = client.request(method, format!("{}{path}", server.base));
     if let Some(t) = token {
         request = request.header("authorization", format!("Bearer {t}"));
@@ -87,13 +97,41 @@ async fn call_with(
 }
 
 /// Every route, with the role it needs (`None`: public).
-fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<(Method, String, &'static str, Option<Role>, Option<Value>)> {
+/// A route to call: method, path, its OpenAPI template, the role it needs
+/// (`None`: public) and a body.
+type Route = (Method, String, &'static str, Option<Role>, Option<Value>);
+
+fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<Route> {
     let spec = json!({"name": "registered-by-api", "recovery": "resume", "steps": [{"code": "one", "executor": "dry-run:v1"}]});
     vec![
-        (Method::GET, "/api/v1/plans".into(), "/api/v1/plans", Some(Role::Viewer), None),
-        (Method::POST, "/api/v1/plans".into(), "/api/v1/plans", Some(Role::Admin), Some(spec)),
-        (Method::GET, format!("/api/v1/plans/{plan}"), "/api/v1/plans/{plan}", Some(Role::Viewer), None),
-        (Method::POST, format!("/api/v1/plans/{plan}/attempts"), "/api/v1/plans/{plan}/attempts", Some(Role::Operator), Some(json!({}))),
+        (
+            Method::GET,
+            "/api/v1/plans".into(),
+            "/api/v1/plans",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/v1/plans".into(),
+            "/api/v1/plans",
+            Some(Role::Admin),
+            Some(spec),
+        ),
+        (
+            Method::GET,
+            format!("/api/v1/plans/{plan}"),
+            "/api/v1/plans/{plan}",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/plans/{plan}/attempts"),
+            "/api/v1/plans/{plan}/attempts",
+            Some(Role::Operator),
+            Some(json!({})),
+        ),
         (
             Method::GET,
             format!("/api/v1/plans/{plan}/attempt-comparison?left={left}&right={right}"),
@@ -101,23 +139,82 @@ fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<(Method, St
             Some(Role::Viewer),
             None,
         ),
-        (Method::GET, format!("/api/v1/plans/{plan}/release-gate"), "/api/v1/plans/{plan}/release-gate", Some(Role::Viewer), None),
-        (Method::GET, "/api/v1/attempts?limit=2".into(), "/api/v1/attempts", Some(Role::Viewer), None),
-        (Method::GET, format!("/api/v1/attempts/{attempt}"), "/api/v1/attempts/{id}", Some(Role::Viewer), None),
-        (Method::POST, format!("/api/v1/attempts/{attempt}/reconcile"), "/api/v1/attempts/{id}/reconcile", Some(Role::Operator), None),
-        (Method::POST, format!("/api/v1/attempts/{attempt}/retry"), "/api/v1/attempts/{id}/retry", Some(Role::Operator), None),
-        (Method::POST, format!("/api/v1/attempts/{attempt}/compensate"), "/api/v1/attempts/{id}/compensate", Some(Role::Operator), None),
-        (Method::POST, format!("/api/v1/attempts/{attempt}/abort"), "/api/v1/attempts/{id}/abort", Some(Role::Operator), Some(json!({"reason": "test"}))),
-        (Method::GET, "/api/v1/counts".into(), "/api/v1/counts", Some(Role::Viewer), None),
+        (
+            Method::GET,
+            format!("/api/v1/plans/{plan}/release-gate"),
+            "/api/v1/plans/{plan}/release-gate",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::GET,
+            "/api/v1/attempts?limit=2".into(),
+            "/api/v1/attempts",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::GET,
+            format!("/api/v1/attempts/{attempt}"),
+            "/api/v1/attempts/{id}",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/reconcile"),
+            "/api/v1/attempts/{id}/reconcile",
+            Some(Role::Operator),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/retry"),
+            "/api/v1/attempts/{id}/retry",
+            Some(Role::Operator),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/compensate"),
+            "/api/v1/attempts/{id}/compensate",
+            Some(Role::Operator),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/abort"),
+            "/api/v1/attempts/{id}/abort",
+            Some(Role::Operator),
+            Some(json!({"reason": "test"})),
+        ),
+        (
+            Method::GET,
+            "/api/v1/counts".into(),
+            "/api/v1/counts",
+            Some(Role::Viewer),
+            None,
+        ),
         (Method::GET, "/api/v1/healthz".into(), "/api/v1/healthz", None, None),
         (Method::GET, "/api/v1/readyz".into(), "/api/v1/readyz", None, None),
-        (Method::GET, "/api/v1/openapi.json".into(), "/api/v1/openapi.json", None, None),
+        (
+            Method::GET,
+            "/api/v1/openapi.json".into(),
+            "/api/v1/openapi.json",
+            None,
+            None,
+        ),
         (Method::GET, "/metrics".into(), "/metrics", Some(Role::Viewer), None),
     ]
 }
 
 /// A plan with two successful attempts and an open third (RUNNING, live lease).
-async fn populated() -> (TestServer, leasehold_engine::Plan, Vec<leasehold_engine::AttemptRecord>, leasehold::ledger::Claimed) {
+async fn populated() -> (
+    TestServer,
+    leasehold_engine::Plan,
+    Vec<leasehold_engine::AttemptRecord>,
+    leasehold::ledger::Claimed,
+) {
     let server = TestServer::start().await;
     let plan = server.plan("payments", 2).await;
     let mut done = Vec::new();
@@ -151,7 +248,9 @@ async fn every_route_is_allowed_to_its_role_and_refused_below_it() {
         done[1].attempt.id.as_str(),
     );
     // The table names every route of the OpenAPI document (and /metrics).
-    let doc = call(&server, Method::GET, "/api/v1/openapi.json", None, None).await.json();
+    let doc = call(&server, Method::GET, "/api/v1/openapi.json", None, None)
+        .await
+        .json();
     let mut documented = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
@@ -159,7 +258,10 @@ async fn every_route_is_allowed_to_its_role_and_refused_below_it() {
         }
     }
     documented.insert(("GET".into(), "/metrics".into()));
-    let tested: BTreeSet<(String, String)> = table.iter().map(|(m, _, t, _, _)| (m.to_string(), (*t).to_owned())).collect();
+    let tested: BTreeSet<(String, String)> = table
+        .iter()
+        .map(|(m, _, t, _, _)| (m.to_string(), (*t).to_owned()))
+        .collect();
     assert_eq!(tested, documented);
 
     for (method, path, _, needed, body) in &table {
@@ -173,7 +275,9 @@ async fn every_route_is_allowed_to_its_role_and_refused_below_it() {
         }
         // With a token that is not one.
         if needed.is_some() {
-            call(&server, method.clone(), path, Some("lh_not-a-token"), body.clone()).await.problem(401, "unauthorized");
+            call(&server, method.clone(), path, Some("lh_not-a-token"), body.clone())
+                .await
+                .problem(401, "unauthorized");
         }
         for role in Role::ALL {
             let answer = call(&server, method.clone(), path, Some(server.token(*role)), body.clone()).await;
@@ -198,34 +302,66 @@ async fn errors_are_problem_json_with_the_cli_meaning() {
     let (server, plan, _, live) = populated().await;
     let op = Some(server.operator.as_str());
     let admin = Some(server.admin.as_str());
-    call(&server, Method::GET, "/api/v1/attempts/att-nope", op, None).await.problem(404, "not_found");
-    call(&server, Method::GET, "/api/v1/plans/no-such-plan", op, None).await.problem(404, "not_found");
-    let p = call(&server, Method::GET, "/api/v1/attempts?state=DONE", op, None).await.problem(400, "bad_input");
+    call(&server, Method::GET, "/api/v1/attempts/att-nope", op, None)
+        .await
+        .problem(404, "not_found");
+    call(&server, Method::GET, "/api/v1/plans/no-such-plan", op, None)
+        .await
+        .problem(404, "not_found");
+    let p = call(&server, Method::GET, "/api/v1/attempts?state=DONE", op, None)
+        .await
+        .problem(400, "bad_input");
     assert!(p["detail"].as_str().unwrap().starts_with("state:"), "{p}");
     for bad in ["limit=0", "limit=201", "limit=many"] {
-        let p = call(&server, Method::GET, &format!("/api/v1/attempts?{bad}"), op, None).await.problem(400, "bad_input");
+        let p = call(&server, Method::GET, &format!("/api/v1/attempts?{bad}"), op, None)
+            .await
+            .problem(400, "bad_input");
         assert!(p["detail"].as_str().unwrap().starts_with("limit:"), "{p}");
     }
-    let p = call(&server, Method::GET, "/api/v1/attempts?cursor=zzz", op, None).await.problem(400, "bad_input");
+    let p = call(&server, Method::GET, "/api/v1/attempts?cursor=zzz", op, None)
+        .await
+        .problem(400, "bad_input");
     assert!(p["detail"].as_str().unwrap().starts_with("cursor:"), "{p}");
     // An invalid plan is 422 and writes nothing; a body that is not a plan is 400.
     let before = server.ledger.list_plans().await.unwrap().len();
     let invalid = json!({"name": "empty", "recovery": "resume", "steps": []});
-    call(&server, Method::POST, "/api/v1/plans", admin, Some(invalid)).await.problem(422, "invalid_plan");
+    call(&server, Method::POST, "/api/v1/plans", admin, Some(invalid))
+        .await
+        .problem(422, "invalid_plan");
     let not_a_plan = json!({"nom": "x"});
-    call(&server, Method::POST, "/api/v1/plans", admin, Some(not_a_plan)).await.problem(400, "bad_input");
+    call(&server, Method::POST, "/api/v1/plans", admin, Some(not_a_plan))
+        .await
+        .problem(400, "bad_input");
     assert_eq!(server.ledger.list_plans().await.unwrap().len(), before);
     // An attempt is open: another enqueue is refused (409), as is a reconcile of a live lease.
     let path = format!("/api/v1/plans/{}/attempts", plan.id);
-    call(&server, Method::POST, &path, op, Some(json!({}))).await.problem(409, "refused");
-    call(&server, Method::POST, &path, op, Some(json!({"action": "undo"}))).await.problem(400, "bad_input");
+    call(&server, Method::POST, &path, op, Some(json!({})))
+        .await
+        .problem(409, "refused");
+    call(&server, Method::POST, &path, op, Some(json!({"action": "undo"})))
+        .await
+        .problem(400, "bad_input");
     let reconcile = format!("/api/v1/attempts/{}/reconcile", live.lease.attempt_id);
-    let p = call(&server, Method::POST, &reconcile, op, None).await.problem(409, "refused");
+    let p = call(&server, Method::POST, &reconcile, op, None)
+        .await
+        .problem(409, "refused");
     assert!(p["detail"].as_str().unwrap().contains("live lease"), "{p}");
     let retry = format!("/api/v1/attempts/{}/retry", live.lease.attempt_id);
-    call(&server, Method::POST, &retry, op, None).await.problem(409, "refused");
-    call(&server, Method::GET, "/api/v1/nothing-here", op, None).await.problem(404, "not_found");
-    let basic = call_with(&server, Method::GET, "/api/v1/plans", None, None, &[("authorization", "Basic YTpi")]).await;
+    call(&server, Method::POST, &retry, op, None)
+        .await
+        .problem(409, "refused");
+    call(&server, Method::GET, "/api/v1/nothing-here", op, None)
+        .await
+        .problem(404, "not_found");
+    let basic = call_with(
+        &server,
+        Method::GET,
+        "/api/v1/plans",
+        None,
+        None,
+        &[("authorization", "Basic YTpi")],
+    )
+    .await;
     basic.problem(401, "unauthorized");
     assert_eq!(basic.headers.get("www-authenticate").unwrap(), "Bearer");
 }
@@ -244,7 +380,14 @@ async fn operator_actions_do_what_they_say() {
         r.command.lease_until.is_some_and(|u| u < now())
     })
     .await;
-    let answer = call(&server, Method::POST, &format!("/api/v1/attempts/{id}/reconcile"), op, None).await;
+    let answer = call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/attempts/{id}/reconcile"),
+        op,
+        None,
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     let body = answer.json();
     assert_eq!(body["outcome"], "requeued");
@@ -252,18 +395,45 @@ async fn operator_actions_do_what_they_say() {
     // The old worker is fenced off.
     assert!(server.ledger.heartbeat(&claimed.lease, 1000).await.is_err());
     // Abort, then retry the aborted attempt.
-    let answer = call(&server, Method::POST, &format!("/api/v1/attempts/{id}/abort"), op, Some(json!({"reason": "wrong day"}))).await;
+    let answer = call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/attempts/{id}/abort"),
+        op,
+        Some(json!({"reason": "wrong day"})),
+    )
+    .await;
     assert_eq!(answer.json()["attempt"]["status"], "ABORTED", "{}", answer.body);
     assert_eq!(answer.json()["attempt"]["error"], "wrong day");
-    call(&server, Method::POST, &format!("/api/v1/attempts/{id}/abort"), op, None).await.problem(409, "refused");
-    call(&server, Method::POST, &format!("/api/v1/attempts/{id}/compensate"), op, None).await.problem(409, "refused");
+    call(&server, Method::POST, &format!("/api/v1/attempts/{id}/abort"), op, None)
+        .await
+        .problem(409, "refused");
+    call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/attempts/{id}/compensate"),
+        op,
+        None,
+    )
+    .await
+    .problem(409, "refused");
     let answer = call(&server, Method::POST, &format!("/api/v1/attempts/{id}/retry"), op, None).await;
     assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
     let retry = answer.json();
-    assert_eq!((retry["attempt"]["action"].as_str(), retry["attempt"]["number"].as_u64()), (Some("retry"), Some(2)));
+    assert_eq!(
+        (retry["attempt"]["action"].as_str(), retry["attempt"]["number"].as_u64()),
+        (Some("retry"), Some(2))
+    );
     // Enqueue through the API, by plan name.
     let other = server.plan("by-name", 1).await;
-    let answer = call(&server, Method::POST, &format!("/api/v1/plans/{}/attempts", other.name), op, Some(json!({"action": "execute"}))).await;
+    let answer = call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/plans/{}/attempts", other.name),
+        op,
+        Some(json!({"action": "execute"})),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
     assert_eq!(answer.json()["attempt"]["plan_id"], other.id.as_str());
     // Registering a plan answers 201 and the plan.
@@ -290,18 +460,48 @@ async fn cross_site_changes_are_refused() {
         answer.problem(403, "forbidden");
     }
     // The login form and every console action are guarded alike.
-    let answer = call_with(&server, Method::POST, "/login", None, None, &[("sec-fetch-site", "cross-site")]).await;
+    let answer = call_with(
+        &server,
+        Method::POST,
+        "/login",
+        None,
+        None,
+        &[("sec-fetch-site", "cross-site")],
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::FORBIDDEN);
-    assert!(server.ledger.history(&plan.id).await.unwrap().is_empty(), "nothing was enqueued");
+    assert!(
+        server.ledger.history(&plan.id).await.unwrap().is_empty(),
+        "nothing was enqueued"
+    );
     // Reads stay open to links from elsewhere; same-origin changes pass.
-    let read = call_with(&server, Method::GET, "/api/v1/plans", admin, None, &[("sec-fetch-site", "cross-site")]).await;
+    let read = call_with(
+        &server,
+        Method::GET,
+        "/api/v1/plans",
+        admin,
+        None,
+        &[("sec-fetch-site", "cross-site")],
+    )
+    .await;
     assert_eq!(read.status, StatusCode::OK);
     let origin = format!("http://{host}");
-    let ok = call_with(&server, Method::POST, &path, admin, Some(json!({})), &[("origin", &origin), ("sec-fetch-site", "same-origin")]).await;
+    let ok = call_with(
+        &server,
+        Method::POST,
+        &path,
+        admin,
+        Some(json!({})),
+        &[("origin", &origin), ("sec-fetch-site", "same-origin")],
+    )
+    .await;
     assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
     // Every answer carries the CSP (no inline script) and no-store.
     let csp = read.headers.get("content-security-policy").unwrap().to_str().unwrap();
-    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
     assert_eq!(read.headers.get("x-content-type-options").unwrap(), "nosniff");
 }
 
@@ -335,7 +535,10 @@ async fn pages_hold_every_attempt_once_newest_first() {
             server.enqueue(&late).await;
         }
         for a in page["attempts"].as_array().unwrap() {
-            seen.push((a["attempt"]["created_at"].as_i64().unwrap(), a["attempt"]["id"].as_str().unwrap().to_owned()));
+            seen.push((
+                a["attempt"]["created_at"].as_i64().unwrap(),
+                a["attempt"]["id"].as_str().unwrap().to_owned(),
+            ));
         }
         match page["next_cursor"].as_str() {
             Some(c) => cursor = Some(c.to_owned()),
@@ -347,13 +550,21 @@ async fn pages_hold_every_attempt_once_newest_first() {
     let mut sorted = seen.clone();
     sorted.sort_by(|a, b| b.cmp(a));
     assert_eq!(seen, sorted, "newest first");
-    assert_eq!(seen.iter().map(|s| &s.1).collect::<BTreeSet<_>>().len(), 7, "no repeats");
+    assert_eq!(
+        seen.iter().map(|s| &s.1).collect::<BTreeSet<_>>().len(),
+        7,
+        "no repeats"
+    );
     // Filters.
-    let running = call(&server, Method::GET, "/api/v1/attempts?state=RUNNING", viewer, None).await.json();
+    let running = call(&server, Method::GET, "/api/v1/attempts?state=RUNNING", viewer, None)
+        .await
+        .json();
     let running = running["attempts"].as_array().unwrap();
     assert_eq!(running.len(), 1);
     assert_eq!(running[0]["command"]["status"], "PROCESSING");
-    let one = call(&server, Method::GET, "/api/v1/attempts?plan=page-3", viewer, None).await.json();
+    let one = call(&server, Method::GET, "/api/v1/attempts?plan=page-3", viewer, None)
+        .await
+        .json();
     assert_eq!(one["attempts"].as_array().unwrap().len(), 1);
     assert_eq!(one["attempts"][0]["attempt"]["plan_id"], plans[3].id.as_str());
 }
@@ -368,14 +579,36 @@ async fn the_sql_listing_answers_what_the_reference_reads_answer() {
     server.claim(60_000).await;
     let ledger = server.ledger.as_ref();
     let plans = ledger.list_plans().await.unwrap();
-    let first = ledger.list_attempts(&AttemptQuery { limit: 2, ..AttemptQuery::default() }).await.unwrap();
+    let first = ledger
+        .list_attempts(&AttemptQuery {
+            limit: 2,
+            ..AttemptQuery::default()
+        })
+        .await
+        .unwrap();
     let queries = [
         AttemptQuery::default(),
-        AttemptQuery { limit: 2, ..AttemptQuery::default() },
-        AttemptQuery { limit: 2, after: first.next.clone(), ..AttemptQuery::default() },
-        AttemptQuery { status: Some(AttemptStatus::Queued), ..AttemptQuery::default() },
-        AttemptQuery { status: Some(AttemptStatus::Running), ..AttemptQuery::default() },
-        AttemptQuery { plan: Some(plans[2].id.clone()), ..AttemptQuery::default() },
+        AttemptQuery {
+            limit: 2,
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            limit: 2,
+            after: first.next.clone(),
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            status: Some(AttemptStatus::Queued),
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            status: Some(AttemptStatus::Running),
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            plan: Some(plans[2].id.clone()),
+            ..AttemptQuery::default()
+        },
     ];
     for query in &queries {
         let fast = ledger.list_attempts(query).await.unwrap();
@@ -387,7 +620,10 @@ async fn the_sql_listing_answers_what_the_reference_reads_answer() {
     assert_eq!((queued.count, queued.capped), (3, true));
     let running = counts.get(AttemptStatus::Running).unwrap();
     assert_eq!((running.count, running.capped), (1, false));
-    assert_eq!(counts, leasehold::ledger::listing::count_from_history(ledger, 3).await.unwrap());
+    assert_eq!(
+        counts,
+        leasehold::ledger::listing::count_from_history(ledger, 3).await.unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,19 +634,27 @@ async fn counts_are_exact_below_the_cap_and_capped_above() {
         server.enqueue(&plan).await;
     }
     server.claim(60_000).await;
-    let counts = call(&server, Method::GET, "/api/v1/counts", Some(&server.viewer), None).await.json();
+    let counts = call(&server, Method::GET, "/api/v1/counts", Some(&server.viewer), None)
+        .await
+        .json();
     assert_eq!(counts["cap"], 3);
     let states = counts["states"].as_array().unwrap();
     let get = |s: &str| states.iter().find(|x| x["status"] == s).unwrap().clone();
     assert_eq!(get("QUEUED"), json!({"status": "QUEUED", "count": 3, "capped": true}));
-    assert_eq!(get("RUNNING"), json!({"status": "RUNNING", "count": 1, "capped": false}));
+    assert_eq!(
+        get("RUNNING"),
+        json!({"status": "RUNNING", "count": 1, "capped": false})
+    );
     assert_eq!(get("FAILED"), json!({"status": "FAILED", "count": 0, "capped": false}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_console_session_is_a_strict_http_only_cookie_that_revocation_ends() {
     let server = TestServer::start().await;
-    let client = Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let client = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
     let bad = client
         .post(format!("{}/login", server.base))
         .form(&[("token", "lh_wrong")])
@@ -427,10 +671,18 @@ async fn a_console_session_is_a_strict_http_only_cookie_that_revocation_ends() {
         .unwrap();
     assert_eq!(ok.status(), StatusCode::SEE_OTHER);
     let cookie = ok.headers().get("set-cookie").unwrap().to_str().unwrap().to_owned();
-    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"),
+        "{cookie}"
+    );
     assert!(!cookie.contains(&server.viewer), "the cookie is not the token");
     let session = cookie.split(';').next().unwrap().to_owned();
-    let get = |path: &str| client.get(format!("{}{path}", server.base)).header("cookie", session.clone()).send();
+    let get = |path: &str| {
+        client
+            .get(format!("{}{path}", server.base))
+            .header("cookie", session.clone())
+            .send()
+    };
     assert_eq!(get("/api/v1/plans").await.unwrap().status(), StatusCode::OK);
     assert_eq!(get("/attempts").await.unwrap().status(), StatusCode::OK);
     // A viewer's session may not act.
@@ -446,14 +698,23 @@ async fn a_console_session_is_a_strict_http_only_cookie_that_revocation_ends() {
     server.ledger.revoke_token("viewer", now()).await.unwrap();
     assert_eq!(get("/api/v1/plans").await.unwrap().status(), StatusCode::UNAUTHORIZED);
     let page = get("/attempts").await.unwrap();
-    assert_eq!((page.status(), page.headers().get("location").unwrap().to_str().unwrap()), (StatusCode::SEE_OTHER, "/login"));
+    assert_eq!(
+        (page.status(), page.headers().get("location").unwrap().to_str().unwrap()),
+        (StatusCode::SEE_OTHER, "/login")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_link_works_once() {
     let server = TestServer::start().await;
-    let path = server.app.login_path(leasehold::tokens::token_hash(&server.admin)).unwrap();
-    let client = Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let path = server
+        .app
+        .login_path(leasehold::tokens::token_hash(&server.admin))
+        .unwrap();
+    let client = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
     let first = client.get(format!("{}{path}", server.base)).send().await.unwrap();
     assert_eq!(first.status(), StatusCode::SEE_OTHER);
     assert!(first.headers().get("set-cookie").is_some());
@@ -476,13 +737,25 @@ async fn metrics_need_a_viewer_and_count_what_workers_did() {
     )
     .on_event(server.app.metrics().observer("metrics-worker"));
     let report = worker
-        .run(std::future::pending(), leasehold::worker::RunOptions { until_idle: true, grace_ms: 0 })
+        .run(
+            std::future::pending(),
+            leasehold::worker::RunOptions {
+                until_idle: true,
+                grace_ms: 0,
+            },
+        )
         .await;
     assert_eq!(report.delivered, 1);
-    call(&server, Method::GET, "/metrics", None, None).await.problem(401, "unauthorized");
+    call(&server, Method::GET, "/metrics", None, None)
+        .await
+        .problem(401, "unauthorized");
     let answer = call(&server, Method::GET, "/metrics", Some(&server.viewer), None).await;
     assert_eq!(answer.status, StatusCode::OK);
-    assert!(answer.content_type().starts_with("application/openmetrics-text"), "{}", answer.content_type());
+    assert!(
+        answer.content_type().starts_with("application/openmetrics-text"),
+        "{}",
+        answer.content_type()
+    );
     let text = answer.body;
     for line in [
         "leasehold_attempts{status=\"SUCCEEDED\"} 1",
@@ -502,21 +775,39 @@ async fn metrics_need_a_viewer_and_count_what_workers_did() {
     tokio::spawn(async move { axum::serve(listener, router).await });
     let open = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
     assert_eq!(open.status(), StatusCode::OK);
-    assert!(open.text().await.unwrap().contains("leasehold_claims_total{plan=\"metered\"} 1"));
-    assert_eq!(reqwest::get(format!("http://{addr}/api/v1/plans")).await.unwrap().status(), StatusCode::NOT_FOUND);
+    assert!(open
+        .text()
+        .await
+        .unwrap()
+        .contains("leasehold_claims_total{plan=\"metered\"} 1"));
+    assert_eq!(
+        reqwest::get(format!("http://{addr}/api/v1/plans"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_document_describes_every_route_and_the_bearer_scheme() {
     let server = TestServer::start().await;
-    let doc = call(&server, Method::GET, "/api/v1/openapi.json", None, None).await.json();
+    let doc = call(&server, Method::GET, "/api/v1/openapi.json", None, None)
+        .await
+        .json();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{}", doc["openapi"]);
     assert_eq!(doc["components"]["securitySchemes"]["token"]["scheme"], "bearer");
     assert_eq!(doc["paths"].as_object().unwrap().len(), 15);
     let reconcile = &doc["paths"]["/api/v1/attempts/{id}/reconcile"]["post"];
     assert!(reconcile["responses"]["409"].is_object(), "{reconcile}");
-    assert_eq!(call(&server, Method::GET, "/api/v1/healthz", None, None).await.json()["status"], "ok");
-    assert_eq!(call(&server, Method::GET, "/api/v1/readyz", None, None).await.json()["status"], "ready");
+    assert_eq!(
+        call(&server, Method::GET, "/api/v1/healthz", None, None).await.json()["status"],
+        "ok"
+    );
+    assert_eq!(
+        call(&server, Method::GET, "/api/v1/readyz", None, None).await.json()["status"],
+        "ready"
+    );
 }
 
 /// Walks every route and console page while a lease is live and scans every byte
@@ -527,35 +818,86 @@ async fn scan_for_secrets(server: &TestServer, db_secrets: &[String]) {
     let done = server.enqueue(&plan).await;
     let c = server.claim(60_000).await;
     let mut secrets = vec![c.lease.token.expose().to_owned()];
-    server.ledger.complete_and_continue(&c.lease, 1, &json!({"ok": 1}), &json!({}), 60_000).await.unwrap();
-    server.ledger.complete_and_continue(&c.lease, 2, &json!({"ok": 2}), &json!({}), 60_000).await.unwrap();
+    server
+        .ledger
+        .complete_and_continue(&c.lease, 1, &json!({"ok": 1}), &json!({}), 60_000)
+        .await
+        .unwrap();
+    server
+        .ledger
+        .complete_and_continue(&c.lease, 2, &json!({"ok": 2}), &json!({}), 60_000)
+        .await
+        .unwrap();
     let second = server.enqueue(&plan).await;
     let c2 = server.claim(60_000).await;
-    server.ledger.complete_and_continue(&c2.lease, 1, &json!({"ok": 1}), &json!({}), 60_000).await.unwrap();
-    server.ledger.complete_and_continue(&c2.lease, 2, &json!({"ok": 2}), &json!({}), 60_000).await.unwrap();
+    server
+        .ledger
+        .complete_and_continue(&c2.lease, 1, &json!({"ok": 1}), &json!({}), 60_000)
+        .await
+        .unwrap();
+    server
+        .ledger
+        .complete_and_continue(&c2.lease, 2, &json!({"ok": 2}), &json!({}), 60_000)
+        .await
+        .unwrap();
     secrets.push(c2.lease.token.expose().to_owned());
     let open = server.enqueue(&plan).await;
     let live = server.claim(60_000).await;
     secrets.push(live.lease.token.expose().to_owned());
     let record = server.ledger.attempt(&open.attempt.id).await.unwrap();
-    assert_eq!(record.command.status, CommandStatus::Processing, "a live lease during the scan");
+    assert_eq!(
+        record.command.status,
+        CommandStatus::Processing,
+        "a live lease during the scan"
+    );
     for token in [&server.viewer, &server.operator, &server.admin] {
         secrets.push(token.clone());
         secrets.push(leasehold::tokens::token_hash(token));
     }
     secrets.extend(db_secrets.iter().cloned());
     let mut answers = Vec::new();
-    let (p, a, l, r) = (plan.id.as_str(), open.attempt.id.as_str(), done.attempt.id.as_str(), second.attempt.id.as_str());
+    let (p, a, l, r) = (
+        plan.id.as_str(),
+        open.attempt.id.as_str(),
+        done.attempt.id.as_str(),
+        second.attempt.id.as_str(),
+    );
     for (method, path, _, _, body) in routes(p, a, l, r) {
         if method == Method::GET || path.ends_with("/reconcile") {
             for role in [None, Some(Role::Viewer), Some(Role::Admin)] {
-                answers.push(call(server, method.clone(), &path, role.map(|r| server.token(r)), body.clone()).await);
+                answers.push(
+                    call(
+                        server,
+                        method.clone(),
+                        &path,
+                        role.map(|r| server.token(r)),
+                        body.clone(),
+                    )
+                    .await,
+                );
             }
         }
     }
-    let login = Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    let session = login.post(format!("{}/login", server.base)).form(&[("token", server.admin.as_str())]).send().await.unwrap();
-    let cookie = session.headers().get("set-cookie").unwrap().to_str().unwrap().split(';').next().unwrap().to_owned();
+    let login = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let session = login
+        .post(format!("{}/login", server.base))
+        .form(&[("token", server.admin.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = session
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
     for page in [
         "/attempts".to_owned(),
         "/attempts?fragment=live".to_owned(),
@@ -569,18 +911,40 @@ async fn scan_for_secrets(server: &TestServer, db_secrets: &[String]) {
         "/login".to_owned(),
         "/assets/console.js".to_owned(),
     ] {
-        let response = login.get(format!("{}{page}", server.base)).header("cookie", &cookie).send().await.unwrap();
+        let response = login
+            .get(format!("{}{page}", server.base))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
         let status = response.status();
         assert!(status.is_success(), "{page}: {status}");
-        answers.push(Answer { status, headers: response.headers().clone(), body: response.text().await.unwrap() });
+        answers.push(Answer {
+            status,
+            headers: response.headers().clone(),
+            body: response.text().await.unwrap(),
+        });
     }
     // The live lease ends by abort; its answer is scanned too.
-    answers.push(call(server, Method::POST, &format!("/api/v1/attempts/{a}/abort"), Some(&server.operator), None).await);
+    answers.push(
+        call(
+            server,
+            Method::POST,
+            &format!("/api/v1/attempts/{a}/abort"),
+            Some(&server.operator),
+            None,
+        )
+        .await,
+    );
     assert!(answers.len() > 40, "{} answers scanned", answers.len());
     for answer in &answers {
         let bytes = answer.all_bytes();
         for secret in &secrets {
-            assert!(!bytes.contains(secret.as_str()), "a secret ({} chars) in an answer:\n{bytes}", secret.len());
+            assert!(
+                !bytes.contains(secret.as_str()),
+                "a secret ({} chars) in an answer:\n{bytes}",
+                secret.len()
+            );
         }
         assert!(!bytes.contains("lease_token"), "{bytes}");
     }

@@ -43,7 +43,11 @@ impl TestServer {
         let ledger = Arc::new(SqliteLedger::open(&db_path, Arc::new(SystemClock), Arc::new(OsEntropy)).expect("open"));
         ledger.migrate().await.expect("migrate");
         let mut secrets = Vec::new();
-        for (name, role) in [("viewer", Role::Viewer), ("operator", Role::Operator), ("admin", Role::Admin)] {
+        for (name, role) in [
+            ("viewer", Role::Viewer),
+            ("operator", Role::Operator),
+            ("admin", Role::Admin),
+        ] {
             let (_, secret) = create_token(ledger.as_ref(), name, role, now()).await.expect("token");
             secrets.push(secret.expose().to_owned());
         }
@@ -90,7 +94,11 @@ impl TestServer {
     /// Claims the one claimable command under a lease of `lease_ms`, beginning its
     /// first step: a RUNNING attempt with a live lease.
     pub async fn claim(&self, lease_ms: u64) -> Claimed {
-        let mut claimed = self.ledger.claim_and_begin("test-worker", 1, lease_ms).await.expect("claim");
+        let mut claimed = self
+            .ledger
+            .claim_and_begin("test-worker", 1, lease_ms)
+            .await
+            .expect("claim");
         assert_eq!(claimed.len(), 1, "one command to claim");
         claimed.remove(0)
     }
@@ -104,7 +112,10 @@ where
 {
     let deadline = Instant::now() + limit;
     while !condition().await {
-        assert!(Instant::now() < deadline, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -13,14 +13,27 @@ use std::sync::Arc;
 async fn tokens_behave<S: TokenStore>(store: &S) {
     let t0 = Timestamp::from_millis(1_700_000_000_000);
     let (info, secret) = create_token(store, "ci", Role::Operator, t0).await.unwrap();
-    assert_eq!((info.name.as_str(), info.role, info.created_at, info.revoked_at), ("ci", Role::Operator, t0, None));
-    let found = store.token_by_hash(&token_hash(secret.expose())).await.unwrap().unwrap();
+    assert_eq!(
+        (info.name.as_str(), info.role, info.created_at, info.revoked_at),
+        ("ci", Role::Operator, t0, None)
+    );
+    let found = store
+        .token_by_hash(&token_hash(secret.expose()))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(found, info);
     assert_eq!(store.token_by_hash(&token_hash("lh_other")).await.unwrap(), None);
     // A name is used once, even after revocation.
     let again = create_token(store, "ci", Role::Viewer, t0).await.unwrap_err();
-    assert!(matches!(again, LedgerError::BadInput(ref m) if m.contains("already used")), "{again}");
-    assert!(matches!(create_token(store, "bad name", Role::Viewer, t0).await, Err(LedgerError::BadInput(_))));
+    assert!(
+        matches!(again, LedgerError::BadInput(ref m) if m.contains("already used")),
+        "{again}"
+    );
+    assert!(matches!(
+        create_token(store, "bad name", Role::Viewer, t0).await,
+        Err(LedgerError::BadInput(_))
+    ));
     let (viewer, _) = create_token(store, "dash", Role::Viewer, t0.plus_ms(1)).await.unwrap();
     let listed = store.list_tokens().await.unwrap();
     assert_eq!(listed, vec![info.clone(), viewer]);
@@ -29,9 +42,18 @@ async fn tokens_behave<S: TokenStore>(store: &S) {
     let revoked = store.revoke_token("ci", t1).await.unwrap();
     assert_eq!(revoked.revoked_at, Some(t1));
     assert_eq!(store.token_by_hash(&secret.hash()).await.unwrap(), None);
-    assert_eq!(store.revoke_token("ci", t1.plus_ms(9)).await.unwrap().revoked_at, Some(t1));
-    assert!(matches!(store.revoke_token("nobody", t1).await, Err(LedgerError::NotFound { kind: "token", .. })));
-    assert!(matches!(create_token(store, "ci", Role::Admin, t1).await, Err(LedgerError::BadInput(_))));
+    assert_eq!(
+        store.revoke_token("ci", t1.plus_ms(9)).await.unwrap().revoked_at,
+        Some(t1)
+    );
+    assert!(matches!(
+        store.revoke_token("nobody", t1).await,
+        Err(LedgerError::NotFound { kind: "token", .. })
+    ));
+    assert!(matches!(
+        create_token(store, "ci", Role::Admin, t1).await,
+        Err(LedgerError::BadInput(_))
+    ));
 }
 
 #[tokio::test]
@@ -47,7 +69,9 @@ async fn sqlite_tokens_and_only_their_digest_on_disk() {
     let ledger = SqliteLedger::open(&path, Arc::new(SystemClock), Arc::new(OsEntropy)).unwrap();
     ledger.migrate().await.unwrap();
     tokens_behave(&ledger).await;
-    let (_, secret) = create_token(&ledger, "disk", Role::Admin, Timestamp::from_millis(1)).await.unwrap();
+    let (_, secret) = create_token(&ledger, "disk", Role::Admin, Timestamp::from_millis(1))
+        .await
+        .unwrap();
     drop(ledger);
     let mut bytes = Vec::new();
     for entry in std::fs::read_dir(dir.path()).unwrap() {

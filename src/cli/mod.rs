@@ -594,7 +594,11 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                 code => Err(Failure::silent(u8::try_from(code).unwrap_or(1))),
             }
         }
-        Command::Demo { http, serve: then_serve, listen } => {
+        Command::Demo {
+            http,
+            serve: then_serve,
+            listen,
+        } => {
             demo(Arc::clone(&ledger), &http).await?;
             if then_serve {
                 let args = ServeArgs {
@@ -802,7 +806,9 @@ async fn token<S: TokenStore>(store: &S, command: TokenCommand, json: bool) -> O
         TokenCommand::Add { name, role } => {
             let (info, secret) = create_token(store, &name, role.into(), now).await?;
             if json {
-                render::print_json(&serde_json::json!({"name": info.name, "role": info.role, "token": secret.expose()}));
+                render::print_json(
+                    &serde_json::json!({"name": info.name, "role": info.role, "token": secret.expose()}),
+                );
             } else {
                 println!("{}", secret.expose());
                 eprintln!(
@@ -825,7 +831,8 @@ async fn token<S: TokenStore>(store: &S, command: TokenCommand, json: bool) -> O
                         t.name,
                         t.role,
                         t.created_at,
-                        t.revoked_at.map_or_else(|| "active".to_owned(), |at| format!("revoked {at}"))
+                        t.revoked_at
+                            .map_or_else(|| "active".to_owned(), |at| format!("revoked {at}"))
                     );
                 }
             }
@@ -884,15 +891,25 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
     if !ledger.list_tokens().await?.iter().any(|t| t.is_active()) {
         let taken: Vec<String> = ledger.list_tokens().await?.into_iter().map(|t| t.name).collect();
         let name = (1..)
-            .map(|n| if n == 1 { "admin".to_owned() } else { format!("admin-{n}") })
+            .map(|n| {
+                if n == 1 {
+                    "admin".to_owned()
+                } else {
+                    format!("admin-{n}")
+                }
+            })
             .find(|n| !taken.contains(n))
             .unwrap_or_else(|| "admin".to_owned());
         let now = leasehold::clock::Clock::now(&SystemClock);
         let (info, secret) = create_token(ledger.as_ref(), &name, Role::Admin, now).await?;
-        let path = app
-            .login_path(secret.hash())
-            .map_err(|p| Failure { code: 1, message: p.detail })?;
-        println!("no API token existed: created admin token {:?} (shown only now):", info.name);
+        let path = app.login_path(secret.hash()).map_err(|p| Failure {
+            code: 1,
+            message: p.detail,
+        })?;
+        println!(
+            "no API token existed: created admin token {:?} (shown only now):",
+            info.name
+        );
         println!("  {}", secret.expose());
         println!("log in to the console once with this link (valid 15 minutes, one use):");
         println!("  {base}{path}");

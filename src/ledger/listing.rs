@@ -124,7 +124,11 @@ impl AttemptPage {
     pub fn from_rows(mut records: Vec<AttemptRecord>, limit: u32) -> Self {
         let more = records.len() > limit as usize;
         records.truncate(limit as usize);
-        let next = if more { records.last().map(AttemptCursor::after) } else { None };
+        let next = if more {
+            records.last().map(AttemptCursor::after)
+        } else {
+            None
+        };
         Self { records, next }
     }
 }
@@ -194,7 +198,10 @@ async fn all_records<L: Ledger + ?Sized>(ledger: &L, plan: Option<&PlanId>) -> R
 
 /// [`Ledger::list_attempts`] from the other reads: every history, filtered and
 /// sorted. Correct on any ledger; reads every attempt.
-pub async fn list_from_history<L: Ledger + ?Sized>(ledger: &L, query: &AttemptQuery) -> Result<AttemptPage, LedgerError> {
+pub async fn list_from_history<L: Ledger + ?Sized>(
+    ledger: &L,
+    query: &AttemptQuery,
+) -> Result<AttemptPage, LedgerError> {
     let mut records: Vec<AttemptRecord> = all_records(ledger, query.plan.as_ref())
         .await?
         .into_iter()
@@ -226,9 +233,17 @@ mod tests {
             id: AttemptId::new("att-00ff"),
         };
         assert_eq!(AttemptCursor::decode(&c.encode()).unwrap(), c);
-        for bad in ["", "!!", "bm9jb2xvbg", &base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("x:att")] {
+        for bad in [
+            "",
+            "!!",
+            "bm9jb2xvbg",
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("x:att"),
+        ] {
             let e = AttemptCursor::decode(bad).unwrap_err();
-            assert!(matches!(e, LedgerError::BadInput(ref m) if m.starts_with("cursor:")), "{bad:?}: {e}");
+            assert!(
+                matches!(e, LedgerError::BadInput(ref m) if m.starts_with("cursor:")),
+                "{bad:?}: {e}"
+            );
         }
     }
 

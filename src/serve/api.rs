@@ -55,7 +55,11 @@ fn to_json<T: serde::Serialize>(value: &T) -> Result<Value, Problem> {
 
 /// Parses a JSON request body; an empty body is `{}`.
 fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, Problem> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { bytes };
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
     serde_json::from_slice(bytes).map_err(|e| Problem::bad_input(format!("request body: {e}")))
 }
 
@@ -159,7 +163,9 @@ pub struct EnqueueBody {
 fn parse_action(text: Option<&str>) -> Result<Action, Problem> {
     match text {
         None => Ok(Action::Execute),
-        Some(t) => t.parse::<Action>().map_err(|e| Problem::bad_input(format!("action: {e}"))),
+        Some(t) => t
+            .parse::<Action>()
+            .map_err(|e| Problem::bad_input(format!("action: {e}"))),
     }
 }
 
@@ -315,7 +321,11 @@ async fn get_attempt(State(app): State<App>, headers: HeaderMap, Path(id): Path<
 }
 
 /// Reconciles an attempt: requeues it if its lease expired (refused while live).
-pub(crate) async fn do_reconcile(app: &App, who: &Principal, id: &str) -> Result<(ReconcileOutcome, AttemptRecord), Problem> {
+pub(crate) async fn do_reconcile(
+    app: &App,
+    who: &Principal,
+    id: &str,
+) -> Result<(ReconcileOutcome, AttemptRecord), Problem> {
     match app.backend().reconcile(&AttemptId::new(id)).await {
         Ok((outcome, record)) => {
             let name = match outcome {
@@ -364,10 +374,17 @@ pub struct AbortBody {
 pub const REASON_MAX_CHARS: usize = 500;
 
 /// Aborts an open attempt as `who`.
-pub(crate) async fn do_abort(app: &App, who: &Principal, id: &str, reason: Option<&str>) -> Result<AttemptRecord, Problem> {
+pub(crate) async fn do_abort(
+    app: &App,
+    who: &Principal,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<AttemptRecord, Problem> {
     let reason = reason.map(str::trim).filter(|r| !r.is_empty());
     if reason.is_some_and(|r| r.chars().count() > REASON_MAX_CHARS) {
-        return Err(Problem::bad_input(format!("reason: longer than {REASON_MAX_CHARS} characters")));
+        return Err(Problem::bad_input(format!(
+            "reason: longer than {REASON_MAX_CHARS} characters"
+        )));
     }
     let reason = reason.map_or_else(|| format!("aborted by operator ({})", who.name), str::to_owned);
     let record = app.backend().abort(&AttemptId::new(id), &reason).await?;
@@ -390,10 +407,17 @@ async fn abort(State(app): State<App>, headers: HeaderMap, Path(id): Path<String
 
 /// Enqueues a retry (of a FAILED or ABORTED attempt) or a compensation (of a FAILED
 /// forward attempt) on the attempt's plan, as `who`.
-pub(crate) async fn do_follow_up(app: &App, who: &Principal, id: &str, action: Action) -> Result<AttemptRecord, Problem> {
+pub(crate) async fn do_follow_up(
+    app: &App,
+    who: &Principal,
+    id: &str,
+    action: Action,
+) -> Result<AttemptRecord, Problem> {
     let record = app.backend().attempt(&AttemptId::new(id)).await?;
     let status = record.attempt.status;
-    let refuse = |why: String| -> Problem { LedgerError::Refused(leasehold_engine::Refusal::Guard { action, reason: why }).into() };
+    let refuse = |why: String| -> Problem {
+        LedgerError::Refused(leasehold_engine::Refusal::Guard { action, reason: why }).into()
+    };
     match action {
         Action::Retry if !matches!(status, AttemptStatus::Failed | AttemptStatus::Aborted) => {
             return Err(refuse(format!("attempt {id} is {status}, not FAILED or ABORTED")));

@@ -72,8 +72,13 @@ pub struct Sessions {
 
 fn random_secret() -> Result<String, Problem> {
     let mut bytes = [0u8; 32];
-    getrandom::getrandom(&mut bytes)
-        .map_err(|_| Problem::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "no randomness"))?;
+    getrandom::getrandom(&mut bytes).map_err(|_| {
+        Problem::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "no randomness",
+        )
+    })?;
     Ok(hex::encode(bytes))
 }
 
@@ -170,7 +175,9 @@ impl App {
                 return Err(Problem::unauthorized());
             }
             let found = self.backend().token_by_hash(&token_hash(token.trim())).await?;
-            return found.map(|t| Some(Principal::of(t, false))).ok_or_else(Problem::unauthorized);
+            return found
+                .map(|t| Some(Principal::of(t, false)))
+                .ok_or_else(Problem::unauthorized);
         }
         let Some(session) = cookie(headers, SESSION_COOKIE) else {
             return Ok(None);
@@ -267,7 +274,11 @@ mod tests {
         assert!(cross_site(&headers(&[("sec-fetch-site", "same-site")])).is_some());
         let ours = headers(&[("host", "127.0.0.1:8080"), ("origin", "http://127.0.0.1:8080")]);
         assert_eq!(cross_site(&ours), None);
-        assert!(cross_site(&headers(&[("host", "127.0.0.1:8080"), ("origin", "http://evil.example")])).is_some());
+        assert!(cross_site(&headers(&[
+            ("host", "127.0.0.1:8080"),
+            ("origin", "http://evil.example")
+        ]))
+        .is_some());
         assert!(cross_site(&headers(&[("host", "127.0.0.1:8080"), ("origin", "null")])).is_some());
     }
 

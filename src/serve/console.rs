@@ -53,13 +53,20 @@ pub fn routes() -> Router<App> {
         .route("/plans/{plan}", get(plan_page))
         .route("/plans/{plan}/compare", get(compare_page))
         .route("/plans/{plan}/gate", get(gate_page))
-        .route("/assets/console.css", get(|| async { asset(CSS, "text/css; charset=utf-8") }))
-        .route("/assets/console.js", get(|| async { asset(JS, "text/javascript; charset=utf-8") }))
+        .route(
+            "/assets/console.css",
+            get(|| async { asset(CSS, "text/css; charset=utf-8") }),
+        )
+        .route(
+            "/assets/console.js",
+            get(|| async { asset(JS, "text/javascript; charset=utf-8") }),
+        )
 }
 
 fn asset(body: &'static str, kind: &'static str) -> Response {
     let mut r = body.into_response();
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=300"));
     r
@@ -276,7 +283,15 @@ fn fragment(q: &HashMap<String, String>) -> bool {
 }
 
 /// A live region's answer: the region alone for the script, or the whole page.
-fn live_response(q: &HashMap<String, String>, title: &str, who: &Principal, before: &str, region: &str, src: &str, live: bool) -> Response {
+fn live_response(
+    q: &HashMap<String, String>,
+    title: &str,
+    who: &Principal,
+    before: &str,
+    region: &str,
+    src: &str,
+    live: bool,
+) -> Response {
     if fragment(q) {
         return Html(region.to_owned()).into_response();
     }
@@ -294,10 +309,17 @@ fn live_response(q: &HashMap<String, String>, title: &str, who: &Principal, befo
 }
 
 fn plan_names(plans: &[Plan]) -> HashMap<String, String> {
-    plans.iter().map(|p| (p.id.as_str().to_owned(), p.name.clone())).collect()
+    plans
+        .iter()
+        .map(|p| (p.id.as_str().to_owned(), p.name.clone()))
+        .collect()
 }
 
-async fn attempts_page(State(app): State<App>, headers: HeaderMap, Query(params): Query<HashMap<String, String>>) -> PageResult {
+async fn attempts_page(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> PageResult {
     let who = viewer(&app, &headers).await?;
     let query = attempt_query(&app, &params).await?;
     let plans = app.backend().list_plans().await?;
@@ -308,12 +330,18 @@ async fn attempts_page(State(app): State<App>, headers: HeaderMap, Query(params)
     let plan = query.plan.as_ref().map(|p| p.as_str().to_owned()).unwrap_or_default();
 
     let mut before = String::from("<h1>Attempts</h1>\n<form class=\"filters\" method=\"get\" action=\"/attempts\">\n");
-    let _ = write!(before, "<label>State <select name=\"state\"><option value=\"\">any</option>");
+    let _ = write!(
+        before,
+        "<label>State <select name=\"state\"><option value=\"\">any</option>"
+    );
     for s in AttemptStatus::ALL {
         let selected = if s.as_str() == state { " selected" } else { "" };
         let _ = write!(before, "<option{selected}>{s}</option>");
     }
-    let _ = write!(before, "</select></label>\n<label>Plan <select name=\"plan\"><option value=\"\">any</option>");
+    let _ = write!(
+        before,
+        "</select></label>\n<label>Plan <select name=\"plan\"><option value=\"\">any</option>"
+    );
     for p in &plans {
         let selected = if p.id.as_str() == plan { " selected" } else { "" };
         let _ = write!(
@@ -328,7 +356,11 @@ async fn attempts_page(State(app): State<App>, headers: HeaderMap, Query(params)
 
     let mut region = String::from("<ul class=\"counts\" aria-label=\"Attempts per state\">\n");
     for c in &counts.states {
-        let shown = if c.capped { format!("≥ {}", c.count) } else { c.count.to_string() };
+        let shown = if c.capped {
+            format!("≥ {}", c.count)
+        } else {
+            c.count.to_string()
+        };
         let _ = writeln!(
             region,
             "<li><a href=\"/attempts?state={0}\">{1} <strong>{shown}</strong></a></li>",
@@ -363,7 +395,17 @@ async fn attempts_page(State(app): State<App>, headers: HeaderMap, Query(params)
     } else {
         region.push_str(&table(
             "Attempts, newest first",
-            &["Attempt", "Plan", "#", "Action", "Status", "Outbox", "Owner", "Deliveries", "Created"],
+            &[
+                "Attempt",
+                "Plan",
+                "#",
+                "Action",
+                "Status",
+                "Outbox",
+                "Owner",
+                "Deliveries",
+                "Created",
+            ],
             &rows,
         ));
     }
@@ -435,7 +477,17 @@ fn receipts_table(record: &AttemptRecord) -> String {
         .collect();
     table(
         "Receipts, in order",
-        &["#", "Step", "Status", "Idempotency key", "Started", "Finished", "Took", "Evidence SHA-256", "Error"],
+        &[
+            "#",
+            "Step",
+            "Status",
+            "Idempotency key",
+            "Started",
+            "Finished",
+            "Took",
+            "Evidence SHA-256",
+            "Error",
+        ],
         &rows,
     )
 }
@@ -473,7 +525,11 @@ async fn attempt_page(
             .map(|d| format!("\n<p class=\"notice\" role=\"status\">{}</p>", esc(d)))
             .unwrap_or_default()
     );
-    let mut region = format!("<p class=\"state\">{} <span>outbox {}</span></p>\n", attempt_badge(a.status), command_badge(c.status));
+    let mut region = format!(
+        "<p class=\"state\">{} <span>outbox {}</span></p>\n",
+        attempt_badge(a.status),
+        command_badge(c.status)
+    );
     let legal = actions(&record, who.role, now);
     if !legal.is_empty() {
         region.push_str("<ul class=\"actions\" aria-label=\"Actions\">\n");
@@ -487,7 +543,9 @@ async fn attempt_page(
         region.push_str("</ul>\n");
     }
     let lease = match c.lease_until {
-        Some(until) if c.status == CommandStatus::Processing => format!("{} ({})", time(Some(until)), time_left(until, now)),
+        Some(until) if c.status == CommandStatus::Processing => {
+            format!("{} ({})", time(Some(until)), time_left(until, now))
+        }
         Some(until) => time(Some(until)),
         None => "—".to_owned(),
     };
@@ -565,7 +623,11 @@ async fn confirm_page(
         .get("action")
         .and_then(|a| action_of(a))
         .ok_or_else(|| Problem::bad_input("action: must be reconcile, abort, retry or compensate"))?;
-    Ok(html(&format!("Confirm {action}"), &who, &confirm_form(record.attempt.id.as_str(), action, question, None)))
+    Ok(html(
+        &format!("Confirm {action}"),
+        &who,
+        &confirm_form(record.attempt.id.as_str(), action, question, None),
+    ))
 }
 
 async fn act(
@@ -582,7 +644,9 @@ async fn act(
     let result: Result<(String, String), Problem> = match action {
         "reconcile" => do_reconcile(&app, &who, &id).await.map(|(outcome, r)| {
             let done = match outcome {
-                ReconcileOutcome::Requeued => "Requeued: the expired lease was cleared; the attempt waits for a worker.".to_owned(),
+                ReconcileOutcome::Requeued => {
+                    "Requeued: the expired lease was cleared; the attempt waits for a worker.".to_owned()
+                }
                 ReconcileOutcome::Unchanged => format!("Unchanged: the command is {}.", r.command.status),
             };
             (r.attempt.id.as_str().to_owned(), done)
@@ -591,10 +655,17 @@ async fn act(
             .await
             .map(|r| (r.attempt.id.as_str().to_owned(), "Aborted.".to_owned())),
         other => {
-            let a = if other == "retry" { Action::Retry } else { Action::Compensate };
-            do_follow_up(&app, &who, &id, a)
-                .await
-                .map(|r| (r.attempt.id.as_str().to_owned(), format!("Enqueued {} attempt #{} (from attempt {id}).", a, r.attempt.number)))
+            let a = if other == "retry" {
+                Action::Retry
+            } else {
+                Action::Compensate
+            };
+            do_follow_up(&app, &who, &id, a).await.map(|r| {
+                (
+                    r.attempt.id.as_str().to_owned(),
+                    format!("Enqueued {} attempt #{} (from attempt {id}).", a, r.attempt.number),
+                )
+            })
         }
     };
     match result {
@@ -632,7 +703,11 @@ async fn plans_page(State(app): State<App>, headers: HeaderMap) -> PageResult {
     } else {
         format!(
             "<h1>Plans</h1>\n{}",
-            table("Plans, newest first", &["Name", "Id", "Status", "Recovery", "Steps", "Fingerprint", "Registered"], &rows)
+            table(
+                "Plans, newest first",
+                &["Name", "Id", "Status", "Recovery", "Steps", "Fingerprint", "Registered"],
+                &rows
+            )
         )
     };
     Ok(html("Plans", &who, &body))
@@ -681,7 +756,18 @@ fn history_table(plan: &Plan, history: &[AttemptRecord]) -> String {
     }
     table(
         "Evidence history, newest first",
-        &["#", "Attempt", "Action", "Status", "Outbox", "Steps done", "Deliveries", "Raw fingerprint", "Semantic fingerprint", "Created"],
+        &[
+            "#",
+            "Attempt",
+            "Action",
+            "Status",
+            "Outbox",
+            "Steps done",
+            "Deliveries",
+            "Raw fingerprint",
+            "Semantic fingerprint",
+            "Created",
+        ],
         &rows,
     )
 }
@@ -690,7 +776,13 @@ fn plan_header(plan: &Plan) -> String {
     let steps: Vec<String> = plan
         .steps
         .iter()
-        .map(|s| format!("<li><code>{}</code> <span class=\"muted\">({})</span></li>", esc(&s.code), esc(&s.executor)))
+        .map(|s| {
+            format!(
+                "<li><code>{}</code> <span class=\"muted\">({})</span></li>",
+                esc(&s.code),
+                esc(&s.executor)
+            )
+        })
         .collect();
     format!(
         "<h1>Plan {}</h1>\n{}<details><summary>Steps ({})</summary><ol>{}</ol></details>",
@@ -699,7 +791,14 @@ fn plan_header(plan: &Plan) -> String {
             ("Id", format!("<code>{}</code>", esc(&plan.id))),
             ("Status", esc(plan.status)),
             ("Recovery", esc(plan.recovery)),
-            ("Fingerprint", format!("<code title=\"{0}\">{1}</code>", esc(&plan.fingerprint), esc(short_sha(&plan.fingerprint)))),
+            (
+                "Fingerprint",
+                format!(
+                    "<code title=\"{0}\">{1}</code>",
+                    esc(&plan.fingerprint),
+                    esc(short_sha(&plan.fingerprint))
+                )
+            ),
             ("Registered", time(Some(plan.created_at))),
         ]),
         plan.steps.len(),
@@ -725,7 +824,10 @@ async fn plan_page(State(app): State<App>, headers: HeaderMap, Path(plan): Path<
         "<section aria-labelledby=\"history\"><h2 id=\"history\">Evidence history</h2>\n{}</section>\n",
         history_table(&plan, &history)
     );
-    let succeeded: Vec<&AttemptRecord> = history.iter().filter(|r| r.attempt.status == AttemptStatus::Succeeded).collect();
+    let succeeded: Vec<&AttemptRecord> = history
+        .iter()
+        .filter(|r| r.attempt.status == AttemptStatus::Succeeded)
+        .collect();
     body.push_str("<section aria-labelledby=\"compare\"><h2 id=\"compare\">Compare attempts</h2>\n");
     if succeeded.len() < 2 {
         body.push_str("<p class=\"empty\">Comparison needs two successful attempts.</p>");
@@ -765,7 +867,11 @@ fn value(v: Option<&Value>) -> String {
         Some(v) => {
             let text = leasehold_engine::canonical::canonical_json(v);
             let shown: String = text.chars().take(VALUE_CHARS_MAX).collect();
-            let cut = if text.chars().count() > VALUE_CHARS_MAX { "…" } else { "" };
+            let cut = if text.chars().count() > VALUE_CHARS_MAX {
+                "…"
+            } else {
+                ""
+            };
             format!("<code>{}{cut}</code>", esc(shown))
         }
     }
@@ -821,7 +927,14 @@ fn comparison_body(plan: &Plan, c: &Comparison) -> String {
         "{}",
         dl(&[
             ("Steps", if c.steps_equal { "equal".into() } else { "differ".into() }),
-            ("Semantic fingerprints", if c.semantic_equal { "equal".into() } else { "differ".into() }),
+            (
+                "Semantic fingerprints",
+                if c.semantic_equal {
+                    "equal".into()
+                } else {
+                    "differ".into()
+                }
+            ),
         ])
     );
     if !c.problems.is_empty() {
@@ -856,7 +969,11 @@ async fn compare_page(
     )
     .await?;
     let comparison = compare(&plan, &left, &right);
-    Ok(html(&format!("Comparison · {}", plan.name), &who, &comparison_body(&plan, &comparison)))
+    Ok(html(
+        &format!("Comparison · {}", plan.name),
+        &who,
+        &comparison_body(&plan, &comparison),
+    ))
 }
 
 async fn gate_page(State(app): State<App>, headers: HeaderMap, Path(plan): Path<String>) -> PageResult {
@@ -869,17 +986,31 @@ async fn gate_page(State(app): State<App>, headers: HeaderMap, Path(plan): Path<
         verdict_badge(report.verdict.as_str()),
         esc(&plan.id),
         esc(&plan.name),
-        if report.verdict == Verdict::Pass { "the latest attempt may be released" } else { "may not be released" }
+        if report.verdict == Verdict::Pass {
+            "the latest attempt may be released"
+        } else {
+            "may not be released"
+        }
     );
     body.push_str("<section aria-labelledby=\"checks\"><h2 id=\"checks\">Checks</h2>\n");
     body.push_str(&checks_table(&report));
     let attempt = |a: &Option<leasehold_engine::gate::AttemptRef>| {
         a.as_ref().map_or_else(
             || "none".to_owned(),
-            |a| format!("<a href=\"/attempts/{0}\">{0}</a> (#{1}, {2})", esc(&a.attempt_id), a.number, esc(a.status)),
+            |a| {
+                format!(
+                    "<a href=\"/attempts/{0}\">{0}</a> (#{1}, {2})",
+                    esc(&a.attempt_id),
+                    a.number,
+                    esc(a.status)
+                )
+            },
         )
     };
-    let fp = |f: &Option<String>| f.as_deref().map_or_else(|| "—".to_owned(), |f| format!("<code>{}</code>", esc(f)));
+    let fp = |f: &Option<String>| {
+        f.as_deref()
+            .map_or_else(|| "—".to_owned(), |f| format!("<code>{}</code>", esc(f)))
+    };
     body.push_str(&dl(&[
         ("Latest attempt", attempt(&report.latest)),
         ("Baseline attempt", attempt(&report.baseline)),
@@ -897,7 +1028,12 @@ async fn gate_page(State(app): State<App>, headers: HeaderMap, Path(plan): Path<
     }
     if !report.drift.is_empty() {
         body.push_str("<section><h2>Differences from the baseline</h2>\n");
-        body.push_str(&differences_table("Differing fields", &report.drift, "Baseline", "Latest"));
+        body.push_str(&differences_table(
+            "Differing fields",
+            &report.drift,
+            "Baseline",
+            "Latest",
+        ));
         body.push_str("</section>\n");
     }
     let _ = write!(
@@ -936,7 +1072,13 @@ async fn login_page(State(app): State<App>, Query(params): Query<HashMap<String,
             Some(hash) if app.backend().token_by_hash(&hash).await?.is_some() => logged_in(hash, &app),
             _ => Ok((
                 StatusCode::UNAUTHORIZED,
-                Html(layout("Log in", None, &login_form(Some("This login link was used already or has expired: log in with a token.")))),
+                Html(layout(
+                    "Log in",
+                    None,
+                    &login_form(Some(
+                        "This login link was used already or has expired: log in with a token.",
+                    )),
+                )),
             )
                 .into_response()),
         };

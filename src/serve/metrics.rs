@@ -145,13 +145,21 @@ impl Metrics {
             "Outbox commands per status (capped like leasehold_attempts)",
             commands.clone(),
         );
-        registry.register("leasehold_claims", "Commands claimed by this process's workers", claims.clone());
+        registry.register(
+            "leasehold_claims",
+            "Commands claimed by this process's workers",
+            claims.clone(),
+        );
         registry.register(
             "leasehold_takeovers",
             "Claims of a command that had been delivered before (its earlier lease expired)",
             takeovers.clone(),
         );
-        registry.register("leasehold_deliveries", "Deliveries ended, by outcome", deliveries.clone());
+        registry.register(
+            "leasehold_deliveries",
+            "Deliveries ended, by outcome",
+            deliveries.clone(),
+        );
         registry.register(
             "leasehold_stale_writes_refused",
             "Worker writes the ledger refused because the lease was no longer theirs (fencing)",
@@ -167,7 +175,11 @@ impl Metrics {
             "Heartbeats that did not reach the ledger",
             heartbeat_failures.clone(),
         );
-        registry.register("leasehold_reconciles", "Reconcile requests, by outcome", reconciles.clone());
+        registry.register(
+            "leasehold_reconciles",
+            "Reconcile requests, by outcome",
+            reconciles.clone(),
+        );
         registry.register(
             "leasehold_step_duration_seconds",
             "From a step's begin to its completion's commit",
@@ -295,13 +307,13 @@ impl Metrics {
                 }
             }
             WorkerEvent::HeartbeatFailed { attempt, .. } => {
-                let plan = in_flight.get(attempt).map_or_else(|| "other".to_owned(), |f| f.plan.clone());
+                let plan = in_flight
+                    .get(attempt)
+                    .map_or_else(|| "other".to_owned(), |f| f.plan.clone());
                 self.heartbeat_failures.get_or_create(&PlanLabel { plan }).inc();
             }
             WorkerEvent::Finished { attempt, outcome } => {
-                let plan = in_flight
-                    .remove(attempt)
-                    .map_or_else(|| "other".to_owned(), |f| f.plan);
+                let plan = in_flight.remove(attempt).map_or_else(|| "other".to_owned(), |f| f.plan);
                 let name = outcome_name(outcome);
                 self.deliveries
                     .get_or_create(&DeliveryLabels {
@@ -371,10 +383,14 @@ pub fn log_event(worker: &str, event: &WorkerEvent) {
         ),
         WorkerEvent::StepBegun {
             attempt, ordinal, step, ..
-        } => tracing::info!(event = "step_begun", worker, attempt = %attempt, ordinal, step = %clean(step), "step begun"),
+        } => {
+            tracing::info!(event = "step_begun", worker, attempt = %attempt, ordinal, step = %clean(step), "step begun")
+        }
         WorkerEvent::StepSucceeded {
             attempt, ordinal, step, ..
-        } => tracing::info!(event = "step_succeeded", worker, attempt = %attempt, ordinal, step = %clean(step), "step succeeded"),
+        } => {
+            tracing::info!(event = "step_succeeded", worker, attempt = %attempt, ordinal, step = %clean(step), "step succeeded")
+        }
         WorkerEvent::Finished { attempt, outcome } => {
             let detail = match outcome {
                 Outcome::Delivered => String::new(),
@@ -393,7 +409,12 @@ pub fn log_event(worker: &str, event: &WorkerEvent) {
             tracing::info!(event = "stopping", worker, in_flight, grace_ms, "worker stopping")
         }
         WorkerEvent::GraceExpired { dropped } => {
-            tracing::warn!(event = "grace_expired", worker, dropped, "grace period over; leases left to expire")
+            tracing::warn!(
+                event = "grace_expired",
+                worker,
+                dropped,
+                "grace period over; leases left to expire"
+            )
         }
     }
 }

@@ -141,7 +141,9 @@ pub fn token_hash(secret: &str) -> String {
 pub fn check_name(name: &str) -> Result<(), LedgerError> {
     let ok = !name.is_empty()
         && name.chars().count() <= NAME_MAX_CHARS
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
     if ok {
         Ok(())
     } else {

@@ -12,7 +12,10 @@ fn error(e: rusqlite::Error) -> LedgerError {
     match &e {
         _ if text.contains("no such table: api_token") => no_table(),
         rusqlite::Error::SqliteFailure(f, _)
-            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) =>
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ) =>
         {
             LedgerError::Unavailable(format!("sqlite: {text}"))
         }
@@ -38,7 +41,13 @@ fn info((name, role, created, revoked): (String, String, i64, Option<i64>)) -> R
 const COLUMNS: &str = "name, role, created_at, revoked_at";
 
 /// Inserts a token; a name or hash already present is refused.
-pub(crate) fn add(conn: &Connection, name: &str, role: Role, hash: &str, now: Timestamp) -> Result<TokenInfo, LedgerError> {
+pub(crate) fn add(
+    conn: &Connection,
+    name: &str,
+    role: Role,
+    hash: &str,
+    now: Timestamp,
+) -> Result<TokenInfo, LedgerError> {
     let inserted = conn.execute(
         "INSERT INTO api_token (name, role, sha256, created_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
         params![name, role.as_str(), hash, now.as_millis()],
@@ -67,9 +76,7 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<TokenInfo>, LedgerError> {
 pub(crate) fn revoke(conn: &Connection, name: &str, now: Timestamp) -> Result<TokenInfo, LedgerError> {
     let row = conn
         .query_row(
-            &format!(
-                "UPDATE api_token SET revoked_at = COALESCE(revoked_at, ?2) WHERE name = ?1 RETURNING {COLUMNS}"
-            ),
+            &format!("UPDATE api_token SET revoked_at = COALESCE(revoked_at, ?2) WHERE name = ?1 RETURNING {COLUMNS}"),
             params![name, now.as_millis()],
             token,
         )
