@@ -41,6 +41,8 @@ pub enum WorkerEvent {
         attempt: AttemptId,
         /// The plan's name.
         plan: String,
+        /// The attempt's outbox command.
+        command: leasehold_engine::CommandId,
         /// The command's delivery count (2 or more after a takeover).
         delivery: u32,
         /// Steps in the attempt.
@@ -424,6 +426,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             emit(&self.observer, || WorkerEvent::Claimed {
                 attempt: attempt.clone(),
                 plan: self.claimed.plan.name.clone(),
+                command: record.command.id.clone(),
                 delivery,
                 steps,
                 skipped: statuses

@@ -205,6 +205,27 @@ fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<Route> {
             None,
         ),
         (Method::GET, "/metrics".into(), "/metrics", Some(Role::Viewer), None),
+        (
+            Method::GET,
+            "/api/v1/tokens".into(),
+            "/api/v1/tokens",
+            Some(Role::Admin),
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/v1/tokens".into(),
+            "/api/v1/tokens",
+            Some(Role::Admin),
+            Some(json!({"name": "made-by-api", "role": "viewer"})),
+        ),
+        (
+            Method::POST,
+            "/api/v1/tokens/made-by-api/revoke".into(),
+            "/api/v1/tokens/{name}/revoke",
+            Some(Role::Admin),
+            None,
+        ),
     ]
 }
 
@@ -797,7 +818,7 @@ async fn the_openapi_document_describes_every_route_and_the_bearer_scheme() {
         .json();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{}", doc["openapi"]);
     assert_eq!(doc["components"]["securitySchemes"]["token"]["scheme"], "bearer");
-    assert_eq!(doc["paths"].as_object().unwrap().len(), 15);
+    assert_eq!(doc["paths"].as_object().unwrap().len(), 17);
     let reconcile = &doc["paths"]["/api/v1/attempts/{id}/reconcile"]["post"];
     assert!(reconcile["responses"]["409"].is_object(), "{reconcile}");
     assert_eq!(
@@ -985,4 +1006,62 @@ async fn an_unreachable_database_is_a_503_that_names_neither_it_nor_its_password
         }
         assert!(text.contains("\"code\":\"unavailable\""), "{text}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_manage_tokens_over_the_api() {
+    let server = TestServer::start().await;
+    let admin = Some(server.admin.as_str());
+    let made = call(
+        &server,
+        Method::POST,
+        "/api/v1/tokens",
+        admin,
+        Some(json!({"name": "bot", "role": "operator"})),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let secret = made.json()["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        call(&server, Method::GET, "/api/v1/counts", Some(&secret), None)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let listed = call(&server, Method::GET, "/api/v1/tokens", admin, None).await;
+    assert!(
+        listed.body.contains("\"bot\"") && !listed.body.contains(&secret),
+        "{}",
+        listed.body
+    );
+    assert!(!listed.body.contains(&leasehold::tokens::token_hash(&secret)));
+    let bad = call(
+        &server,
+        Method::POST,
+        "/api/v1/tokens",
+        admin,
+        Some(json!({"name": "x", "role": "root"})),
+    )
+    .await;
+    assert!(bad.problem(400, "bad_input")["detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("role:"));
+    call(
+        &server,
+        Method::POST,
+        "/api/v1/tokens",
+        admin,
+        Some(json!({"name": "bot", "role": "viewer"})),
+    )
+    .await
+    .problem(400, "bad_input");
+    let revoked = call(&server, Method::POST, "/api/v1/tokens/bot/revoke", admin, None).await;
+    assert!(revoked.json()["revoked_at"].is_i64(), "{}", revoked.body);
+    call(&server, Method::GET, "/api/v1/counts", Some(&secret), None)
+        .await
+        .problem(401, "unauthorized");
+    call(&server, Method::POST, "/api/v1/tokens/nobody/revoke", admin, None)
+        .await
+        .problem(404, "not_found");
 }

@@ -12,6 +12,7 @@
 //! | `GET /api/v1/plans/{plan}/attempt-comparison`, `GET /api/v1/plans/{plan}/release-gate` | viewer |
 //! | `GET /api/v1/attempts`, `GET /api/v1/attempts/{id}`, `GET /api/v1/counts` | viewer |
 //! | `POST /api/v1/attempts/{id}/reconcile`, `…/abort`, `…/retry`, `…/compensate` | operator |
+//! | `GET /api/v1/tokens`, `POST /api/v1/tokens`, `POST /api/v1/tokens/{name}/revoke` | admin |
 //! | `GET /metrics` | viewer |
 //! | `GET /api/v1/healthz`, `GET /api/v1/readyz`, `GET /api/v1/openapi.json` | none |
 
@@ -76,7 +77,7 @@ fn audit(who: &Principal, action: &str, target: &str, outcome: &str) {
                        Authenticate with `Authorization: Bearer <token>` (see `leasehold token add`)."
     ),
     modifiers(&BearerAuth),
-    components(schemas(Problem, EnqueueBody, AbortBody))
+    components(schemas(Problem, EnqueueBody, AbortBody, TokenBody))
 )]
 struct ApiDoc;
 
@@ -110,6 +111,8 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(openapi_json))
+        .routes(routes!(list_tokens, add_token))
+        .routes(routes!(revoke_token))
 }
 
 /// The OpenAPI document, generated from the handlers' annotations.
@@ -499,6 +502,52 @@ async fn readyz(State(app): State<App>) -> ApiResult {
     responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Value)))]
 async fn openapi_json() -> ApiResult {
     ok(to_json(&openapi())?)
+}
+
+/// Every API token: name, role, creation and revocation (never a secret or digest).
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens", security(("token" = [])),
+    responses((status = 200, description = "Every token, oldest first (as `leasehold token list --json`)", body = Vec<Value>),
+        (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem)))]
+async fn list_tokens(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    app.require(&headers, Role::Admin).await?;
+    ok(to_json(&app.backend().list_tokens().await?)?)
+}
+
+/// The body of `POST /api/v1/tokens`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBody {
+    /// A unique name: letters, digits, '.', '_' or '-'.
+    pub name: String,
+    /// `viewer`, `operator` or `admin`.
+    pub role: String,
+}
+
+/// Creates a token; the answer holds its secret, the only time it is shown.
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "tokens", security(("token" = [])),
+    request_body(content = TokenBody),
+    responses((status = 201, description = "`{\"name\", \"role\", \"token\"}` (as `leasehold token add --json`)", body = Value),
+        (status = 400, description = "A bad or taken name, an unknown role", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn add_token(State(app): State<App>, headers: HeaderMap, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Admin).await?;
+    let request: TokenBody = body(&bytes)?;
+    let role = request.role.parse::<Role>()?;
+    let (info, secret) = app.backend().create_token(&request.name, role, app.now()).await?;
+    audit(&who, "add_token", &info.name, role.as_str());
+    created(json!({"name": info.name, "role": info.role, "token": secret.expose()}))
+}
+
+/// Revokes a token: it is refused from the next request on.
+#[utoipa::path(post, path = "/api/v1/tokens/{name}/revoke", tag = "tokens", security(("token" = [])),
+    params(("name" = String, Path, description = "The token's name")),
+    responses((status = 200, description = "The revoked token", body = Value),
+        (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn revoke_token(State(app): State<App>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
+    let who = app.require(&headers, Role::Admin).await?;
+    let info = app.backend().revoke_token(&name, app.now()).await?;
+    audit(&who, "revoke_token", &info.name, "revoked");
+    ok(to_json(&info)?)
 }
 
 async fn metrics_text(app: &App) -> ApiResult {

@@ -3,9 +3,9 @@
 
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
 use crate::ledger::{find_plan, Ledger, LedgerError};
-use crate::tokens::{TokenInfo, TokenStore};
+use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
 use leasehold_engine::transition::ReconcileOutcome;
-use leasehold_engine::{Action, AttemptId, AttemptRecord, Plan, PlanId, PlanSpec};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -39,6 +39,12 @@ pub trait Backend: Send + Sync + 'static {
     fn open_attempts(&self) -> Fut<'_, u64>;
     /// [`TokenStore::token_by_hash`].
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>>;
+    /// [`create_token`].
+    fn create_token<'a>(&'a self, name: &'a str, role: Role, now: Timestamp) -> Fut<'a, (TokenInfo, TokenSecret)>;
+    /// [`TokenStore::list_tokens`].
+    fn list_tokens(&self) -> Fut<'_, Vec<TokenInfo>>;
+    /// [`TokenStore::revoke_token`].
+    fn revoke_token<'a>(&'a self, name: &'a str, now: Timestamp) -> Fut<'a, TokenInfo>;
 }
 
 impl<L: Ledger + TokenStore> Backend for L {
@@ -77,5 +83,14 @@ impl<L: Ledger + TokenStore> Backend for L {
     }
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>> {
         Box::pin(TokenStore::token_by_hash(self, hash))
+    }
+    fn create_token<'a>(&'a self, name: &'a str, role: Role, now: Timestamp) -> Fut<'a, (TokenInfo, TokenSecret)> {
+        Box::pin(create_token(self, name, role, now))
+    }
+    fn list_tokens(&self) -> Fut<'_, Vec<TokenInfo>> {
+        Box::pin(TokenStore::list_tokens(self))
+    }
+    fn revoke_token<'a>(&'a self, name: &'a str, now: Timestamp) -> Fut<'a, TokenInfo> {
+        Box::pin(TokenStore::revoke_token(self, name, now))
     }
 }

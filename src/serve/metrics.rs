@@ -80,6 +80,8 @@ fn seconds_histogram() -> Histogram {
 /// What a worker delivery is being tracked with between its events.
 struct InFlight {
     plan: String,
+    command: String,
+    delivery: u32,
     step_began: Option<Instant>,
 }
 
@@ -263,14 +265,26 @@ impl Metrics {
         out
     }
 
-    /// Records one worker event (and logs it: [`log_event`]).
+    /// Records one worker event and logs it ([`log_event`]), with the command and
+    /// delivery of its attempt.
     pub fn observe(&self, worker: &str, event: &WorkerEvent) {
-        log_event(worker, event);
         let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let attempt = match event {
+            WorkerEvent::StepBegun { attempt, .. }
+            | WorkerEvent::StepSucceeded { attempt, .. }
+            | WorkerEvent::HeartbeatFailed { attempt, .. }
+            | WorkerEvent::Finished { attempt, .. } => Some(attempt),
+            _ => None,
+        };
+        let context = attempt
+            .and_then(|a| in_flight.get(a))
+            .map(|f| (f.command.as_str(), f.delivery));
+        log_event(worker, event, context);
         match event {
             WorkerEvent::Claimed {
                 attempt,
                 plan,
+                command,
                 delivery,
                 queued_ms,
                 ..
@@ -287,6 +301,8 @@ impl Metrics {
                     attempt.clone(),
                     InFlight {
                         plan: label.plan,
+                        command: command.as_str().to_owned(),
+                        delivery: *delivery,
                         step_began: None,
                     },
                 );
@@ -364,32 +380,35 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
 }
 
 /// Logs a worker event as one structured `tracing` event: `event` names it, with
-/// `worker`, `attempt`, `plan`, `step`, `ordinal`, `delivery` and `outcome` where
-/// they apply. Texts are terminal-safe and redacted.
-pub fn log_event(worker: &str, event: &WorkerEvent) {
+/// `worker`, `attempt`, `command`, `delivery`, `plan`, `step`, `ordinal` and
+/// `outcome` where they apply (`context`: the command and delivery of the event's
+/// attempt, known from its claim). Texts are terminal-safe and redacted.
+pub fn log_event(worker: &str, event: &WorkerEvent, context: Option<(&str, u32)>) {
     let clean = |s: &str| crate::text::clean(&super::logs::redacted(s)).into_owned();
+    let (command, delivery) = context.unwrap_or(("", 0));
     match event {
         WorkerEvent::Claimed {
             attempt,
             plan,
+            command,
             delivery,
             steps,
             skipped,
             queued_ms,
         } => tracing::info!(
-            event = "claimed", worker, attempt = %attempt, plan = %clean(plan), delivery, steps, skipped,
+            event = "claimed", worker, attempt = %attempt, command = %command, delivery, plan = %clean(plan), steps, skipped,
             queued_ms = queued_ms.unwrap_or(0), takeover = *delivery > 1,
             "claimed attempt"
         ),
         WorkerEvent::StepBegun {
             attempt, ordinal, step, ..
         } => {
-            tracing::info!(event = "step_begun", worker, attempt = %attempt, ordinal, step = %clean(step), "step begun")
+            tracing::info!(event = "step_begun", worker, attempt = %attempt, command, delivery, ordinal, step = %clean(step), "step begun")
         }
         WorkerEvent::StepSucceeded {
             attempt, ordinal, step, ..
         } => {
-            tracing::info!(event = "step_succeeded", worker, attempt = %attempt, ordinal, step = %clean(step), "step succeeded")
+            tracing::info!(event = "step_succeeded", worker, attempt = %attempt, command, delivery, ordinal, step = %clean(step), "step succeeded")
         }
         WorkerEvent::Finished { attempt, outcome } => {
             let detail = match outcome {
@@ -397,10 +416,10 @@ pub fn log_event(worker: &str, event: &WorkerEvent) {
                 Outcome::Failed(e) | Outcome::Abandoned(e) => clean(e),
                 Outcome::Refused(r) => clean(&r.to_string()),
             };
-            tracing::info!(event = "finished", worker, attempt = %attempt, outcome = outcome_name(outcome), detail = %detail, "delivery ended");
+            tracing::info!(event = "finished", worker, attempt = %attempt, command, delivery, outcome = outcome_name(outcome), detail = %detail, "delivery ended");
         }
         WorkerEvent::HeartbeatFailed { attempt, error } => {
-            tracing::warn!(event = "heartbeat_failed", worker, attempt = %attempt, error = %clean(error), "heartbeat failed")
+            tracing::warn!(event = "heartbeat_failed", worker, attempt = %attempt, command, delivery, error = %clean(error), "heartbeat failed")
         }
         WorkerEvent::LedgerUnavailable { error, retry_in_ms } => {
             tracing::warn!(event = "ledger_unavailable", worker, error = %clean(error), retry_in_ms, "ledger unavailable")

@@ -246,12 +246,18 @@ pub async fn run<L: Ledger, E: Executor>(
         tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(stop).await })
     });
     let server = axum::serve(listener, router(app)).with_graceful_shutdown(stopping());
-    let signal = tokio::spawn(async move {
-        stop.await;
-        tracing::info!(event = "stopping", "stop requested: draining requests and workers");
-        let _ = stopped.send(true);
-    });
+    let stopped = Arc::new(stopped);
+    let signal = {
+        let stopped = Arc::clone(&stopped);
+        tokio::spawn(async move {
+            stop.await;
+            tracing::info!(event = "stopping", "stop requested: draining requests and workers");
+            let _ = stopped.send(true);
+        })
+    };
     let served = server.await;
+    // Whatever ended the server (a stop, or an error), the workers drain now.
+    let _ = stopped.send(true);
     let mut report = ServeReport::default();
     while let Some(done) = workers.join_next().await {
         if let Ok(r) = done {
