@@ -17,3 +17,10 @@ CREATE TABLE api_token (
 -- (keyset pagination on (created_at, id)). Both columns are written once, at enqueue:
 -- the index costs an insert per attempt and nothing on any later transition.
 CREATE INDEX attempt_by_created ON attempt (created_at, id);
+
+-- Capped counts per state (GET /api/v1/counts, the console, /metrics) and pages
+-- filtered by a failed state: FAILED and ABORTED attempts are the few, so these
+-- partial indexes hold only them, newest last. An attempt enters one at most once,
+-- when it fails or is aborted; no delivery that succeeds writes to either.
+CREATE INDEX attempt_failed ON attempt (created_at, id) WHERE status = 'FAILED';
+CREATE INDEX attempt_aborted ON attempt (created_at, id) WHERE status = 'ABORTED';
