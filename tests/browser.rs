@@ -307,7 +307,11 @@ async fn the_console_works_in_a_real_browser() {
         .find(|(state, _)| state == "hidden")
         .unwrap_or_else(|| panic!("the tab was never hidden behind the other: {log:?}"));
     assert_eq!(polling, "false", "polling stopped while hidden: {log:?}");
-    assert!(log.iter().any(|(state, polling)| state == "visible" && polling == "true"), "and resumed: {log:?}");
+    assert!(
+        log.iter()
+            .any(|(state, polling)| state == "visible" && polling == "true"),
+        "and resumed: {log:?}"
+    );
 
     // Reconcile an expired lease, from the keyboard, and see it requeued.
     // (The claim takes the oldest claimable command: the QUEUED "invoices" attempt.)
