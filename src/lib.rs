@@ -12,6 +12,8 @@ pub mod entropy;
 pub mod executor;
 pub mod ledger;
 pub mod report;
+pub mod serve;
 pub mod target;
 pub mod text;
+pub mod tokens;
 pub mod worker;

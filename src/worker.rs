@@ -41,12 +41,18 @@ pub enum WorkerEvent {
         attempt: AttemptId,
         /// The plan's name.
         plan: String,
+        /// The attempt's outbox command.
+        command: leasehold_engine::CommandId,
         /// The command's delivery count (2 or more after a takeover).
         delivery: u32,
         /// Steps in the attempt.
         steps: u32,
         /// Steps already SUCCEEDED (skipped by a resume takeover).
         skipped: u32,
+        /// On a first delivery, how long the attempt waited from its enqueue to this
+        /// claim (ledger's `created_at` to the worker clock's claim); `None` after a
+        /// takeover.
+        queued_ms: Option<u64>,
     },
     /// A step was begun in the ledger.
     StepBegun {
@@ -76,6 +82,14 @@ pub enum WorkerEvent {
         attempt: AttemptId,
         /// How.
         outcome: Outcome,
+    },
+    /// A heartbeat did not reach the ledger (transport error); the driver retries it
+    /// while the lease lasts.
+    HeartbeatFailed {
+        /// The attempt.
+        attempt: AttemptId,
+        /// What failed.
+        error: String,
     },
     /// A ledger request failed in transport; it will be retried.
     LedgerUnavailable {
@@ -107,6 +121,7 @@ impl fmt::Display for WorkerEvent {
                 delivery,
                 steps,
                 skipped,
+                ..
             } => {
                 write!(
                     f,
@@ -139,6 +154,12 @@ impl fmt::Display for WorkerEvent {
                 Outcome::Refused(r) => write!(f, "attempt {attempt}: write refused ({r}); stopped work on it"),
                 Outcome::Abandoned(r) => write!(f, "attempt {attempt}: abandoned: {r}"),
             },
+            WorkerEvent::HeartbeatFailed { attempt, error } => {
+                write!(
+                    f,
+                    "attempt {attempt}: heartbeat failed ({error}); retrying while the lease lasts"
+                )
+            }
             WorkerEvent::LedgerUnavailable { error, retry_in_ms } => {
                 write!(f, "ledger unavailable ({error}); retrying in {retry_in_ms} ms")
             }
@@ -405,12 +426,14 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             emit(&self.observer, || WorkerEvent::Claimed {
                 attempt: attempt.clone(),
                 plan: self.claimed.plan.name.clone(),
+                command: record.command.id.clone(),
                 delivery,
                 steps,
                 skipped: statuses
                     .iter()
                     .filter(|(_, s)| *s == leasehold_engine::ReceiptStatus::Succeeded)
                     .count() as u32,
+                queued_ms: (delivery == 1).then(|| self.claimed_at.millis_since(record.attempt.created_at)),
             });
             for (ordinal, status) in &statuses {
                 if *status == leasehold_engine::ReceiptStatus::Running {
@@ -464,7 +487,13 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                             now,
                             Refusal::StaleToken { command: self.claimed.lease.command_id.clone() },
                         ),
-                        Err(_) => {
+                        Err(e) => {
+                            if sent == Sent::Heartbeat {
+                                emit(&self.observer, || WorkerEvent::HeartbeatFailed {
+                                    attempt: attempt.clone(),
+                                    error: e.to_string(),
+                                });
+                            }
                             retried = true;
                             driver.handle_ledger_error(now);
                         }

@@ -10,6 +10,8 @@ use leasehold::executor::{Executors, HttpConfig};
 use leasehold::ledger::sqlite::{OpenMode, SqliteLedger};
 use leasehold::ledger::{find_plan, DbUrl, Ledger, LedgerError};
 use leasehold::report;
+use leasehold::serve::logs::LogFormat;
+use leasehold::tokens::{create_token, Role, TokenStore};
 use leasehold::worker::{RunOptions, Worker, WorkerEvent};
 use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
@@ -133,7 +135,18 @@ enum Command {
     Demo {
         #[command(flatten)]
         http: HttpArgs,
+        /// Then serve the console and API on --listen with the demo's data.
+        #[arg(long)]
+        serve: bool,
+        /// Where `--serve` listens.
+        #[arg(long, default_value = "127.0.0.1:8080", requires = "serve")]
+        listen: String,
     },
+    /// Serve the HTTP API (/api/v1), the web console and /metrics, with in-process workers.
+    Serve(ServeArgs),
+    /// Add, list and revoke API tokens for `serve`.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Measure end-to-end dry-run deliveries on this database (writes bench plans to it).
     Bench(bench::BenchArgs),
     /// Serve the reference idempotent HTTP receiver, storing its keys in --db (its own tables).
@@ -195,6 +208,82 @@ impl HttpArgs {
             .http(config)
             .build()
             .map_err(|e| Failure::bad_input(e.to_string()))
+    }
+}
+
+/// `leasehold serve`'s flags.
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Address of the API and console, HOST:PORT (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Also serve /metrics without authentication on this address (a private scrape port).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// In-process workers delivering commands (0: serve only, no polling).
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// Log lines as JSON objects or text, on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
+    log_format: LogFormatArg,
+    /// Lease length in seconds for the workers (clamped to 1..=86400).
+    #[arg(long, default_value_t = 60)]
+    lease_secs: u64,
+    /// Seconds between the workers' polls when idle (clamped to 1..=3600).
+    #[arg(long, default_value_t = 2)]
+    poll_secs: u64,
+    /// Commands each worker claims per poll (clamped to 1..=256).
+    #[arg(long, default_value_t = 5)]
+    batch: u32,
+    /// Seconds in-flight deliveries get to finish after SIGINT/SIGTERM (clamped to 0..=3600).
+    #[arg(long, default_value_t = 30)]
+    grace_secs: u64,
+    /// Seconds one step may run before it is stopped and fails (clamped to 1..=86400).
+    #[arg(long, default_value_t = 300)]
+    step_timeout_secs: u64,
+    #[command(flatten)]
+    http: HttpArgs,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum LogFormatArg {
+    Json,
+    Text,
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCommand {
+    /// Create a token and print it once (only its SHA-256 is stored).
+    Add {
+        /// A unique name: letters, digits, '.', '_' or '-'.
+        name: String,
+        /// viewer (reads, metrics), operator (+ enqueue, reconcile, abort, retry, compensate), admin (+ plans, tokens).
+        #[arg(long, value_enum)]
+        role: RoleArg,
+    },
+    /// List tokens (names, roles, dates; never a secret).
+    List,
+    /// Revoke a token: it is refused from the next request on.
+    Revoke {
+        /// The token's name.
+        name: String,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum RoleArg {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+impl From<RoleArg> for Role {
+    fn from(r: RoleArg) -> Self {
+        match r {
+            RoleArg::Viewer => Role::Viewer,
+            RoleArg::Operator => Role::Operator,
+            RoleArg::Admin => Role::Admin,
+        }
     }
 }
 
@@ -305,7 +394,9 @@ pub fn main() -> ExitCode {
 /// create the file, and reads open it read-only.
 fn open_mode(command: &Command) -> OpenMode {
     match command {
-        Command::Migrate | Command::Demo { .. } | Command::Bench(_) => OpenMode::Create,
+        Command::Migrate | Command::Demo { .. } | Command::Bench(_) | Command::Serve(_) => OpenMode::Create,
+        Command::Token(TokenCommand::List) => OpenMode::ReadOnly,
+        Command::Token(TokenCommand::Add { .. } | TokenCommand::Revoke { .. }) => OpenMode::Existing,
         Command::Plan(PlanCommand::List | PlanCommand::Show { .. })
         | Command::Status { .. }
         | Command::History { .. }
@@ -321,6 +412,7 @@ fn open_mode(command: &Command) -> OpenMode {
 }
 
 async fn dispatch(cli: Cli) -> Outcome {
+    register_db_secrets(&cli.db);
     if let Command::Target(args) = &cli.command {
         // The target keeps its own tables and opens no ledger.
         return serve_target(&cli.db, args).await;
@@ -341,7 +433,7 @@ async fn dispatch(cli: Cli) -> Outcome {
     }
 }
 
-async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome {
+async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: bool) -> Outcome {
     match command {
         Command::Migrate => {
             let applied = ledger.migrate().await?;
@@ -538,12 +630,37 @@ async fn run<L: Ledger>(ledger: Arc<L>, command: Command, json: bool) -> Outcome
                 code => Err(Failure::silent(u8::try_from(code).unwrap_or(1))),
             }
         }
-        Command::Demo { http } => demo(ledger, &http).await,
+        Command::Demo {
+            http,
+            serve: then_serve,
+            listen,
+        } => {
+            demo(Arc::clone(&ledger), &http).await?;
+            if then_serve {
+                let args = ServeArgs {
+                    listen,
+                    metrics_listen: None,
+                    workers: 1,
+                    log_format: LogFormatArg::Text,
+                    lease_secs: 60,
+                    poll_secs: 2,
+                    batch: 5,
+                    grace_secs: 30,
+                    step_timeout_secs: 300,
+                    http,
+                };
+                println!();
+                serve(ledger, args).await?;
+            }
+            Ok(())
+        }
         Command::Bench(args) => bench::run(ledger, args, json).await,
         Command::Target(_) => Err(Failure {
             code: 1,
             message: "the target is served before any ledger is opened".into(),
         }),
+        Command::Serve(args) => serve(ledger, args).await,
+        Command::Token(command) => token(ledger.as_ref(), command, json).await,
     }
 }
 
@@ -756,6 +873,167 @@ async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {
     println!();
     let history = ledger.history(&plan.id).await?;
     print!("{}", report::gate_text(&gate(&plan, &history), &plan));
+    Ok(())
+}
+
+/// Texts of the database URL never to log or answer: the URL as given, its
+/// password, and its printable form.
+fn register_db_secrets(db: &str) {
+    let mut secrets = vec![db.to_owned()];
+    if let Ok(DbUrl::Mysql(url)) = DbUrl::parse(db) {
+        secrets.extend(url.expose_password().map(str::to_owned));
+        secrets.push(url.to_string());
+    }
+    leasehold::serve::logs::register_secrets(secrets);
+}
+
+async fn token<S: TokenStore>(store: &S, command: TokenCommand, json: bool) -> Outcome {
+    let now = leasehold::clock::Clock::now(&SystemClock);
+    match command {
+        TokenCommand::Add { name, role } => {
+            let (info, secret) = create_token(store, &name, role.into(), now).await?;
+            if json {
+                render::print_json(
+                    &serde_json::json!({"name": info.name, "role": info.role, "token": secret.expose()}),
+                );
+            } else {
+                println!("{}", secret.expose());
+                eprintln!(
+                    "created {} token {:?}: the token above is shown only now (only its SHA-256 is stored)",
+                    info.role, info.name
+                );
+            }
+            Ok(())
+        }
+        TokenCommand::List => {
+            let tokens = store.list_tokens().await?;
+            if json {
+                render::print_json(&tokens);
+            } else if tokens.is_empty() {
+                println!("no tokens");
+            } else {
+                for t in &tokens {
+                    println!(
+                        "{:<24} {:<8} created {}  {}",
+                        t.name,
+                        t.role,
+                        t.created_at,
+                        t.revoked_at
+                            .map_or_else(|| "active".to_owned(), |at| format!("revoked {at}"))
+                    );
+                }
+            }
+            Ok(())
+        }
+        TokenCommand::Revoke { name } => {
+            let info = store.revoke_token(&name, now).await?;
+            if json {
+                render::print_json(&info);
+            } else {
+                println!("revoked token {:?}", info.name);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Where a person opens the console for a server listening on `addr`.
+fn console_base(addr: std::net::SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("http://{}", std::net::SocketAddr::new(ip, addr.port()))
+}
+
+async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, Failure> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| Failure::bad_input(format!("{flag} {addr}: cannot listen: {e}")))
+}
+
+async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outcome {
+    leasehold::serve::logs::init(match args.log_format {
+        LogFormatArg::Json => LogFormat::Json,
+        LogFormatArg::Text => LogFormat::Text,
+    });
+    let applied = ledger.migrate().await?;
+    if !applied.is_empty() {
+        let list: Vec<String> = applied.iter().map(u32::to_string).collect();
+        println!("applied migrations: {}", list.join(", "));
+    }
+    let listener = bind("--listen", &args.listen).await?;
+    let metrics = match &args.metrics_listen {
+        Some(addr) => Some(bind("--metrics-listen", addr).await?),
+        None => None,
+    };
+    let step_timeout = Duration::from_secs(args.step_timeout_secs.clamp(1, 86_400));
+    let executors = Arc::new(args.http.executors(step_timeout)?);
+    let app = leasehold::serve::App::new(Arc::clone(&ledger), &executors.names());
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Failure::bad_input(format!("--listen {}: {e}", args.listen)))?;
+    let base = console_base(addr);
+    if !ledger.list_tokens().await?.iter().any(|t| t.is_active()) {
+        let taken: Vec<String> = ledger.list_tokens().await?.into_iter().map(|t| t.name).collect();
+        let name = (1..)
+            .map(|n| {
+                if n == 1 {
+                    "admin".to_owned()
+                } else {
+                    format!("admin-{n}")
+                }
+            })
+            .find(|n| !taken.contains(n))
+            .unwrap_or_else(|| "admin".to_owned());
+        let now = leasehold::clock::Clock::now(&SystemClock);
+        let (info, secret) = create_token(ledger.as_ref(), &name, Role::Admin, now).await?;
+        let path = app.login_path(secret.hash()).map_err(|p| Failure {
+            code: 1,
+            message: p.detail,
+        })?;
+        println!(
+            "no API token existed: created admin token {:?} (shown only now):",
+            info.name
+        );
+        println!("  {}", secret.expose());
+        println!("log in to the console once with this link (valid 15 minutes, one use):");
+        println!("  {base}{path}");
+    }
+    println!(
+        "serving the console at {base}/attempts, the API at {base}/api/v1 and metrics at {base}/metrics; {} in-process worker{}",
+        args.workers,
+        if args.workers == 1 { "" } else { "s" }
+    );
+    if let Some(m) = &metrics {
+        if let Ok(a) = m.local_addr() {
+            println!("serving /metrics without authentication at http://{a}/metrics");
+        }
+    }
+    let pool = leasehold::serve::WorkerPool {
+        workers: args.workers,
+        config: WorkerConfig::clamped(
+            args.workers > 0,
+            args.poll_secs.clamp(1, 3_600) * 1_000,
+            args.batch,
+            args.lease_secs.clamp(1, 86_400) * 1_000,
+        ),
+        id: format!("serve-{}", std::process::id()),
+        grace_ms: args.grace_secs.clamp(0, 3_600) * 1_000,
+        step_timeout,
+    };
+    let report = leasehold::serve::run(app, ledger, executors, listener, metrics, pool, stop_signal())
+        .await
+        .map_err(|e| Failure {
+            code: 1,
+            message: format!("server: {e}"),
+        })?;
+    let w = report.workers;
+    println!(
+        "stopped: workers claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
+        w.claimed, w.delivered, w.failed, w.refused, w.abandoned
+    );
     Ok(())
 }
 

@@ -200,6 +200,8 @@ pub struct MemoryLedger {
     state: Arc<Mutex<State>>,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
+    /// The API tokens ([`crate::tokens`]), shared by clones like the state.
+    pub(crate) tokens: Arc<Mutex<crate::tokens::MemoryTokens>>,
 }
 
 impl std::fmt::Debug for MemoryLedger {
@@ -215,6 +217,7 @@ impl MemoryLedger {
             state: Arc::default(),
             clock,
             entropy,
+            tokens: Arc::default(),
         }
     }
 

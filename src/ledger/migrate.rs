@@ -46,6 +46,11 @@ pub static SQLITE: &[Migration] = &[
         name: "check_lists",
         sql: include_str!("../../migrations/sqlite/0003_check_lists.sql"),
     },
+    Migration {
+        version: 4,
+        name: "api_tokens",
+        sql: include_str!("../../migrations/sqlite/0004_api_tokens.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

@@ -10,6 +10,7 @@
 //! [`sqlite::SqliteLedger`] and [`mysql::MysqlLedger`]. [`DbUrl`] parses the URL that
 //! picks one.
 
+pub mod listing;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;
@@ -248,6 +249,21 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// How many attempts are QUEUED or RUNNING.
     fn open_attempts(&self) -> impl Future<Output = Result<u64, LedgerError>> + Send;
+
+    /// A page of attempts across plans, newest first ([`listing`]). The default
+    /// reads every history; the SQL ledgers answer from an index.
+    fn list_attempts(
+        &self,
+        query: &listing::AttemptQuery,
+    ) -> impl Future<Output = Result<listing::AttemptPage, LedgerError>> + Send {
+        listing::list_from_history(self, query)
+    }
+
+    /// Attempts per status, each count capped at `cap` ([`listing`]). The default
+    /// reads every history; the SQL ledgers stop counting at the cap.
+    fn count_attempts(&self, cap: u64) -> impl Future<Output = Result<listing::AttemptCounts, LedgerError>> + Send {
+        listing::count_from_history(self, cap)
+    }
 }
 
 /// Finds a plan by id, or else by name (the newest READY plan of that name, or the

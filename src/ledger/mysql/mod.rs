@@ -63,6 +63,7 @@
 
 mod connection;
 mod error;
+mod listing;
 mod rows;
 pub mod schema;
 pub mod scratch;
@@ -144,6 +145,12 @@ impl std::fmt::Debug for MysqlLedger {
 }
 
 impl MysqlLedger {
+    /// A pooled connection for stores kept beside the ledger's tables (the API
+    /// tokens of [`crate::tokens`]), its errors classified like the ledger's.
+    pub(crate) async fn pooled_connection(&self) -> Result<mysql_async::Conn, LedgerError> {
+        self.retry(|| self.connect()).await
+    }
+
     /// A ledger on the database at `url`, deciding leases on the database's clock and
     /// minting ids and tokens from `entropy`. Connects lazily: an unreachable server
     /// shows as [`LedgerError::Unavailable`] on the first call. Creates no table: call
@@ -488,5 +495,17 @@ impl Ledger for MysqlLedger {
 
     async fn open_attempts(&self) -> Result<u64, LedgerError> {
         self.retry(|| self.open_attempts_once()).await
+    }
+
+    // The console's reads ([`listing`]).
+    async fn list_attempts(
+        &self,
+        query: &crate::ledger::listing::AttemptQuery,
+    ) -> Result<crate::ledger::listing::AttemptPage, LedgerError> {
+        self.retry(|| self.list_attempts_once(query)).await
+    }
+
+    async fn count_attempts(&self, cap: u64) -> Result<crate::ledger::listing::AttemptCounts, LedgerError> {
+        self.retry(|| self.count_attempts_once(cap)).await
     }
 }

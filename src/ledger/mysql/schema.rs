@@ -30,6 +30,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "covering_claim_index",
         sql: include_str!("../../../migrations/mysql/0002_covering_claim_index.sql"),
     },
+    Migration {
+        version: 3,
+        name: "api_tokens",
+        sql: include_str!("../../../migrations/mysql/0003_api_tokens.sql"),
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

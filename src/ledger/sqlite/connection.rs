@@ -190,6 +190,12 @@ impl SqliteCore {
         &self.conn
     }
 
+    /// The underlying connection, for stores kept beside the ledger's tables
+    /// ([`crate::tokens`]) and the listing reads ([`super::listing`]).
+    pub(crate) fn raw_connection(&self) -> &Connection {
+        &self.conn
+    }
+
     /// A write transaction: takes the database's write lock now, so that what it
     /// reads cannot change before it writes. Inside a group (see
     /// [`SqliteCore::group`]) it is a savepoint of the group's transaction instead.

@@ -50,6 +50,7 @@
 //! ([`super::migrate`]), never by opening.
 
 mod connection;
+mod listing;
 pub mod open;
 mod rows;
 #[cfg(test)]
@@ -58,6 +59,7 @@ mod tests;
 pub use connection::{ClaimRequest, GroupCall, SqliteCore, BUSY_TIMEOUT};
 pub use open::OpenMode;
 
+use super::listing::{AttemptCounts, AttemptPage, AttemptQuery};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
@@ -533,6 +535,23 @@ impl SqliteLedger {
             .map_err(|_| LedgerError::Internal("sqlite task did not complete".into()))?
     }
 
+    /// Runs `f` on the writer thread's connection, after the writes sent before it:
+    /// for stores kept beside the ledger's tables ([`crate::tokens`]).
+    pub(crate) async fn write_with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        self.write(move |core| f(core.raw_connection())).await
+    }
+
+    /// Runs a read `f` on a pooled connection, like the ledger's own reads.
+    pub(crate) async fn read_with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> Result<T, LedgerError> + Send + 'static,
+    ) -> Result<T, LedgerError> {
+        self.run(move |core| f(core.raw_connection())).await
+    }
+
     /// Runs a read `f` on a pooled core on tokio's blocking pool (on the writer
     /// thread for a private database, whose one connection it owns).
     async fn run<T: Send + 'static>(
@@ -660,5 +679,15 @@ impl Ledger for SqliteLedger {
 
     async fn open_attempts(&self) -> Result<u64, LedgerError> {
         self.run(|core| core.open_attempts()).await
+    }
+
+    // The console's reads ([`listing`]).
+    async fn list_attempts(&self, query: &AttemptQuery) -> Result<AttemptPage, LedgerError> {
+        let query = query.clone();
+        self.read_with(move |conn| listing::list_attempts(conn, &query)).await
+    }
+
+    async fn count_attempts(&self, cap: u64) -> Result<AttemptCounts, LedgerError> {
+        self.read_with(move |conn| listing::count_attempts(conn, cap)).await
     }
 }

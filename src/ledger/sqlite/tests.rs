@@ -76,7 +76,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -116,7 +116,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -182,7 +182,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -614,7 +614,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(
-        applied.iter().filter(|v| **v == vec![1, 2, 3]).count(),
+        applied.iter().filter(|v| **v == vec![1, 2, 3, 4]).count(),
         1,
         "{applied:?}"
     );
@@ -828,7 +828,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     clock.advance_ms(1);
     let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
     let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
-    assert_eq!(core.migrate().unwrap(), vec![2, 3]);
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1133,7 +1133,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3]);
+    assert_eq!(migrated.unwrap(), vec![3, 4]);
     let claimed: usize = before.into_iter().chain(after).map(|r| r.unwrap().len()).sum();
     assert_eq!(
         claimed, 3,

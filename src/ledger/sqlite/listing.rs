@@ -1,0 +1,107 @@
+//! The console's reads on SQLite ([`crate::ledger::listing`]): a page of attempts
+//! from the `attempt_by_created` index (migration 4), newest first, and counts per
+//! status that stop at the cap. QUEUED and RUNNING are counted from the commands'
+//! partial indexes, FAILED and ABORTED from their own (migration 4): each reads at
+//! most `cap + 1` entries. SUCCEEDED is counted from the table, stopping at the cap:
+//! quick while succeeded attempts are most of the ledger, a scan of the whole table
+//! when there are fewer than the cap.
+
+use super::rows::{read_record, sql_error};
+use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
+use crate::ledger::LedgerError;
+use leasehold_engine::{AttemptId, AttemptStatus};
+use rusqlite::types::Value;
+use rusqlite::Connection;
+
+/// A page: the ids from the index in listing order (one more than the limit, to
+/// know whether another page follows), then each record, in one read transaction.
+pub(super) fn list_attempts(conn: &Connection, query: &AttemptQuery) -> Result<AttemptPage, LedgerError> {
+    let limit = query.clamped_limit();
+    let mut conditions = Vec::new();
+    let mut params: Vec<Value> = Vec::new();
+    // The status is written into the SQL (an enumeration's own text, never input):
+    // SQLite uses a partial index only for a condition it can see when preparing.
+    let status_condition = query.status.map(|s| format!("status = '{}'", s.as_str()));
+    if let Some(condition) = &status_condition {
+        conditions.push(condition.as_str());
+    }
+    if let Some(plan) = &query.plan {
+        conditions.push("plan_id = ?");
+        params.push(Value::Text(plan.as_str().to_owned()));
+    }
+    if let Some(after) = &query.after {
+        conditions.push("(created_at, id) < (?, ?)");
+        params.push(Value::Integer(after.created_at.as_millis()));
+        params.push(Value::Text(after.id.as_str().to_owned()));
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", conditions.join(" AND "))
+    };
+    params.push(Value::Integer(i64::from(limit) + 1));
+    let sql = format!("SELECT id FROM attempt {filter} ORDER BY created_at DESC, id DESC LIMIT ?");
+    // One snapshot for the ids and their records (inside a caller's transaction, that one).
+    let tx = if conn.is_autocommit() {
+        Some(conn.unchecked_transaction().map_err(sql_error)?)
+    } else {
+        None
+    };
+    let ids: Vec<String> = conn
+        .prepare_cached(&sql)
+        .map_err(sql_error)?
+        .query_map(rusqlite::params_from_iter(params), |row| row.get(0))
+        .map_err(sql_error)?
+        .collect::<Result<_, _>>()
+        .map_err(sql_error)?;
+    let mut records = Vec::with_capacity(ids.len());
+    for id in ids {
+        let id = AttemptId::new(id);
+        if let Some(record) = read_record(conn, &id)? {
+            records.push(record);
+        }
+    }
+    drop(tx);
+    Ok(AttemptPage::from_rows(records, limit))
+}
+
+/// Counts per status, each reading at most `cap + 1` index entries or rows: QUEUED
+/// and RUNNING from the commands' partial indexes (a QUEUED attempt's command is
+/// PENDING, a RUNNING one's PROCESSING), the terminal statuses from the attempts.
+pub(super) fn count_attempts(conn: &Connection, cap: u64) -> Result<AttemptCounts, LedgerError> {
+    let limit = i64::try_from(cap.saturating_add(1)).unwrap_or(i64::MAX);
+    let count = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> Result<u64, LedgerError> {
+        let n: i64 = conn
+            .prepare_cached(sql)
+            .map_err(sql_error)?
+            .query_row(params, |row| row.get(0))
+            .map_err(sql_error)?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    };
+    let mut exact = Vec::new();
+    for &status in AttemptStatus::ALL {
+        let n = match status {
+            AttemptStatus::Queued => count(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PENDING' LIMIT ?1)",
+                &[&limit],
+            )?,
+            AttemptStatus::Running => count(
+                "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PROCESSING' LIMIT ?1)",
+                &[&limit],
+            )?,
+            // FAILED and ABORTED from their partial indexes (migration 4); SUCCEEDED
+            // from the table, stopping at the cap.
+            _ => count(
+                &format!(
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = '{}' LIMIT ?1)",
+                    status.as_str()
+                ),
+                &[&limit],
+            )?,
+        };
+        exact.push((status, n));
+    }
+    Ok(AttemptCounts::capped(cap, |s| {
+        exact.iter().find(|(x, _)| *x == s).map_or(0, |(_, n)| *n)
+    }))
+}

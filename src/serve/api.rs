@@ -1,0 +1,576 @@
+//! The JSON API under `/api/v1`. Every route checks its role on the server; every
+//! error is `application/problem+json` ([`Problem`]). Bodies are the CLI's `--json`
+//! shapes: plans and attempt records as `leasehold plan show --json` and
+//! `leasehold status --json` print them, comparison and gate reports as
+//! [`crate::report`] renders them.
+//!
+//! | route | role |
+//! | --- | --- |
+//! | `GET /api/v1/plans`, `GET /api/v1/plans/{plan}` | viewer |
+//! | `POST /api/v1/plans` | admin |
+//! | `POST /api/v1/plans/{plan}/attempts` | operator |
+//! | `GET /api/v1/plans/{plan}/attempt-comparison`, `GET /api/v1/plans/{plan}/release-gate` | viewer |
+//! | `GET /api/v1/attempts`, `GET /api/v1/attempts/{id}`, `GET /api/v1/counts` | viewer |
+//! | `POST /api/v1/attempts/{id}/reconcile`, `…/abort`, `…/retry`, `…/compensate` | operator |
+//! | `GET /api/v1/tokens`, `POST /api/v1/tokens`, `POST /api/v1/tokens/{name}/revoke` | admin |
+//! | `GET /metrics` | viewer |
+//! | `GET /api/v1/healthz`, `GET /api/v1/readyz`, `GET /api/v1/openapi.json` | none |
+
+use super::auth::Principal;
+use super::problem::Problem;
+use super::App;
+use crate::ledger::listing::{AttemptCursor, AttemptQuery, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::ledger::LedgerError;
+use crate::report;
+use crate::tokens::Role;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use leasehold_engine::evidence::{compare, latest_successful_pair};
+use leasehold_engine::gate::gate;
+use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanSpec};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+type ApiResult = Result<Response, Problem>;
+
+fn ok(value: Value) -> ApiResult {
+    Ok(Json(value).into_response())
+}
+
+fn created(value: Value) -> ApiResult {
+    Ok((StatusCode::CREATED, Json(value)).into_response())
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<Value, Problem> {
+    serde_json::to_value(value).map_err(|e| LedgerError::Internal(format!("cannot render JSON: {e}")).into())
+}
+
+/// Parses a JSON request body; an empty body is `{}`.
+fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, Problem> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| Problem::bad_input(format!("request body: {e}")))
+}
+
+/// Logs an operator action.
+fn audit(who: &Principal, action: &str, target: &str, outcome: &str) {
+    tracing::info!(event = "operator_action", token = %who.name, role = %who.role, action, target = %crate::text::clean(target), outcome, "operator action");
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "leasehold",
+        description = "The leasehold outbox: plans, attempts, reconcile, comparison and release gate. \
+                       Authenticate with `Authorization: Bearer <token>` (see `leasehold token add`)."
+    ),
+    modifiers(&BearerAuth),
+    components(schemas(Problem, EnqueueBody, AbortBody, TokenBody))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "token",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The API's routes, with their OpenAPI description.
+pub fn routes() -> OpenApiRouter<App> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(list_plans, register_plan))
+        .routes(routes!(get_plan))
+        .routes(routes!(enqueue))
+        .routes(routes!(attempt_comparison))
+        .routes(routes!(release_gate))
+        .routes(routes!(list_attempts))
+        .routes(routes!(get_attempt))
+        .routes(routes!(reconcile))
+        .routes(routes!(abort))
+        .routes(routes!(retry))
+        .routes(routes!(compensate))
+        .routes(routes!(counts))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(openapi_json))
+        .routes(routes!(list_tokens, add_token))
+        .routes(routes!(revoke_token))
+}
+
+/// The OpenAPI document, generated from the handlers' annotations.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes().split_for_parts().1
+}
+
+/// Every plan, oldest first.
+#[utoipa::path(get, path = "/api/v1/plans", tag = "plans", security(("token" = [])),
+    responses((status = 200, description = "Every plan, oldest first (as `leasehold plan list --json`)", body = Vec<Value>),
+        (status = 401, body = Problem, content_type = "application/problem+json")))]
+async fn list_plans(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    ok(to_json(&app.backend().list_plans().await?)?)
+}
+
+/// Registers a plan (the body is a plan file's content, as JSON).
+#[utoipa::path(post, path = "/api/v1/plans", tag = "plans", security(("token" = [])),
+    request_body(content = Value, description = "A plan: name, recovery, volatile_fields, steps"),
+    responses((status = 201, description = "The registered plan (or the READY plan with the same content)", body = Value),
+        (status = 400, body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The plan is invalid", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn register_plan(State(app): State<App>, headers: HeaderMap, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Admin).await?;
+    let spec: PlanSpec = body(&bytes)?;
+    let plan = app.backend().register_plan(spec, &app.known_executors()).await?;
+    audit(&who, "register_plan", plan.id.as_str(), "registered");
+    created(to_json(&plan)?)
+}
+
+/// A plan by id, or by name (the newest READY plan of that name).
+#[utoipa::path(get, path = "/api/v1/plans/{plan}", tag = "plans", security(("token" = [])),
+    params(("plan" = String, Path, description = "Plan id or name")),
+    responses((status = 200, description = "The plan (as `leasehold plan show --json`)", body = Value),
+        (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem)))]
+async fn get_plan(State(app): State<App>, headers: HeaderMap, Path(plan): Path<String>) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    ok(to_json(&app.backend().find_plan(&plan).await?)?)
+}
+
+/// The body of `POST /api/v1/plans/{plan}/attempts`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueBody {
+    /// `execute` (default), `retry` or `compensate`.
+    #[serde(default)]
+    pub action: Option<String>,
+}
+
+fn parse_action(text: Option<&str>) -> Result<Action, Problem> {
+    match text {
+        None => Ok(Action::Execute),
+        Some(t) => t
+            .parse::<Action>()
+            .map_err(|e| Problem::bad_input(format!("action: {e}"))),
+    }
+}
+
+/// Enqueues an attempt of a plan.
+#[utoipa::path(post, path = "/api/v1/plans/{plan}/attempts", tag = "attempts", security(("token" = [])),
+    params(("plan" = String, Path, description = "Plan id or name")),
+    request_body(content = EnqueueBody),
+    responses((status = 201, description = "The new attempt's record", body = Value),
+        (status = 409, description = "Refused (an attempt is open, the plan is retired, …)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn enqueue(State(app): State<App>, headers: HeaderMap, Path(plan): Path<String>, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    let request: EnqueueBody = body(&bytes)?;
+    let action = parse_action(request.action.as_deref())?;
+    let plan = app.backend().find_plan(&plan).await?;
+    let record = app.backend().enqueue(&plan.id, action).await?;
+    audit(&who, "enqueue", record.attempt.id.as_str(), action.as_str());
+    created(to_json(&record)?)
+}
+
+/// Resolves the attempts a comparison compares: both given, or the latest two
+/// successful ones.
+pub(crate) async fn comparison_pair(
+    app: &App,
+    plan: &Plan,
+    left: Option<&str>,
+    right: Option<&str>,
+) -> Result<(AttemptRecord, AttemptRecord), Problem> {
+    let (left, right) = match (left.filter(|s| !s.is_empty()), right.filter(|s| !s.is_empty())) {
+        (Some(l), Some(r)) => (
+            app.backend().attempt(&AttemptId::new(l)).await?,
+            app.backend().attempt(&AttemptId::new(r)).await?,
+        ),
+        (None, None) => {
+            let history = app.backend().history(&plan.id).await?;
+            let (l, r) = latest_successful_pair(plan, &history).ok_or_else(|| {
+                Problem::bad_input(format!(
+                    "plan {} has fewer than two successful attempts to compare",
+                    plan.id
+                ))
+            })?;
+            (l.clone(), r.clone())
+        }
+        _ => return Err(Problem::bad_input("left and right: give both, or neither")),
+    };
+    for record in [&left, &right] {
+        if record.attempt.plan_id != plan.id {
+            return Err(Problem::bad_input(format!(
+                "attempt {} belongs to plan {}, not {}",
+                record.attempt.id, record.attempt.plan_id, plan.id
+            )));
+        }
+    }
+    Ok((left, right))
+}
+
+/// The semantic comparison of two attempts of a plan (default: the latest two
+/// successful ones), as `leasehold compare --json`.
+#[utoipa::path(get, path = "/api/v1/plans/{plan}/attempt-comparison", tag = "evidence", security(("token" = [])),
+    params(("plan" = String, Path, description = "Plan id or name"),
+        ("left" = Option<String>, Query, description = "The left (older) attempt id"),
+        ("right" = Option<String>, Query, description = "The right (newer) attempt id")),
+    responses((status = 200, description = "The comparison report", body = Value),
+        (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem), (status = 404, body = Problem)))]
+async fn attempt_comparison(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(plan): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    let plan = app.backend().find_plan(&plan).await?;
+    let (left, right) = comparison_pair(
+        &app,
+        &plan,
+        q.get("left").map(String::as_str),
+        q.get("right").map(String::as_str),
+    )
+    .await?;
+    ok(report::comparison_json(&compare(&plan, &left, &right), &plan))
+}
+
+/// The release gate of a plan from its durable evidence, as `leasehold gate --json`.
+#[utoipa::path(get, path = "/api/v1/plans/{plan}/release-gate", tag = "evidence", security(("token" = [])),
+    params(("plan" = String, Path, description = "Plan id or name")),
+    responses((status = 200, description = "The gate report (verdict PASS or BLOCK)", body = Value),
+        (status = 401, body = Problem, content_type = "application/problem+json"), (status = 404, body = Problem)))]
+async fn release_gate(State(app): State<App>, headers: HeaderMap, Path(plan): Path<String>) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    let plan = app.backend().find_plan(&plan).await?;
+    let history = app.backend().history(&plan.id).await?;
+    ok(report::gate_json(&gate(&plan, &history), &plan))
+}
+
+/// Parses the query of an attempt listing (`state`, `plan`, `limit`, `cursor`);
+/// each bad value is a 400 naming its parameter. `plan` is resolved by id or name.
+pub(crate) async fn attempt_query(app: &App, q: &HashMap<String, String>) -> Result<AttemptQuery, Problem> {
+    let mut query = AttemptQuery::default();
+    if let Some(state) = q.get("state").filter(|s| !s.is_empty()) {
+        query.status = Some(
+            state
+                .parse::<AttemptStatus>()
+                .map_err(|e| Problem::bad_input(format!("state: {e}")))?,
+        );
+    }
+    if let Some(plan) = q.get("plan").filter(|s| !s.is_empty()) {
+        query.plan = Some(app.backend().find_plan(plan).await?.id);
+    }
+    if let Some(limit) = q.get("limit").filter(|s| !s.is_empty()) {
+        query.limit = limit
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=PAGE_LIMIT_MAX).contains(n))
+            .ok_or_else(|| Problem::bad_input(format!("limit: must be a number from 1 to {PAGE_LIMIT_MAX}")))?;
+    }
+    if let Some(cursor) = q.get("cursor").filter(|s| !s.is_empty()) {
+        query.after = Some(AttemptCursor::decode(cursor)?);
+    }
+    Ok(query)
+}
+
+/// Attempts across plans, newest first, a page at a time (keyset pagination).
+#[utoipa::path(get, path = "/api/v1/attempts", tag = "attempts", security(("token" = [])),
+    params(("state" = Option<String>, Query, description = "QUEUED, RUNNING, SUCCEEDED, FAILED or ABORTED"),
+        ("plan" = Option<String>, Query, description = "Plan id or name"),
+        ("limit" = Option<u32>, Query, description = "1 to 200 (default 50)"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
+    responses((status = 200, description = "`{\"attempts\": [record…], \"next_cursor\": string|null}`", body = Value),
+        (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem), (status = 404, body = Problem)))]
+async fn list_attempts(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    let query = attempt_query(&app, &q).await?;
+    let page = app.backend().list_attempts(&query).await?;
+    ok(json!({
+        "attempts": to_json(&page.records)?,
+        "next_cursor": page.next.as_ref().map(AttemptCursor::encode),
+        "limit": query.clamped_limit(),
+    }))
+}
+
+/// An attempt with its command and receipts (never the lease token).
+#[utoipa::path(get, path = "/api/v1/attempts/{id}", tag = "attempts", security(("token" = [])),
+    params(("id" = String, Path, description = "Attempt id")),
+    responses((status = 200, description = "The record (as `leasehold status --json`)", body = Value),
+        (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem)))]
+async fn get_attempt(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    ok(to_json(&app.backend().attempt(&AttemptId::new(id)).await?)?)
+}
+
+/// Reconciles an attempt: requeues it if its lease expired (refused while live).
+pub(crate) async fn do_reconcile(
+    app: &App,
+    who: &Principal,
+    id: &str,
+) -> Result<(ReconcileOutcome, AttemptRecord), Problem> {
+    match app.backend().reconcile(&AttemptId::new(id)).await {
+        Ok((outcome, record)) => {
+            let name = match outcome {
+                ReconcileOutcome::Requeued => "requeued",
+                ReconcileOutcome::Unchanged => "unchanged",
+            };
+            app.metrics().reconciled(name);
+            audit(who, "reconcile", id, name);
+            Ok((outcome, record))
+        }
+        Err(e) => {
+            if matches!(e, LedgerError::Refused(_)) {
+                app.metrics().reconciled("refused");
+                audit(who, "reconcile", id, "refused");
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// Requeues an attempt whose lease expired; a live lease is refused (409).
+#[utoipa::path(post, path = "/api/v1/attempts/{id}/reconcile", tag = "attempts", security(("token" = [])),
+    params(("id" = String, Path, description = "Attempt id")),
+    responses((status = 200, description = "`{\"outcome\": \"requeued\"|\"unchanged\", \"record\": record}` (as `leasehold reconcile --json`)", body = Value),
+        (status = 409, description = "The lease is live", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn reconcile(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    let (outcome, record) = do_reconcile(&app, &who, &id).await?;
+    ok(json!({
+        "outcome": match outcome { ReconcileOutcome::Requeued => "requeued", ReconcileOutcome::Unchanged => "unchanged" },
+        "record": to_json(&record)?,
+    }))
+}
+
+/// The body of `POST /api/v1/attempts/{id}/abort`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AbortBody {
+    /// Recorded on the attempt (default "aborted by operator").
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// The longest abort reason, in characters.
+pub const REASON_MAX_CHARS: usize = 500;
+
+/// Aborts an open attempt as `who`.
+pub(crate) async fn do_abort(
+    app: &App,
+    who: &Principal,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<AttemptRecord, Problem> {
+    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+    if reason.is_some_and(|r| r.chars().count() > REASON_MAX_CHARS) {
+        return Err(Problem::bad_input(format!(
+            "reason: longer than {REASON_MAX_CHARS} characters"
+        )));
+    }
+    let reason = reason.map_or_else(|| format!("aborted by operator ({})", who.name), str::to_owned);
+    let record = app.backend().abort(&AttemptId::new(id), &reason).await?;
+    audit(who, "abort", id, "aborted");
+    Ok(record)
+}
+
+/// Aborts a QUEUED or RUNNING attempt, fencing its worker.
+#[utoipa::path(post, path = "/api/v1/attempts/{id}/abort", tag = "attempts", security(("token" = [])),
+    params(("id" = String, Path, description = "Attempt id")),
+    request_body(content = AbortBody),
+    responses((status = 200, description = "The aborted attempt's record", body = Value),
+        (status = 409, description = "The attempt is already finished", body = Problem, content_type = "application/problem+json"),
+        (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn abort(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    let request: AbortBody = body(&bytes)?;
+    ok(to_json(&do_abort(&app, &who, &id, request.reason.as_deref()).await?)?)
+}
+
+/// Enqueues a retry (of a FAILED or ABORTED attempt) or a compensation (of a FAILED
+/// forward attempt) on the attempt's plan, as `who`.
+pub(crate) async fn do_follow_up(
+    app: &App,
+    who: &Principal,
+    id: &str,
+    action: Action,
+) -> Result<AttemptRecord, Problem> {
+    let record = app.backend().attempt(&AttemptId::new(id)).await?;
+    let status = record.attempt.status;
+    let refuse = |why: String| -> Problem {
+        LedgerError::Refused(leasehold_engine::Refusal::Guard { action, reason: why }).into()
+    };
+    match action {
+        Action::Retry if !matches!(status, AttemptStatus::Failed | AttemptStatus::Aborted) => {
+            return Err(refuse(format!("attempt {id} is {status}, not FAILED or ABORTED")));
+        }
+        Action::Compensate if status != AttemptStatus::Failed || !record.attempt.action.is_forward() => {
+            return Err(refuse(format!(
+                "attempt {id} is a {} attempt that is {status}: only a FAILED forward attempt is compensated",
+                record.attempt.action
+            )));
+        }
+        _ => {}
+    }
+    let history = app.backend().history(&record.attempt.plan_id).await?;
+    let latest = history
+        .iter()
+        .filter(|r| action == Action::Retry || r.attempt.action.is_forward())
+        .max_by_key(|r| r.attempt.number);
+    if latest.map(|r| &r.attempt.id) != Some(&record.attempt.id) {
+        return Err(refuse(format!(
+            "attempt {id} is not the latest {}attempt of plan {}",
+            if action == Action::Retry { "" } else { "forward " },
+            record.attempt.plan_id
+        )));
+    }
+    let new = app.backend().enqueue(&record.attempt.plan_id, action).await?;
+    audit(who, action.as_str(), id, new.attempt.id.as_str());
+    Ok(new)
+}
+
+/// Retries a FAILED or ABORTED attempt: enqueues a `retry` attempt of its plan.
+#[utoipa::path(post, path = "/api/v1/attempts/{id}/retry", tag = "attempts", security(("token" = [])),
+    params(("id" = String, Path, description = "Attempt id (the plan's latest, FAILED or ABORTED)")),
+    responses((status = 201, description = "The new retry attempt's record", body = Value),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn retry(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    created(to_json(&do_follow_up(&app, &who, &id, Action::Retry).await?)?)
+}
+
+/// Compensates a FAILED forward attempt: enqueues a `compensate` attempt of its plan.
+#[utoipa::path(post, path = "/api/v1/attempts/{id}/compensate", tag = "attempts", security(("token" = [])),
+    params(("id" = String, Path, description = "Attempt id (the plan's latest forward attempt, FAILED)")),
+    responses((status = 201, description = "The new compensation attempt's record", body = Value),
+        (status = 409, body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
+async fn compensate(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    created(to_json(&do_follow_up(&app, &who, &id, Action::Compensate).await?)?)
+}
+
+/// Attempts per status, each count exact below the cap and "at least the cap" above.
+#[utoipa::path(get, path = "/api/v1/counts", tag = "attempts", security(("token" = [])),
+    responses((status = 200, description = "`{\"cap\": n, \"states\": [{\"status\", \"count\", \"capped\"}]}`", body = Value),
+        (status = 401, body = Problem, content_type = "application/problem+json")))]
+async fn counts(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    ok(to_json(&app.backend().count_attempts(app.count_cap()).await?)?)
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/api/v1/healthz", tag = "health",
+    responses((status = 200, description = "`{\"status\": \"ok\"}`", body = Value)))]
+async fn healthz() -> ApiResult {
+    ok(json!({"status": "ok"}))
+}
+
+/// Readiness: the ledger answers a read.
+#[utoipa::path(get, path = "/api/v1/readyz", tag = "health",
+    responses((status = 200, description = "`{\"status\": \"ready\"}`", body = Value),
+        (status = 503, description = "The ledger does not answer", body = Problem, content_type = "application/problem+json")))]
+async fn readyz(State(app): State<App>) -> ApiResult {
+    app.backend().open_attempts().await?;
+    ok(json!({"status": "ready"}))
+}
+
+/// This document.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "health",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Value)))]
+async fn openapi_json() -> ApiResult {
+    ok(to_json(&openapi())?)
+}
+
+/// Every API token: name, role, creation and revocation (never a secret or digest).
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens", security(("token" = [])),
+    responses((status = 200, description = "Every token, oldest first (as `leasehold token list --json`)", body = Vec<Value>),
+        (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem)))]
+async fn list_tokens(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    app.require(&headers, Role::Admin).await?;
+    ok(to_json(&app.backend().list_tokens().await?)?)
+}
+
+/// The body of `POST /api/v1/tokens`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBody {
+    /// A unique name: letters, digits, '.', '_' or '-'.
+    pub name: String,
+    /// `viewer`, `operator` or `admin`.
+    pub role: String,
+}
+
+/// Creates a token; the answer holds its secret, the only time it is shown.
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "tokens", security(("token" = [])),
+    request_body(content = TokenBody),
+    responses((status = 201, description = "`{\"name\", \"role\", \"token\"}` (as `leasehold token add --json`)", body = Value),
+        (status = 400, description = "A bad or taken name, an unknown role", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn add_token(State(app): State<App>, headers: HeaderMap, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Admin).await?;
+    let request: TokenBody = body(&bytes)?;
+    let role = request.role.parse::<Role>()?;
+    let (info, secret) = app.backend().create_token(&request.name, role, app.now()).await?;
+    audit(&who, "add_token", &info.name, role.as_str());
+    created(json!({"name": info.name, "role": info.role, "token": secret.expose()}))
+}
+
+/// Revokes a token: it is refused from the next request on.
+#[utoipa::path(post, path = "/api/v1/tokens/{name}/revoke", tag = "tokens", security(("token" = [])),
+    params(("name" = String, Path, description = "The token's name")),
+    responses((status = 200, description = "The revoked token", body = Value),
+        (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn revoke_token(State(app): State<App>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
+    let who = app.require(&headers, Role::Admin).await?;
+    let info = app.backend().revoke_token(&name, app.now()).await?;
+    audit(&who, "revoke_token", &info.name, "revoked");
+    ok(to_json(&info)?)
+}
+
+async fn metrics_text(app: &App) -> ApiResult {
+    let counts = app.backend().count_attempts(app.count_cap()).await?;
+    app.metrics().set_counts(&counts);
+    let mut response = app.metrics().encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(super::metrics::CONTENT_TYPE),
+    );
+    Ok(response)
+}
+
+/// `GET /metrics` on the main listener: a viewer token or session.
+pub(crate) async fn metrics_authenticated(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    metrics_text(&app).await
+}
+
+/// `GET /metrics` on the private scrape listener: no authentication.
+pub(crate) async fn metrics_open(State(app): State<App>) -> ApiResult {
+    metrics_text(&app).await
+}
+
+/// The default page size, for the docs.
+pub const DEFAULT_LIMIT: u32 = PAGE_LIMIT_DEFAULT;

@@ -1,0 +1,96 @@
+//! What the server asks of its ledger, as one object-safe trait: the handlers are
+//! written once, for any ledger and token store.
+
+use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
+use crate::ledger::{find_plan, Ledger, LedgerError};
+use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
+use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::{Action, AttemptId, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed future borrowing the backend.
+pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send + 'a>>;
+
+/// The ledger and token operations the server uses (each one call of
+/// [`Ledger`] or [`TokenStore`], or [`find_plan`]).
+pub trait Backend: Send + Sync + 'static {
+    /// [`Ledger::list_plans`].
+    fn list_plans(&self) -> Fut<'_, Vec<Plan>>;
+    /// [`find_plan`]: by id, or else by name.
+    fn find_plan<'a>(&'a self, reference: &'a str) -> Fut<'a, Plan>;
+    /// [`Ledger::register_plan`].
+    fn register_plan<'a>(&'a self, spec: PlanSpec, known: &'a [&'a str]) -> Fut<'a, Plan>;
+    /// [`Ledger::enqueue`].
+    fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord>;
+    /// [`Ledger::list_attempts`].
+    fn list_attempts<'a>(&'a self, query: &'a AttemptQuery) -> Fut<'a, AttemptPage>;
+    /// [`Ledger::count_attempts`].
+    fn count_attempts(&self, cap: u64) -> Fut<'_, AttemptCounts>;
+    /// [`Ledger::attempt`].
+    fn attempt<'a>(&'a self, id: &'a AttemptId) -> Fut<'a, AttemptRecord>;
+    /// [`Ledger::history`].
+    fn history<'a>(&'a self, plan: &'a PlanId) -> Fut<'a, Vec<AttemptRecord>>;
+    /// [`Ledger::reconcile`].
+    fn reconcile<'a>(&'a self, id: &'a AttemptId) -> Fut<'a, (ReconcileOutcome, AttemptRecord)>;
+    /// [`Ledger::abort`].
+    fn abort<'a>(&'a self, id: &'a AttemptId, reason: &'a str) -> Fut<'a, AttemptRecord>;
+    /// [`Ledger::open_attempts`] (readiness).
+    fn open_attempts(&self) -> Fut<'_, u64>;
+    /// [`TokenStore::token_by_hash`].
+    fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>>;
+    /// [`create_token`].
+    fn create_token<'a>(&'a self, name: &'a str, role: Role, now: Timestamp) -> Fut<'a, (TokenInfo, TokenSecret)>;
+    /// [`TokenStore::list_tokens`].
+    fn list_tokens(&self) -> Fut<'_, Vec<TokenInfo>>;
+    /// [`TokenStore::revoke_token`].
+    fn revoke_token<'a>(&'a self, name: &'a str, now: Timestamp) -> Fut<'a, TokenInfo>;
+}
+
+impl<L: Ledger + TokenStore> Backend for L {
+    fn list_plans(&self) -> Fut<'_, Vec<Plan>> {
+        Box::pin(Ledger::list_plans(self))
+    }
+    fn find_plan<'a>(&'a self, reference: &'a str) -> Fut<'a, Plan> {
+        Box::pin(find_plan(self, reference))
+    }
+    fn register_plan<'a>(&'a self, spec: PlanSpec, known: &'a [&'a str]) -> Fut<'a, Plan> {
+        Box::pin(Ledger::register_plan(self, spec, known))
+    }
+    fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord> {
+        Box::pin(Ledger::enqueue(self, plan, action))
+    }
+    fn list_attempts<'a>(&'a self, query: &'a AttemptQuery) -> Fut<'a, AttemptPage> {
+        Box::pin(Ledger::list_attempts(self, query))
+    }
+    fn count_attempts(&self, cap: u64) -> Fut<'_, AttemptCounts> {
+        Box::pin(Ledger::count_attempts(self, cap))
+    }
+    fn attempt<'a>(&'a self, id: &'a AttemptId) -> Fut<'a, AttemptRecord> {
+        Box::pin(Ledger::attempt(self, id))
+    }
+    fn history<'a>(&'a self, plan: &'a PlanId) -> Fut<'a, Vec<AttemptRecord>> {
+        Box::pin(Ledger::history(self, plan))
+    }
+    fn reconcile<'a>(&'a self, id: &'a AttemptId) -> Fut<'a, (ReconcileOutcome, AttemptRecord)> {
+        Box::pin(Ledger::reconcile(self, id))
+    }
+    fn abort<'a>(&'a self, id: &'a AttemptId, reason: &'a str) -> Fut<'a, AttemptRecord> {
+        Box::pin(Ledger::abort(self, id, reason))
+    }
+    fn open_attempts(&self) -> Fut<'_, u64> {
+        Box::pin(Ledger::open_attempts(self))
+    }
+    fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>> {
+        Box::pin(TokenStore::token_by_hash(self, hash))
+    }
+    fn create_token<'a>(&'a self, name: &'a str, role: Role, now: Timestamp) -> Fut<'a, (TokenInfo, TokenSecret)> {
+        Box::pin(create_token(self, name, role, now))
+    }
+    fn list_tokens(&self) -> Fut<'_, Vec<TokenInfo>> {
+        Box::pin(TokenStore::list_tokens(self))
+    }
+    fn revoke_token<'a>(&'a self, name: &'a str, now: Timestamp) -> Fut<'a, TokenInfo> {
+        Box::pin(TokenStore::revoke_token(self, name, now))
+    }
+}

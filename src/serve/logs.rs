@@ -1,0 +1,73 @@
+//! Structured logs (`tracing`): one event per worker transition and per operator
+//! action, and a line per request (method, route path without its query, status,
+//! duration), as JSON lines or text on stderr.
+//!
+//! Nothing logged carries a token: worker events never hold one, requests are
+//! logged without headers or query strings, and every error text that reaches a
+//! log goes through [`redacted`], which removes the database URL and password the
+//! server was started with.
+
+use std::sync::OnceLock;
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable text.
+    #[default]
+    Text,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "json" => Ok(Self::Json),
+            "text" => Ok(Self::Text),
+            other => Err(format!("--log-format: {other:?} is not json or text")),
+        }
+    }
+}
+
+static SECRETS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Registers texts never to log or answer (the database URL, its password, their
+/// printable forms). The first call wins.
+pub fn register_secrets(secrets: impl IntoIterator<Item = String>) {
+    let mut list: Vec<String> = secrets.into_iter().filter(|s| s.len() >= 4).collect();
+    // Longest first, so that a URL is removed whole before its password inside it.
+    list.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let _ = SECRETS.set(list);
+}
+
+/// `text` with every registered secret replaced by `<redacted>`.
+pub fn redacted(text: &str) -> String {
+    let mut out = text.to_owned();
+    for secret in SECRETS.get().map(Vec::as_slice).unwrap_or_default() {
+        if out.contains(secret.as_str()) {
+            out = out.replace(secret.as_str(), "<redacted>");
+        }
+    }
+    out
+}
+
+/// Installs the global subscriber: `format` on stderr, at `info` and above (the
+/// `LEASEHOLD_LOG` level, `debug` or `trace`, for more). A second call does nothing.
+pub fn init(format: LogFormat) {
+    let level = match std::env::var("LEASEHOLD_LOG").as_deref() {
+        Ok("trace") => tracing::Level::TRACE,
+        Ok("debug") => tracing::Level::DEBUG,
+        Ok("warn") => tracing::Level::WARN,
+        Ok("error") => tracing::Level::ERROR,
+        _ => tracing::Level::INFO,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.with_ansi(false).try_init(),
+    };
+}

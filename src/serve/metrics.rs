@@ -1,0 +1,439 @@
+//! Prometheus metrics (`prometheus-client`, OpenMetrics text), served at `/metrics`.
+//!
+//! Gauges are read at scrape time from the ledger's capped counts
+//! ([`crate::ledger::Ledger::count_attempts`]): `leasehold_attempts{status}` and
+//! `leasehold_commands{status}` (a QUEUED attempt's command is PENDING, RUNNING's
+//! PROCESSING, SUCCEEDED's DELIVERED, FAILED's FAILED, ABORTED's ABORTED: every
+//! transition moves both together), with `leasehold_attempts_capped{status}` 1 where
+//! the count stopped at the cap. Counters and histograms come from this process's
+//! in-process workers ([`crate::worker::WorkerEvent`]) and API calls:
+//!
+//! - `leasehold_claims_total{plan}`, `leasehold_takeovers_total{plan}` (a claim of a
+//!   command delivered before),
+//! - `leasehold_deliveries_total{plan,outcome}` (`delivered`, `failed`, `refused`,
+//!   `abandoned`),
+//! - `leasehold_stale_writes_refused_total{plan}`: writes the ledger refused because
+//!   this worker's lease was no longer the command's (fencing at work),
+//! - `leasehold_lease_expirations_total{reason}`: leases this process left to expire
+//!   (`abandoned` by a delivery, `shutdown` when the grace period ran out),
+//! - `leasehold_heartbeat_failures_total{plan}`,
+//! - `leasehold_reconciles_total{outcome}` (`requeued`, `unchanged`, `refused`),
+//! - `leasehold_step_duration_seconds{plan}` (begin to commit of a successful step)
+//!   and `leasehold_queue_wait_seconds{plan}` (enqueue to first claim) histograms.
+//!
+//! `plan` is the plan's name; past [`PLAN_LABELS_MAX`] distinct names, further
+//! plans count under `plan="other"`, so that cardinality stays bounded.
+
+use crate::ledger::listing::AttemptCounts;
+use crate::worker::WorkerEvent;
+use leasehold_engine::driver::Outcome;
+use leasehold_engine::{AttemptId, AttemptStatus};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The most distinct plan names used as label values.
+pub const PLAN_LABELS_MAX: usize = 64;
+
+/// The media type of `/metrics`.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlanLabel {
+    plan: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    plan: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+type HistogramFamily = Family<PlanLabel, Histogram, fn() -> Histogram>;
+
+fn seconds_histogram() -> Histogram {
+    // 1 ms to about 9 hours.
+    Histogram::new(exponential_buckets(0.001, 2.0, 25))
+}
+
+/// What a worker delivery is being tracked with between its events.
+struct InFlight {
+    plan: String,
+    command: String,
+    delivery: u32,
+    step_began: Option<Instant>,
+}
+
+/// Every metric, and the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    attempts: Family<StatusLabel, Gauge>,
+    attempts_capped: Family<StatusLabel, Gauge>,
+    commands: Family<StatusLabel, Gauge>,
+    claims: Family<PlanLabel, Counter>,
+    takeovers: Family<PlanLabel, Counter>,
+    deliveries: Family<DeliveryLabels, Counter>,
+    stale_writes: Family<PlanLabel, Counter>,
+    expirations: Family<ReasonLabel, Counter>,
+    heartbeat_failures: Family<PlanLabel, Counter>,
+    reconciles: Family<OutcomeLabel, Counter>,
+    step_duration: HistogramFamily,
+    queue_wait: HistogramFamily,
+    in_flight: Mutex<HashMap<AttemptId, InFlight>>,
+    plans_seen: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Every metric at zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let attempts = Family::<StatusLabel, Gauge>::default();
+        let attempts_capped = Family::<StatusLabel, Gauge>::default();
+        let commands = Family::<StatusLabel, Gauge>::default();
+        let claims = Family::<PlanLabel, Counter>::default();
+        let takeovers = Family::<PlanLabel, Counter>::default();
+        let deliveries = Family::<DeliveryLabels, Counter>::default();
+        let stale_writes = Family::<PlanLabel, Counter>::default();
+        let expirations = Family::<ReasonLabel, Counter>::default();
+        let heartbeat_failures = Family::<PlanLabel, Counter>::default();
+        let reconciles = Family::<OutcomeLabel, Counter>::default();
+        let step_duration: HistogramFamily = Family::new_with_constructor(seconds_histogram);
+        let queue_wait: HistogramFamily = Family::new_with_constructor(seconds_histogram);
+        registry.register(
+            "leasehold_attempts",
+            "Attempts per status (capped count: see leasehold_attempts_capped)",
+            attempts.clone(),
+        );
+        registry.register(
+            "leasehold_attempts_capped",
+            "1 where the attempt count stopped at the cap (there are at least that many)",
+            attempts_capped.clone(),
+        );
+        registry.register(
+            "leasehold_commands",
+            "Outbox commands per status (capped like leasehold_attempts)",
+            commands.clone(),
+        );
+        registry.register(
+            "leasehold_claims",
+            "Commands claimed by this process's workers",
+            claims.clone(),
+        );
+        registry.register(
+            "leasehold_takeovers",
+            "Claims of a command that had been delivered before (its earlier lease expired)",
+            takeovers.clone(),
+        );
+        registry.register(
+            "leasehold_deliveries",
+            "Deliveries ended, by outcome",
+            deliveries.clone(),
+        );
+        registry.register(
+            "leasehold_stale_writes_refused",
+            "Worker writes the ledger refused because the lease was no longer theirs (fencing)",
+            stale_writes.clone(),
+        );
+        registry.register(
+            "leasehold_lease_expirations",
+            "Leases this process's workers left to expire",
+            expirations.clone(),
+        );
+        registry.register(
+            "leasehold_heartbeat_failures",
+            "Heartbeats that did not reach the ledger",
+            heartbeat_failures.clone(),
+        );
+        registry.register(
+            "leasehold_reconciles",
+            "Reconcile requests, by outcome",
+            reconciles.clone(),
+        );
+        registry.register(
+            "leasehold_step_duration_seconds",
+            "From a step's begin to its completion's commit",
+            step_duration.clone(),
+        );
+        registry.register(
+            "leasehold_queue_wait_seconds",
+            "From an attempt's enqueue to its first claim",
+            queue_wait.clone(),
+        );
+        Self {
+            registry,
+            attempts,
+            attempts_capped,
+            commands,
+            claims,
+            takeovers,
+            deliveries,
+            stale_writes,
+            expirations,
+            heartbeat_failures,
+            reconciles,
+            step_duration,
+            queue_wait,
+            in_flight: Mutex::default(),
+            plans_seen: Mutex::default(),
+        }
+    }
+
+    /// The label for plan `name`, bounded to [`PLAN_LABELS_MAX`] names.
+    fn plan_label(&self, name: &str) -> PlanLabel {
+        let mut seen = self.plans_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let plan = if seen.contains(name) {
+            name.to_owned()
+        } else if seen.len() < PLAN_LABELS_MAX {
+            seen.insert(name.to_owned());
+            name.to_owned()
+        } else {
+            "other".to_owned()
+        };
+        PlanLabel { plan }
+    }
+
+    /// Sets the gauges from capped counts.
+    pub fn set_counts(&self, counts: &AttemptCounts) {
+        for c in &counts.states {
+            let status = StatusLabel {
+                status: c.status.as_str().to_owned(),
+            };
+            let command = match c.status {
+                AttemptStatus::Queued => "PENDING",
+                AttemptStatus::Running => "PROCESSING",
+                AttemptStatus::Succeeded => "DELIVERED",
+                AttemptStatus::Failed => "FAILED",
+                AttemptStatus::Aborted => "ABORTED",
+            };
+            let n = i64::try_from(c.count).unwrap_or(i64::MAX);
+            self.attempts.get_or_create(&status).set(n);
+            self.attempts_capped.get_or_create(&status).set(i64::from(c.capped));
+            self.commands
+                .get_or_create(&StatusLabel {
+                    status: command.to_owned(),
+                })
+                .set(n);
+        }
+    }
+
+    /// Counts a reconcile request's outcome (`requeued`, `unchanged`, `refused`).
+    pub fn reconciled(&self, outcome: &str) {
+        self.reconciles
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The metrics as OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Records one worker event and logs it ([`log_event`]), with the command and
+    /// delivery of its attempt.
+    pub fn observe(&self, worker: &str, event: &WorkerEvent) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let attempt = match event {
+            WorkerEvent::StepBegun { attempt, .. }
+            | WorkerEvent::StepSucceeded { attempt, .. }
+            | WorkerEvent::HeartbeatFailed { attempt, .. }
+            | WorkerEvent::Finished { attempt, .. } => Some(attempt),
+            _ => None,
+        };
+        let context = attempt
+            .and_then(|a| in_flight.get(a))
+            .map(|f| (f.command.as_str(), f.delivery));
+        log_event(worker, event, context);
+        match event {
+            WorkerEvent::Claimed {
+                attempt,
+                plan,
+                command,
+                delivery,
+                queued_ms,
+                ..
+            } => {
+                let label = self.plan_label(plan);
+                self.claims.get_or_create(&label).inc();
+                if *delivery > 1 {
+                    self.takeovers.get_or_create(&label).inc();
+                }
+                if let Some(ms) = queued_ms {
+                    self.queue_wait.get_or_create(&label).observe(*ms as f64 / 1000.0);
+                }
+                in_flight.insert(
+                    attempt.clone(),
+                    InFlight {
+                        plan: label.plan,
+                        command: command.as_str().to_owned(),
+                        delivery: *delivery,
+                        step_began: None,
+                    },
+                );
+            }
+            WorkerEvent::StepBegun { attempt, .. } => {
+                if let Some(f) = in_flight.get_mut(attempt) {
+                    f.step_began = Some(Instant::now());
+                }
+            }
+            WorkerEvent::StepSucceeded { attempt, .. } => {
+                if let Some(f) = in_flight.get_mut(attempt) {
+                    if let Some(began) = f.step_began.take() {
+                        let label = PlanLabel { plan: f.plan.clone() };
+                        self.step_duration
+                            .get_or_create(&label)
+                            .observe(began.elapsed().as_secs_f64());
+                    }
+                }
+            }
+            WorkerEvent::HeartbeatFailed { attempt, .. } => {
+                let plan = in_flight
+                    .get(attempt)
+                    .map_or_else(|| "other".to_owned(), |f| f.plan.clone());
+                self.heartbeat_failures.get_or_create(&PlanLabel { plan }).inc();
+            }
+            WorkerEvent::Finished { attempt, outcome } => {
+                let plan = in_flight.remove(attempt).map_or_else(|| "other".to_owned(), |f| f.plan);
+                let name = outcome_name(outcome);
+                self.deliveries
+                    .get_or_create(&DeliveryLabels {
+                        plan: plan.clone(),
+                        outcome: name.to_owned(),
+                    })
+                    .inc();
+                match outcome {
+                    Outcome::Refused(_) => {
+                        self.stale_writes.get_or_create(&PlanLabel { plan }).inc();
+                    }
+                    Outcome::Abandoned(_) => {
+                        self.expirations
+                            .get_or_create(&ReasonLabel {
+                                reason: "abandoned".into(),
+                            })
+                            .inc();
+                    }
+                    Outcome::Delivered | Outcome::Failed(_) => {}
+                }
+            }
+            WorkerEvent::GraceExpired { dropped } => {
+                self.expirations
+                    .get_or_create(&ReasonLabel {
+                        reason: "shutdown".into(),
+                    })
+                    .inc_by(*dropped as u64);
+            }
+            _ => {}
+        }
+    }
+
+    /// An observer for [`crate::worker::Worker::on_event`] that records into these
+    /// metrics, as worker `worker`.
+    pub fn observer(self: &Arc<Self>, worker: &str) -> impl Fn(&WorkerEvent) + Send + Sync + 'static {
+        let (metrics, worker) = (Arc::clone(self), worker.to_owned());
+        move |event: &WorkerEvent| metrics.observe(&worker, event)
+    }
+}
+
+fn outcome_name(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Delivered => "delivered",
+        Outcome::Failed(_) => "failed",
+        Outcome::Refused(_) => "refused",
+        Outcome::Abandoned(_) => "abandoned",
+    }
+}
+
+/// Logs a worker event as one structured `tracing` event: `event` names it, with
+/// `worker`, `attempt`, `command`, `delivery`, `plan`, `step`, `ordinal` and
+/// `outcome` where they apply (`context`: the command and delivery of the event's
+/// attempt, known from its claim). Texts are terminal-safe and redacted.
+pub fn log_event(worker: &str, event: &WorkerEvent, context: Option<(&str, u32)>) {
+    let clean = |s: &str| crate::text::clean(&super::logs::redacted(s)).into_owned();
+    let (command, delivery) = context.unwrap_or(("", 0));
+    match event {
+        WorkerEvent::Claimed {
+            attempt,
+            plan,
+            command,
+            delivery,
+            steps,
+            skipped,
+            queued_ms,
+        } => tracing::info!(
+            event = "claimed", worker, attempt = %attempt, command = %command, delivery, plan = %clean(plan), steps, skipped,
+            queued_ms = queued_ms.unwrap_or(0), takeover = *delivery > 1,
+            "claimed attempt"
+        ),
+        WorkerEvent::StepBegun {
+            attempt, ordinal, step, ..
+        } => {
+            tracing::info!(event = "step_begun", worker, attempt = %attempt, command, delivery, ordinal, step = %clean(step), "step begun")
+        }
+        WorkerEvent::StepSucceeded {
+            attempt, ordinal, step, ..
+        } => {
+            tracing::info!(event = "step_succeeded", worker, attempt = %attempt, command, delivery, ordinal, step = %clean(step), "step succeeded")
+        }
+        WorkerEvent::Finished { attempt, outcome } => {
+            let detail = match outcome {
+                Outcome::Delivered => String::new(),
+                Outcome::Failed(e) | Outcome::Abandoned(e) => clean(e),
+                Outcome::Refused(r) => clean(&r.to_string()),
+            };
+            tracing::info!(event = "finished", worker, attempt = %attempt, command, delivery, outcome = outcome_name(outcome), detail = %detail, "delivery ended");
+        }
+        WorkerEvent::HeartbeatFailed { attempt, error } => {
+            tracing::warn!(event = "heartbeat_failed", worker, attempt = %attempt, command, delivery, error = %clean(error), "heartbeat failed")
+        }
+        WorkerEvent::LedgerUnavailable { error, retry_in_ms } => {
+            tracing::warn!(event = "ledger_unavailable", worker, error = %clean(error), retry_in_ms, "ledger unavailable")
+        }
+        WorkerEvent::Stopping { in_flight, grace_ms } => {
+            tracing::info!(event = "stopping", worker, in_flight, grace_ms, "worker stopping")
+        }
+        WorkerEvent::GraceExpired { dropped } => {
+            tracing::warn!(
+                event = "grace_expired",
+                worker,
+                dropped,
+                "grace period over; leases left to expire"
+            )
+        }
+    }
+}

@@ -1,0 +1,1067 @@
+//! `leasehold serve`'s HTTP API against a real server on a loopback port: every
+//! route for every role (allowed and refused), problem+json errors, CSRF, keyset
+//! pagination, capped counts, sessions, metrics, and a scan of every byte of every
+//! route for secrets while a lease is live.
+
+#[path = "serve_common.rs"]
+mod common;
+
+use common::{now, wait_until, TestServer};
+use leasehold::ledger::listing::{list_from_history, AttemptQuery};
+use leasehold::ledger::Ledger;
+use leasehold::tokens::{Role, TokenStore};
+use leasehold_engine::{AttemptStatus, CommandStatus};
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// An answer: status, headers as text, body.
+struct Answer {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    fn content_type(&self) -> &str {
+        self.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// Asserts a problem+json answer with this status and code.
+    fn problem(&self, status: u16, code: &str) -> Value {
+        assert_eq!(self.status.as_u16(), status, "{}", self.body);
+        assert_eq!(self.content_type(), "application/problem+json", "{}", self.body);
+        let p = self.json();
+        assert_eq!(
+            (p["status"].as_u64(), p["code"].as_str()),
+            (Some(u64::from(status)), Some(code)),
+            "{p}"
+        );
+        assert!(
+            p["title"].is_string() && p["detail"].is_string() && p["type"] == "about:blank",
+            "{p}"
+        );
+        p
+    }
+
+    /// Every byte of the answer, headers included.
+    fn all_bytes(&self) -> String {
+        let mut out = format!("{}\n", self.status);
+        for (k, v) in &self.headers {
+            out.push_str(&format!("{k}: {}\n", String::from_utf8_lossy(v.as_bytes())));
+        }
+        out + &self.body
+    }
+}
+
+async fn call(server: &TestServer, method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+    call_with(server, method, path, token, body, &[]).await
+}
+
+async fn call_with(
+    server: &TestServer,
+    method: Method,
+    path: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let client = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let mut request = client.request(method, format!("{}{path}", server.base));
+    if let Some(t) = token {
+        request = request.header("authorization", format!("Bearer {t}"));
+    }
+    if let Some(b) = body {
+        request = request.header("content-type", "application/json").body(b.to_string());
+    }
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = request.send().await.expect("request");
+    Answer {
+        status: response.status(),
+        headers: response.headers().clone(),
+        body: response.text().await.expect("body"),
+    }
+}
+
+/// Every route, with the role it needs (`None`: public).
+/// A route to call: method, path, its OpenAPI template, the role it needs
+/// (`None`: public) and a body.
+type Route = (Method, String, &'static str, Option<Role>, Option<Value>);
+
+fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<Route> {
+    let spec = json!({"name": "registered-by-api", "recovery": "resume", "steps": [{"code": "one", "executor": "dry-run:v1"}]});
+    vec![
+        (
+            Method::GET,
+            "/api/v1/plans".into(),
+            "/api/v1/plans",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/v1/plans".into(),
+            "/api/v1/plans",
+            Some(Role::Admin),
+            Some(spec),
+        ),
+        (
+            Method::GET,
+            format!("/api/v1/plans/{plan}"),
+            "/api/v1/plans/{plan}",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/plans/{plan}/attempts"),
+            "/api/v1/plans/{plan}/attempts",
+            Some(Role::Operator),
+            Some(json!({})),
+        ),
+        (
+            Method::GET,
+            format!("/api/v1/plans/{plan}/attempt-comparison?left={left}&right={right}"),
+            "/api/v1/plans/{plan}/attempt-comparison",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::GET,
+            format!("/api/v1/plans/{plan}/release-gate"),
+            "/api/v1/plans/{plan}/release-gate",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::GET,
+            "/api/v1/attempts?limit=2".into(),
+            "/api/v1/attempts",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::GET,
+            format!("/api/v1/attempts/{attempt}"),
+            "/api/v1/attempts/{id}",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/reconcile"),
+            "/api/v1/attempts/{id}/reconcile",
+            Some(Role::Operator),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/retry"),
+            "/api/v1/attempts/{id}/retry",
+            Some(Role::Operator),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/compensate"),
+            "/api/v1/attempts/{id}/compensate",
+            Some(Role::Operator),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/api/v1/attempts/{attempt}/abort"),
+            "/api/v1/attempts/{id}/abort",
+            Some(Role::Operator),
+            Some(json!({"reason": "test"})),
+        ),
+        (
+            Method::GET,
+            "/api/v1/counts".into(),
+            "/api/v1/counts",
+            Some(Role::Viewer),
+            None,
+        ),
+        (Method::GET, "/api/v1/healthz".into(), "/api/v1/healthz", None, None),
+        (Method::GET, "/api/v1/readyz".into(), "/api/v1/readyz", None, None),
+        (
+            Method::GET,
+            "/api/v1/openapi.json".into(),
+            "/api/v1/openapi.json",
+            None,
+            None,
+        ),
+        (Method::GET, "/metrics".into(), "/metrics", Some(Role::Viewer), None),
+        (
+            Method::GET,
+            "/api/v1/tokens".into(),
+            "/api/v1/tokens",
+            Some(Role::Admin),
+            None,
+        ),
+        (
+            Method::POST,
+            "/api/v1/tokens".into(),
+            "/api/v1/tokens",
+            Some(Role::Admin),
+            Some(json!({"name": "made-by-api", "role": "viewer"})),
+        ),
+        (
+            Method::POST,
+            "/api/v1/tokens/made-by-api/revoke".into(),
+            "/api/v1/tokens/{name}/revoke",
+            Some(Role::Admin),
+            None,
+        ),
+    ]
+}
+
+/// A plan with two successful attempts and an open third (RUNNING, live lease).
+async fn populated() -> (
+    TestServer,
+    leasehold_engine::Plan,
+    Vec<leasehold_engine::AttemptRecord>,
+    leasehold::ledger::Claimed,
+) {
+    let server = TestServer::start().await;
+    let plan = server.plan("payments", 2).await;
+    let mut done = Vec::new();
+    for _ in 0..2 {
+        let record = server.enqueue(&plan).await;
+        let claimed = server.claim(60_000).await;
+        server
+            .ledger
+            .complete_and_continue(&claimed.lease, 1, &json!({"n": 1}), &json!({}), 60_000)
+            .await
+            .unwrap();
+        server
+            .ledger
+            .complete_and_continue(&claimed.lease, 2, &json!({"n": 2}), &json!({}), 60_000)
+            .await
+            .unwrap();
+        done.push(server.ledger.attempt(&record.attempt.id).await.unwrap());
+    }
+    server.enqueue(&plan).await;
+    let live = server.claim(60_000).await;
+    (server, plan, done, live)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_is_allowed_to_its_role_and_refused_below_it() {
+    let (server, plan, done, live) = populated().await;
+    let table = routes(
+        plan.id.as_str(),
+        live.lease.attempt_id.as_str(),
+        done[0].attempt.id.as_str(),
+        done[1].attempt.id.as_str(),
+    );
+    // The table names every route of the OpenAPI document (and /metrics).
+    let doc = call(&server, Method::GET, "/api/v1/openapi.json", None, None)
+        .await
+        .json();
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            documented.insert((method.to_uppercase(), path.clone()));
+        }
+    }
+    documented.insert(("GET".into(), "/metrics".into()));
+    let tested: BTreeSet<(String, String)> = table
+        .iter()
+        .map(|(m, _, t, _, _)| (m.to_string(), (*t).to_owned()))
+        .collect();
+    assert_eq!(tested, documented);
+
+    for (method, path, _, needed, body) in &table {
+        // Without a token.
+        let answer = call(&server, method.clone(), path, None, body.clone()).await;
+        match needed {
+            None => assert!(answer.status.is_success(), "{method} {path}: {}", answer.status),
+            Some(_) => {
+                answer.problem(401, "unauthorized");
+            }
+        }
+        // With a token that is not one.
+        if needed.is_some() {
+            call(&server, method.clone(), path, Some("lh_not-a-token"), body.clone())
+                .await
+                .problem(401, "unauthorized");
+        }
+        for role in Role::ALL {
+            let answer = call(&server, method.clone(), path, Some(server.token(*role)), body.clone()).await;
+            match needed {
+                Some(needed) if !role.allows(*needed) => {
+                    let p = answer.problem(403, "forbidden");
+                    assert!(p["detail"].as_str().unwrap().contains(needed.as_str()), "{p}");
+                }
+                _ => assert!(
+                    !matches!(answer.status.as_u16(), 401 | 403),
+                    "{role} {method} {path}: {} {}",
+                    answer.status,
+                    answer.body
+                ),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_problem_json_with_the_cli_meaning() {
+    let (server, plan, _, live) = populated().await;
+    let op = Some(server.operator.as_str());
+    let admin = Some(server.admin.as_str());
+    call(&server, Method::GET, "/api/v1/attempts/att-nope", op, None)
+        .await
+        .problem(404, "not_found");
+    call(&server, Method::GET, "/api/v1/plans/no-such-plan", op, None)
+        .await
+        .problem(404, "not_found");
+    let p = call(&server, Method::GET, "/api/v1/attempts?state=DONE", op, None)
+        .await
+        .problem(400, "bad_input");
+    assert!(p["detail"].as_str().unwrap().starts_with("state:"), "{p}");
+    for bad in ["limit=0", "limit=201", "limit=many"] {
+        let p = call(&server, Method::GET, &format!("/api/v1/attempts?{bad}"), op, None)
+            .await
+            .problem(400, "bad_input");
+        assert!(p["detail"].as_str().unwrap().starts_with("limit:"), "{p}");
+    }
+    let p = call(&server, Method::GET, "/api/v1/attempts?cursor=zzz", op, None)
+        .await
+        .problem(400, "bad_input");
+    assert!(p["detail"].as_str().unwrap().starts_with("cursor:"), "{p}");
+    // An invalid plan is 422 and writes nothing; a body that is not a plan is 400.
+    let before = server.ledger.list_plans().await.unwrap().len();
+    let invalid = json!({"name": "empty", "recovery": "resume", "steps": []});
+    call(&server, Method::POST, "/api/v1/plans", admin, Some(invalid))
+        .await
+        .problem(422, "invalid_plan");
+    let not_a_plan = json!({"nom": "x"});
+    call(&server, Method::POST, "/api/v1/plans", admin, Some(not_a_plan))
+        .await
+        .problem(400, "bad_input");
+    assert_eq!(server.ledger.list_plans().await.unwrap().len(), before);
+    // An attempt is open: another enqueue is refused (409), as is a reconcile of a live lease.
+    let path = format!("/api/v1/plans/{}/attempts", plan.id);
+    call(&server, Method::POST, &path, op, Some(json!({})))
+        .await
+        .problem(409, "refused");
+    call(&server, Method::POST, &path, op, Some(json!({"action": "undo"})))
+        .await
+        .problem(400, "bad_input");
+    let reconcile = format!("/api/v1/attempts/{}/reconcile", live.lease.attempt_id);
+    let p = call(&server, Method::POST, &reconcile, op, None)
+        .await
+        .problem(409, "refused");
+    assert!(p["detail"].as_str().unwrap().contains("live lease"), "{p}");
+    let retry = format!("/api/v1/attempts/{}/retry", live.lease.attempt_id);
+    call(&server, Method::POST, &retry, op, None)
+        .await
+        .problem(409, "refused");
+    call(&server, Method::GET, "/api/v1/nothing-here", op, None)
+        .await
+        .problem(404, "not_found");
+    let basic = call_with(
+        &server,
+        Method::GET,
+        "/api/v1/plans",
+        None,
+        None,
+        &[("authorization", "Basic YTpi")],
+    )
+    .await;
+    basic.problem(401, "unauthorized");
+    assert_eq!(basic.headers.get("www-authenticate").unwrap(), "Bearer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_actions_do_what_they_say() {
+    let server = TestServer::start().await;
+    let op = Some(server.operator.as_str());
+    // Reconcile requeues an expired lease.
+    let plan = server.plan("expiring", 1).await;
+    let record = server.enqueue(&plan).await;
+    let claimed = server.claim(50).await;
+    let id = record.attempt.id.clone();
+    wait_until("the lease to expire", Duration::from_secs(10), || async {
+        let r = server.ledger.attempt(&id).await.unwrap();
+        r.command.lease_until.is_some_and(|u| u < now())
+    })
+    .await;
+    let answer = call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/attempts/{id}/reconcile"),
+        op,
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let body = answer.json();
+    assert_eq!(body["outcome"], "requeued");
+    assert_eq!(body["record"]["command"]["status"], "PENDING");
+    // The old worker is fenced off.
+    assert!(server.ledger.heartbeat(&claimed.lease, 1000).await.is_err());
+    // Abort, then retry the aborted attempt.
+    let answer = call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/attempts/{id}/abort"),
+        op,
+        Some(json!({"reason": "wrong day"})),
+    )
+    .await;
+    assert_eq!(answer.json()["attempt"]["status"], "ABORTED", "{}", answer.body);
+    assert_eq!(answer.json()["attempt"]["error"], "wrong day");
+    call(&server, Method::POST, &format!("/api/v1/attempts/{id}/abort"), op, None)
+        .await
+        .problem(409, "refused");
+    call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/attempts/{id}/compensate"),
+        op,
+        None,
+    )
+    .await
+    .problem(409, "refused");
+    let answer = call(&server, Method::POST, &format!("/api/v1/attempts/{id}/retry"), op, None).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    let retry = answer.json();
+    assert_eq!(
+        (retry["attempt"]["action"].as_str(), retry["attempt"]["number"].as_u64()),
+        (Some("retry"), Some(2))
+    );
+    // Enqueue through the API, by plan name.
+    let other = server.plan("by-name", 1).await;
+    let answer = call(
+        &server,
+        Method::POST,
+        &format!("/api/v1/plans/{}/attempts", other.name),
+        op,
+        Some(json!({"action": "execute"})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    assert_eq!(answer.json()["attempt"]["plan_id"], other.id.as_str());
+    // Registering a plan answers 201 and the plan.
+    let spec = json!({"name": "from-api", "recovery": "replay", "steps": [{"code": "a", "executor": "dry-run:v1"}]});
+    let answer = call(&server, Method::POST, "/api/v1/plans", Some(&server.admin), Some(spec)).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    assert_eq!(answer.json()["name"], "from-api");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_site_changes_are_refused() {
+    let server = TestServer::start().await;
+    let plan = server.plan("csrf", 1).await;
+    let path = format!("/api/v1/plans/{}/attempts", plan.id);
+    let admin = Some(server.admin.as_str());
+    let host = server.base.trim_start_matches("http://").to_owned();
+    for headers in [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("sec-fetch-site", "same-site")],
+        vec![("origin", "http://evil.example")],
+        vec![("origin", "null")],
+    ] {
+        let answer = call_with(&server, Method::POST, &path, admin, Some(json!({})), &headers).await;
+        answer.problem(403, "forbidden");
+    }
+    // The login form and every console action are guarded alike.
+    let answer = call_with(
+        &server,
+        Method::POST,
+        "/login",
+        None,
+        None,
+        &[("sec-fetch-site", "cross-site")],
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::FORBIDDEN);
+    assert!(
+        server.ledger.history(&plan.id).await.unwrap().is_empty(),
+        "nothing was enqueued"
+    );
+    // Reads stay open to links from elsewhere; same-origin changes pass.
+    let read = call_with(
+        &server,
+        Method::GET,
+        "/api/v1/plans",
+        admin,
+        None,
+        &[("sec-fetch-site", "cross-site")],
+    )
+    .await;
+    assert_eq!(read.status, StatusCode::OK);
+    let origin = format!("http://{host}");
+    let ok = call_with(
+        &server,
+        Method::POST,
+        &path,
+        admin,
+        Some(json!({})),
+        &[("origin", &origin), ("sec-fetch-site", "same-origin")],
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
+    // Every answer carries the CSP (no inline script) and no-store.
+    let csp = read.headers.get("content-security-policy").unwrap().to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "{csp}"
+    );
+    assert_eq!(read.headers.get("x-content-type-options").unwrap(), "nosniff");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_hold_every_attempt_once_newest_first() {
+    let server = TestServer::start().await;
+    let mut plans = Vec::new();
+    for i in 0..7 {
+        let plan = server.plan(&format!("page-{i}"), 1).await;
+        server.enqueue(&plan).await;
+        plans.push(plan);
+        // Distinct created_at values, so newest-first is observable.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    server.claim(60_000).await;
+    let viewer = Some(server.viewer.as_str());
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/api/v1/attempts?limit=3&cursor={c}"),
+            None => "/api/v1/attempts?limit=3".to_owned(),
+        };
+        let page = call(&server, Method::GET, &path, viewer, None).await.json();
+        pages += 1;
+        if pages == 2 {
+            // An attempt enqueued meanwhile is newer than the cursor: later pages
+            // neither repeat nor skip anything because of it.
+            let late = server.plan("late", 1).await;
+            server.enqueue(&late).await;
+        }
+        for a in page["attempts"].as_array().unwrap() {
+            seen.push((
+                a["attempt"]["created_at"].as_i64().unwrap(),
+                a["attempt"]["id"].as_str().unwrap().to_owned(),
+            ));
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen.len(), 7);
+    let mut sorted = seen.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(seen, sorted, "newest first");
+    assert_eq!(
+        seen.iter().map(|s| &s.1).collect::<BTreeSet<_>>().len(),
+        7,
+        "no repeats"
+    );
+    // Filters.
+    let running = call(&server, Method::GET, "/api/v1/attempts?state=RUNNING", viewer, None)
+        .await
+        .json();
+    let running = running["attempts"].as_array().unwrap();
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0]["command"]["status"], "PROCESSING");
+    let one = call(&server, Method::GET, "/api/v1/attempts?plan=page-3", viewer, None)
+        .await
+        .json();
+    assert_eq!(one["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(one["attempts"][0]["attempt"]["plan_id"], plans[3].id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sql_listing_answers_what_the_reference_reads_answer() {
+    let server = TestServer::start().await;
+    for i in 0..6 {
+        let plan = server.plan(&format!("ref-{i}"), 1).await;
+        server.enqueue(&plan).await;
+    }
+    server.claim(60_000).await;
+    let ledger = server.ledger.as_ref();
+    let plans = ledger.list_plans().await.unwrap();
+    let first = ledger
+        .list_attempts(&AttemptQuery {
+            limit: 2,
+            ..AttemptQuery::default()
+        })
+        .await
+        .unwrap();
+    let queries = [
+        AttemptQuery::default(),
+        AttemptQuery {
+            limit: 2,
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            limit: 2,
+            after: first.next.clone(),
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            status: Some(AttemptStatus::Queued),
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            status: Some(AttemptStatus::Running),
+            ..AttemptQuery::default()
+        },
+        AttemptQuery {
+            plan: Some(plans[2].id.clone()),
+            ..AttemptQuery::default()
+        },
+    ];
+    for query in &queries {
+        let fast = ledger.list_attempts(query).await.unwrap();
+        let reference = list_from_history(ledger, query).await.unwrap();
+        assert_eq!(fast, reference, "{query:?}");
+    }
+    let counts = ledger.count_attempts(3).await.unwrap();
+    let queued = counts.get(AttemptStatus::Queued).unwrap();
+    assert_eq!((queued.count, queued.capped), (3, true));
+    let running = counts.get(AttemptStatus::Running).unwrap();
+    assert_eq!((running.count, running.capped), (1, false));
+    assert_eq!(
+        counts,
+        leasehold::ledger::listing::count_from_history(ledger, 3).await.unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_are_exact_below_the_cap_and_capped_above() {
+    let server = TestServer::start_with(|app| app.with_count_cap(3)).await;
+    for i in 0..5 {
+        let plan = server.plan(&format!("count-{i}"), 1).await;
+        server.enqueue(&plan).await;
+    }
+    server.claim(60_000).await;
+    let counts = call(&server, Method::GET, "/api/v1/counts", Some(&server.viewer), None)
+        .await
+        .json();
+    assert_eq!(counts["cap"], 3);
+    let states = counts["states"].as_array().unwrap();
+    let get = |s: &str| states.iter().find(|x| x["status"] == s).unwrap().clone();
+    assert_eq!(get("QUEUED"), json!({"status": "QUEUED", "count": 3, "capped": true}));
+    assert_eq!(
+        get("RUNNING"),
+        json!({"status": "RUNNING", "count": 1, "capped": false})
+    );
+    assert_eq!(get("FAILED"), json!({"status": "FAILED", "count": 0, "capped": false}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_session_is_a_strict_http_only_cookie_that_revocation_ends() {
+    let server = TestServer::start().await;
+    let client = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let bad = client
+        .post(format!("{}/login", server.base))
+        .form(&[("token", "lh_wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::UNAUTHORIZED);
+    assert!(bad.headers().get("set-cookie").is_none());
+    let ok = client
+        .post(format!("{}/login", server.base))
+        .form(&[("token", server.viewer.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
+    let cookie = ok.headers().get("set-cookie").unwrap().to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains(&server.viewer), "the cookie is not the token");
+    let session = cookie.split(';').next().unwrap().to_owned();
+    let get = |path: &str| {
+        client
+            .get(format!("{}{path}", server.base))
+            .header("cookie", session.clone())
+            .send()
+    };
+    assert_eq!(get("/api/v1/plans").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(get("/attempts").await.unwrap().status(), StatusCode::OK);
+    // A viewer's session may not act.
+    let act = client
+        .post(format!("{}/api/v1/plans", server.base))
+        .header("cookie", session.clone())
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(act.status(), StatusCode::FORBIDDEN);
+    // Revoking the token ends the session at once.
+    server.ledger.revoke_token("viewer", now()).await.unwrap();
+    assert_eq!(get("/api/v1/plans").await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let page = get("/attempts").await.unwrap();
+    assert_eq!(
+        (page.status(), page.headers().get("location").unwrap().to_str().unwrap()),
+        (StatusCode::SEE_OTHER, "/login")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_link_works_once() {
+    let server = TestServer::start().await;
+    let path = server
+        .app
+        .login_path(leasehold::tokens::token_hash(&server.admin))
+        .unwrap();
+    let client = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let first = client.get(format!("{}{path}", server.base)).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::SEE_OTHER);
+    assert!(first.headers().get("set-cookie").is_some());
+    let again = client.get(format!("{}{path}", server.base)).send().await.unwrap();
+    assert_eq!(again.status(), StatusCode::UNAUTHORIZED);
+    assert!(again.headers().get("set-cookie").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_a_viewer_and_count_what_workers_did() {
+    let server = TestServer::start().await;
+    let plan = server.plan("metered", 2).await;
+    server.enqueue(&plan).await;
+    let worker = leasehold::worker::Worker::new(
+        "metrics-worker",
+        std::sync::Arc::clone(&server.ledger),
+        std::sync::Arc::new(leasehold::executor::DryRun),
+        std::sync::Arc::new(leasehold::clock::SystemClock),
+        leasehold_engine::lease::WorkerConfig::clamped(true, 10, 1, 60_000),
+    )
+    .on_event(server.app.metrics().observer("metrics-worker"));
+    let report = worker
+        .run(
+            std::future::pending(),
+            leasehold::worker::RunOptions {
+                until_idle: true,
+                grace_ms: 0,
+            },
+        )
+        .await;
+    assert_eq!(report.delivered, 1);
+    call(&server, Method::GET, "/metrics", None, None)
+        .await
+        .problem(401, "unauthorized");
+    let answer = call(&server, Method::GET, "/metrics", Some(&server.viewer), None).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(
+        answer.content_type().starts_with("application/openmetrics-text"),
+        "{}",
+        answer.content_type()
+    );
+    let text = answer.body;
+    for line in [
+        "leasehold_attempts{status=\"SUCCEEDED\"} 1",
+        "leasehold_commands{status=\"DELIVERED\"} 1",
+        "leasehold_attempts_capped{status=\"SUCCEEDED\"} 0",
+        "leasehold_claims_total{plan=\"metered\"} 1",
+        "leasehold_deliveries_total{plan=\"metered\",outcome=\"delivered\"} 1",
+        "leasehold_queue_wait_seconds_count{plan=\"metered\"} 1",
+        "leasehold_step_duration_seconds_count{plan=\"metered\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
+    }
+    // The private scrape port needs no token and serves nothing else.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = leasehold::serve::metrics_router(server.app.clone());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let open = reqwest::get(format!("http://{addr}/metrics")).await.unwrap();
+    assert_eq!(open.status(), StatusCode::OK);
+    assert!(open
+        .text()
+        .await
+        .unwrap()
+        .contains("leasehold_claims_total{plan=\"metered\"} 1"));
+    assert_eq!(
+        reqwest::get(format!("http://{addr}/api/v1/plans"))
+            .await
+            .unwrap()
+            .status(),
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_every_route_and_the_bearer_scheme() {
+    let server = TestServer::start().await;
+    let doc = call(&server, Method::GET, "/api/v1/openapi.json", None, None)
+        .await
+        .json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{}", doc["openapi"]);
+    assert_eq!(doc["components"]["securitySchemes"]["token"]["scheme"], "bearer");
+    assert_eq!(doc["paths"].as_object().unwrap().len(), 17);
+    let reconcile = &doc["paths"]["/api/v1/attempts/{id}/reconcile"]["post"];
+    assert!(reconcile["responses"]["409"].is_object(), "{reconcile}");
+    assert_eq!(
+        call(&server, Method::GET, "/api/v1/healthz", None, None).await.json()["status"],
+        "ok"
+    );
+    assert_eq!(
+        call(&server, Method::GET, "/api/v1/readyz", None, None).await.json()["status"],
+        "ready"
+    );
+}
+
+/// Walks every route and console page while a lease is live and scans every byte
+/// of every answer for the lease token, every API token, token digests and the
+/// database's identity.
+async fn scan_for_secrets(server: &TestServer, db_secrets: &[String]) {
+    let plan = server.plan("secret-scan", 2).await;
+    let done = server.enqueue(&plan).await;
+    let c = server.claim(60_000).await;
+    let mut secrets = vec![c.lease.token.expose().to_owned()];
+    server
+        .ledger
+        .complete_and_continue(&c.lease, 1, &json!({"ok": 1}), &json!({}), 60_000)
+        .await
+        .unwrap();
+    server
+        .ledger
+        .complete_and_continue(&c.lease, 2, &json!({"ok": 2}), &json!({}), 60_000)
+        .await
+        .unwrap();
+    let second = server.enqueue(&plan).await;
+    let c2 = server.claim(60_000).await;
+    server
+        .ledger
+        .complete_and_continue(&c2.lease, 1, &json!({"ok": 1}), &json!({}), 60_000)
+        .await
+        .unwrap();
+    server
+        .ledger
+        .complete_and_continue(&c2.lease, 2, &json!({"ok": 2}), &json!({}), 60_000)
+        .await
+        .unwrap();
+    secrets.push(c2.lease.token.expose().to_owned());
+    let open = server.enqueue(&plan).await;
+    let live = server.claim(60_000).await;
+    secrets.push(live.lease.token.expose().to_owned());
+    let record = server.ledger.attempt(&open.attempt.id).await.unwrap();
+    assert_eq!(
+        record.command.status,
+        CommandStatus::Processing,
+        "a live lease during the scan"
+    );
+    for token in [&server.viewer, &server.operator, &server.admin] {
+        secrets.push(token.clone());
+        secrets.push(leasehold::tokens::token_hash(token));
+    }
+    secrets.extend(db_secrets.iter().cloned());
+    let mut answers = Vec::new();
+    let (p, a, l, r) = (
+        plan.id.as_str(),
+        open.attempt.id.as_str(),
+        done.attempt.id.as_str(),
+        second.attempt.id.as_str(),
+    );
+    for (method, path, _, _, body) in routes(p, a, l, r) {
+        if method == Method::GET || path.ends_with("/reconcile") {
+            for role in [None, Some(Role::Viewer), Some(Role::Admin)] {
+                answers.push(
+                    call(
+                        server,
+                        method.clone(),
+                        &path,
+                        role.map(|r| server.token(r)),
+                        body.clone(),
+                    )
+                    .await,
+                );
+            }
+        }
+    }
+    let login = Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let session = login
+        .post(format!("{}/login", server.base))
+        .form(&[("token", server.admin.as_str())])
+        .send()
+        .await
+        .unwrap();
+    let cookie = session
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    for page in [
+        "/attempts".to_owned(),
+        "/attempts?fragment=live".to_owned(),
+        format!("/attempts/{a}"),
+        format!("/attempts/{a}?fragment=live"),
+        format!("/attempts/{a}/confirm?action=abort"),
+        "/plans".to_owned(),
+        format!("/plans/{p}"),
+        format!("/plans/{p}/compare?left={l}&right={r}"),
+        format!("/plans/{p}/gate"),
+        "/login".to_owned(),
+        "/assets/console.js".to_owned(),
+    ] {
+        let response = login
+            .get(format!("{}{page}", server.base))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        assert!(status.is_success(), "{page}: {status}");
+        answers.push(Answer {
+            status,
+            headers: response.headers().clone(),
+            body: response.text().await.unwrap(),
+        });
+    }
+    // The live lease ends by abort; its answer is scanned too.
+    answers.push(
+        call(
+            server,
+            Method::POST,
+            &format!("/api/v1/attempts/{a}/abort"),
+            Some(&server.operator),
+            None,
+        )
+        .await,
+    );
+    assert!(answers.len() > 40, "{} answers scanned", answers.len());
+    for answer in &answers {
+        let bytes = answer.all_bytes();
+        for secret in &secrets {
+            assert!(
+                !bytes.contains(secret.as_str()),
+                "a secret ({} chars) in an answer:\n{bytes}",
+                secret.len()
+            );
+        }
+        assert!(!bytes.contains("lease_token"), "{bytes}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_answer_holds_a_secret_during_a_live_lease() {
+    let server = TestServer::start().await;
+    let path = server.db_path.clone();
+    scan_for_secrets(&server, &[path.clone(), format!("sqlite://{path}")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_is_a_503_that_names_neither_it_nor_its_password() {
+    let url = "mysql://app:hunter2-secret@127.0.0.1:1/ledger_db?connect_timeout_ms=300";
+    let leasehold::ledger::DbUrl::Mysql(parsed) = leasehold::ledger::DbUrl::parse(url).unwrap() else {
+        panic!("a mysql URL")
+    };
+    let ledger = std::sync::Arc::new(leasehold::ledger::mysql::MysqlLedger::open(
+        &parsed,
+        std::sync::Arc::new(leasehold::entropy::OsEntropy),
+    ));
+    let app = leasehold::serve::App::new(ledger, &leasehold::executor::Executors::new().names());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, leasehold::serve::router(app)).await });
+    for path in ["/api/v1/readyz", "/api/v1/plans"] {
+        let response = Client::new()
+            .get(format!("{base}{path}"))
+            .header("authorization", "Bearer lh_x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        let text = response.text().await.unwrap();
+        for secret in ["hunter2-secret", "ledger_db", "app@", "127.0.0.1:1"] {
+            assert!(!text.contains(secret), "{path}: {text}");
+        }
+        assert!(text.contains("\"code\":\"unavailable\""), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admins_manage_tokens_over_the_api() {
+    let server = TestServer::start().await;
+    let admin = Some(server.admin.as_str());
+    let made = call(
+        &server,
+        Method::POST,
+        "/api/v1/tokens",
+        admin,
+        Some(json!({"name": "bot", "role": "operator"})),
+    )
+    .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{}", made.body);
+    let secret = made.json()["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        call(&server, Method::GET, "/api/v1/counts", Some(&secret), None)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let listed = call(&server, Method::GET, "/api/v1/tokens", admin, None).await;
+    assert!(
+        listed.body.contains("\"bot\"") && !listed.body.contains(&secret),
+        "{}",
+        listed.body
+    );
+    assert!(!listed.body.contains(&leasehold::tokens::token_hash(&secret)));
+    let bad = call(
+        &server,
+        Method::POST,
+        "/api/v1/tokens",
+        admin,
+        Some(json!({"name": "x", "role": "root"})),
+    )
+    .await;
+    assert!(bad.problem(400, "bad_input")["detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("role:"));
+    call(
+        &server,
+        Method::POST,
+        "/api/v1/tokens",
+        admin,
+        Some(json!({"name": "bot", "role": "viewer"})),
+    )
+    .await
+    .problem(400, "bad_input");
+    let revoked = call(&server, Method::POST, "/api/v1/tokens/bot/revoke", admin, None).await;
+    assert!(revoked.json()["revoked_at"].is_i64(), "{}", revoked.body);
+    call(&server, Method::GET, "/api/v1/counts", Some(&secret), None)
+        .await
+        .problem(401, "unauthorized");
+    call(&server, Method::POST, "/api/v1/tokens/nobody/revoke", admin, None)
+        .await
+        .problem(404, "not_found");
+}
