@@ -346,7 +346,7 @@ fn sigterm_ends_a_worker_running_a_runaway_step_within_the_grace_period() {
 #[test]
 fn control_characters_are_refused_in_plans_and_escaped_in_output() {
     let db = Db::new();
-    let forged = "x\n[w1] attempt att-0: delivered";
+    let forged = "x\n[w1] attempt att-forged: delivered";
     for (field, plan) in [
         (
             "name",
@@ -372,16 +372,16 @@ fn control_characters_are_refused_in_plans_and_escaped_in_output() {
         "err",
         &sandbox_plan(
             "err",
-            &["SELECT * FROM \"t\n[w1] attempt att-0: delivered\""],
+            &["SELECT * FROM \"t\n[w1] attempt att-forged: delivered\""],
             json!([]),
         ),
     );
     let (_, lines) = db.worker(&["--until-idle", "--lease-secs", "30"]).finish_within(WAIT);
-    assert!(!lines.iter().any(|l| l.starts_with("[w1] attempt att-0")), "{lines:?}");
-    assert!(lines.iter().any(|l| l.contains("t\\n[w1] attempt att-0")), "{lines:?}");
+    assert!(!lines.iter().any(|l| l.starts_with("[w1] attempt att-forged")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.contains("t\\n[w1] attempt att-forged")), "{lines:?}");
     let text = db.ok(&["status", &attempt]);
     assert!(!text.lines().any(|l| l.starts_with("[w1]")), "{text}");
-    assert!(text.contains("t\\n[w1] attempt att-0: delivered"), "{text}");
+    assert!(text.contains("t\\n[w1] attempt att-forged: delivered"), "{text}");
 }
 
 #[test]
