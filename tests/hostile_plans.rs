@@ -377,8 +377,14 @@ fn control_characters_are_refused_in_plans_and_escaped_in_output() {
         ),
     );
     let (_, lines) = db.worker(&["--until-idle", "--lease-secs", "30"]).finish_within(WAIT);
-    assert!(!lines.iter().any(|l| l.starts_with("[w1] attempt att-forged")), "{lines:?}");
-    assert!(lines.iter().any(|l| l.contains("t\\n[w1] attempt att-forged")), "{lines:?}");
+    assert!(
+        !lines.iter().any(|l| l.starts_with("[w1] attempt att-forged")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("t\\n[w1] attempt att-forged")),
+        "{lines:?}"
+    );
     let text = db.ok(&["status", &attempt]);
     assert!(!text.lines().any(|l| l.starts_with("[w1]")), "{text}");
     assert!(text.contains("t\\n[w1] attempt att-forged: delivered"), "{text}");
