@@ -18,6 +18,8 @@ use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
 use leasehold::ledger::mysql::scratch::ScratchDatabase;
 use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
+use leasehold::ledger::postgres::scratch::ScratchDatabase as PgScratch;
+use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
 use mysql_async::prelude::Queryable;
@@ -446,31 +448,18 @@ async fn mysql_schema(admin: &MysqlUrl) -> Schema {
     schema
 }
 
-async fn postgres_schema(url: &str) -> Schema {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+async fn postgres_schema(admin: &PostgresUrl) -> Schema {
+    let db = PgScratch::create(admin, "lh_parity_").await.expect("scratch database");
+    let ledger = PostgresLedger::open(db.url(), Arc::new(OsEntropy)).expect("open");
+    ledger.migrate().await.expect("migrate");
+    let (client, connection) = db
+        .url()
+        .config()
+        .connect(tokio_postgres::NoTls)
         .await
         .unwrap_or_else(|e| panic!("cannot connect to LEASEHOLD_TEST_POSTGRES_URL: {e}"));
     tokio::spawn(connection);
-    let nonce: u64 = rand_nonce();
-    let ns = format!("lh_parity_{nonce:016x}");
-    client
-        .batch_execute(&format!("CREATE SCHEMA {ns}; SET search_path = {ns}"))
-        .await
-        .expect("schema");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/postgres");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("migrations/postgres")
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no migrations under {}", dir.display());
-    for file in files {
-        let sql = std::fs::read_to_string(&file).unwrap();
-        client
-            .batch_execute(&sql)
-            .await
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    }
+    let ns = "public".to_string();
     let mut schema = Schema::new();
     for row in client
         .query(
@@ -557,12 +546,6 @@ async fn postgres_schema(url: &str) -> Schema {
     schema
 }
 
-fn rand_nonce() -> u64 {
-    let mut bytes = [0u8; 8];
-    getrandom::getrandom(&mut bytes).expect("entropy");
-    u64::from_le_bytes(bytes)
-}
-
 /// The schema with what [`ONLY_ON`] allows on `backend` removed, the migrator's own
 /// bookkeeping table left out, and the indexes checked against [`INDEXES`].
 fn normalised(backend: Backend, mut schema: Schema) -> Schema {
@@ -634,7 +617,8 @@ fn every_backend_migrates_to_the_same_schema() {
     }
     match std::env::var("LEASEHOLD_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => {
-            let postgres = normalised(Backend::Postgres, runtime.block_on(postgres_schema(&url)));
+            let admin = PostgresUrl::parse(&url).expect("LEASEHOLD_TEST_POSTGRES_URL");
+            let postgres = normalised(Backend::Postgres, runtime.block_on(postgres_schema(&admin)));
             assert_same((Backend::Sqlite, &sqlite), (Backend::Postgres, &postgres));
         }
         _ => println!("skipped PostgreSQL: LEASEHOLD_TEST_POSTGRES_URL is not set"),
