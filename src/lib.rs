@@ -11,6 +11,7 @@ pub mod clock;
 pub mod entropy;
 pub mod executor;
 pub mod ledger;
+pub mod outbox;
 pub mod report;
 pub mod serve;
 pub mod target;
