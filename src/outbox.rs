@@ -24,9 +24,9 @@
 //!   they were (the caller decides whether to commit them anyway);
 //! - time: on SQLite the ledger's clock is the system clock, as for
 //!   [`crate::ledger::sqlite::SqliteLedger`] in production; on MySQL it is the
-//!   database's (`NOW(6)`), read inside the transaction. [`Outbox::with_clock`]
-//!   replaces either (tests). Ids come from the OS's randomness unless
-//!   [`Outbox::with_entropy`] says otherwise.
+//!   database's (`UTC_TIMESTAMP(6)`, whatever the session's time zone), read
+//!   inside the transaction. [`Outbox::with_clock`] replaces either (tests). Ids
+//!   come from the OS's randomness unless [`Outbox::with_entropy`] says otherwise.
 //!
 //! The transaction must be on the database the workers use, with the ledger's tables
 //! (`leasehold migrate`). On SQLite, begin it with

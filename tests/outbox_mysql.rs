@@ -317,3 +317,37 @@ async fn an_enqueue_on_a_snapshot_older_than_the_latest_attempt_is_refused() {
     assert_eq!(history.len(), 1);
     assert_eq!(history[0].attempt.id, committed.attempt.id);
 }
+
+#[tokio::test]
+async fn the_attempt_is_stamped_with_the_database_clock_whatever_the_session_time_zone() {
+    let Some((mut shop, ledger)) = shop(true).await else {
+        return;
+    };
+    let plan = ledger
+        .register_plan(order_plan("o-10"), &executors().names())
+        .await
+        .unwrap();
+    shop.conn.query_drop("SET time_zone = '+05:00'").await.unwrap();
+    let mut tx = shop.conn.start_transaction(TxOpts::default()).await.unwrap();
+    let before: i64 = tx
+        .query_first("SELECT CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)")
+        .await
+        .unwrap()
+        .unwrap();
+    let record = Outbox::new()
+        .enqueue_mysql(&mut tx, &plan.id, Action::Execute)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let created = record.attempt.created_at.as_millis();
+    assert_eq!(record.command.available_at.as_millis(), created);
+    // Epoch milliseconds, not shifted by the session's five hours.
+    assert!(
+        (before..before + 60_000).contains(&created),
+        "created_at {created} vs the server's now {before}"
+    );
+    // Claimable at once by a worker's claim on the ledger's own (UTC) sessions.
+    let claimed = ledger.claim("w", 1, 5_000).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].lease.attempt_id, record.attempt.id);
+}

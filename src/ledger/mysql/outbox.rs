@@ -7,7 +7,8 @@
 //! transaction, so a failure leaves nothing of this call behind and the caller's own
 //! writes untouched. An enqueue locks its plan row first (`FOR UPDATE`), as the
 //! ledger's own enqueue does, so enqueues of one plan are serialized. Time is the
-//! database's clock (`NOW(6)`, read inside the transaction) unless a clock is given.
+//! database's clock (`UTC_TIMESTAMP(6)`, read inside the transaction, so that the
+//! session's time zone does not matter) unless a clock is given.
 //! Nothing is committed here: the rows become durable, and visible to workers, when
 //! the caller commits, and vanish if it rolls back.
 //!
@@ -57,12 +58,21 @@ async fn check(tx: &mut Transaction<'_>) -> Result<(), TxError> {
     schema::check_schema(tx, &label).await
 }
 
+/// The database clock's now, whatever the session's time zone: the ledger's own
+/// sessions run in UTC, where `UNIX_TIMESTAMP(NOW(6))` is exact, but a caller's
+/// session may use a zone with daylight saving time, whose repeated hour makes local
+/// `NOW()` ambiguous. The distance from the epoch to `UTC_TIMESTAMP(6)` never is.
+const UTC_NOW_MS_SQL: &str =
+    "SELECT CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000 AS SIGNED)";
+
 /// The ledger clock's now: `clock`, or else the database's.
 async fn now(tx: &mut Transaction<'_>, clock: Option<&dyn Clock>) -> Result<Timestamp, TxError> {
-    match clock {
-        Some(clock) => Ok(clock.now()),
-        None => rows::db_now(tx).await,
+    if let Some(clock) = clock {
+        return Ok(clock.now());
     }
+    let ms: Option<i64> = tx.query_first(UTC_NOW_MS_SQL).await.db()?;
+    ms.map(Timestamp::from_millis)
+        .ok_or_else(|| LedgerError::Internal("the database answered no time".into()).into())
 }
 
 /// Opens the savepoint a call's writes run under.
