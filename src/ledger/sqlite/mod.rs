@@ -52,6 +52,7 @@
 mod connection;
 mod listing;
 pub mod open;
+pub(crate) mod outbox;
 mod rows;
 #[cfg(test)]
 mod tests;
