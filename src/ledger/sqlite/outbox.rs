@@ -21,7 +21,7 @@ const SAVEPOINT: &str = "leasehold_outbox";
 
 /// Refuses a connection outside a transaction (SQLite may have rolled the caller's
 /// back by itself) or a database without a usable ledger schema.
-pub(crate) fn check(conn: &Connection) -> Result<(), LedgerError> {
+fn check(conn: &Connection) -> Result<(), LedgerError> {
     if conn.is_autocommit() {
         return Err(LedgerError::BadInput(
             "the connection is not inside a transaction (SQLite may have rolled it back): nothing was written".into(),
