@@ -1,13 +1,17 @@
 //! The reference receiver (`leasehold::target`), each behaviour of its contract on
 //! every backend: SQLite always, MariaDB / MySQL when `LEASEHOLD_TEST_MYSQL_URL` is
-//! set (each test in a scratch database of its own; without the variable those tests
-//! say they are skipped and pass). Servers bind 127.0.0.1:0 in this process; requests
+//! set, PostgreSQL when `LEASEHOLD_TEST_POSTGRES_URL` is (each test in a scratch
+//! database of its own; without the variable those tests say they are skipped and
+//! pass). Servers bind 127.0.0.1:0 in this process; requests
 //! go through reqwest, as a worker's would.
 
 use leasehold::ledger::mysql::scratch::ScratchDatabase;
 use leasehold::ledger::mysql::MysqlUrl;
+use leasehold::ledger::postgres::scratch::ScratchDatabase as PgScratch;
+use leasehold::ledger::postgres::PostgresUrl;
 use leasehold::ledger::DbUrl;
 use leasehold::target::mysql::MysqlStore;
+use leasehold::target::postgres::PostgresStore;
 use leasehold::target::sqlite::SqliteStore;
 use leasehold::target::{Begun, Effects, Faults, KeyStore, StoredResponse};
 use serde_json::Value;
@@ -20,6 +24,7 @@ use tokio::task::JoinHandle;
 enum Backend {
     Sqlite,
     Mysql,
+    Postgres,
 }
 
 /// A database for one test: a SQLite file in a temporary directory, or a scratch
@@ -28,6 +33,7 @@ struct Db {
     url: DbUrl,
     _dir: Option<tempfile::TempDir>,
     _scratch: Option<ScratchDatabase>,
+    _pg_scratch: Option<PgScratch>,
 }
 
 impl Db {
@@ -41,6 +47,7 @@ impl Db {
                     url: DbUrl::Sqlite(path),
                     _dir: Some(dir),
                     _scratch: None,
+                    _pg_scratch: None,
                 })
             }
             Backend::Mysql => {
@@ -56,6 +63,23 @@ impl Db {
                     url: DbUrl::Mysql(scratch.url().clone()),
                     _dir: None,
                     _scratch: Some(scratch),
+                    _pg_scratch: None,
+                })
+            }
+            Backend::Postgres => {
+                let Ok(admin) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
+                    println!(
+                        "skipped: LEASEHOLD_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)"
+                    );
+                    return None;
+                };
+                let admin = PostgresUrl::parse(&admin).expect("LEASEHOLD_TEST_POSTGRES_URL");
+                let scratch = PgScratch::create(&admin, "lh_tgt_").await.expect("a scratch database");
+                Some(Db {
+                    url: DbUrl::Postgres(scratch.url().clone()),
+                    _dir: None,
+                    _scratch: None,
+                    _pg_scratch: Some(scratch),
                 })
             }
         }
@@ -399,6 +423,7 @@ async fn an_expired_claim_is_taken_over_and_its_late_holder_applies_nothing(back
     match &db.url {
         DbUrl::Sqlite(path) => expired_claims(SqliteStore::open(path).unwrap()).await,
         DbUrl::Mysql(url) => expired_claims(MysqlStore::open(url).await.unwrap()).await,
+        DbUrl::Postgres(url) => expired_claims(PostgresStore::open(url).await.unwrap()).await,
     }
 }
 
@@ -454,7 +479,7 @@ async fn expired_claims(store: impl KeyStore) {
     assert_eq!((effects.keys, effects.in_progress), (1, 0));
 }
 
-/// One test per behaviour and backend: `sqlite::NAME` and `mysql::NAME`.
+/// One test per behaviour and backend: `sqlite::NAME`, `mysql::NAME` and `postgres::NAME`.
 macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -470,6 +495,14 @@ macro_rules! on_every_backend {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Backend::Mysql).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Postgres).await
                 }
             )*
         }

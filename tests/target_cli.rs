@@ -173,6 +173,46 @@ fn an_unreachable_mysql_store_is_named_without_its_password() {
 }
 
 #[test]
+fn an_unreachable_postgres_store_is_named_without_its_password() {
+    let out = leasehold(&[
+        "--db",
+        "postgres://app:s3cr%40t-pw@127.0.0.1:1/keys?connect_timeout_ms=2000",
+        "target",
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: target store unavailable: postgres at postgres://app:***@127.0.0.1:1/keys"),
+        "{stderr}"
+    );
+    for secret in ["s3cr", "%40t", "t-pw"] {
+        assert!(!stderr.contains(secret), "{secret:?} shown in {stderr}");
+    }
+    assert!(out.stdout.is_empty(), "nothing is printed before the store is open");
+}
+
+#[test]
+fn ledger_commands_refuse_a_postgres_url_naming_what_works() {
+    let out = leasehold(&[
+        "--db",
+        "postgres://app:s3cr%40t-pw@127.0.0.1:1/ledger",
+        "status",
+        "att-x",
+    ])
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not available on PostgreSQL"), "{stderr}");
+    assert!(stderr.contains("leasehold target"), "{stderr}");
+    assert!(!stderr.contains("s3cr") && !stderr.contains("t-pw"), "{stderr}");
+}
+
+#[test]
 fn the_shipped_http_plan_is_delivered_to_the_target_twice_and_the_gate_passes() {
     let dir = tempfile::tempdir().unwrap();
     let target = Running::start(

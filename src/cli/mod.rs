@@ -35,7 +35,8 @@ const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml"
 #[command(after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked.")]
 struct Cli {
     /// Database URL: sqlite://FILE (relative or absolute path), sqlite::memory:, or
-    /// mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?pool_max=N&connect_timeout_ms=N…] (MySQL, MariaDB).
+    /// mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?pool_max=N&connect_timeout_ms=N…] (MySQL, MariaDB);
+    /// `target` also takes postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?…].
     #[arg(
         long,
         global = true,
@@ -430,6 +431,10 @@ async fn dispatch(cli: Cli) -> Outcome {
             }
             run(Arc::new(ledger), cli.command, cli.json).await
         }
+        DbUrl::Postgres(url) => Err(Failure::bad_input(format!(
+            "--db {url}: the ledger is not available on PostgreSQL in this release (sqlite:// and mysql:// are); \
+             `leasehold target` can keep its keys there"
+        ))),
     }
 }
 
@@ -880,9 +885,20 @@ async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {
 /// password, and its printable form.
 fn register_db_secrets(db: &str) {
     let mut secrets = vec![db.to_owned()];
-    if let Ok(DbUrl::Mysql(url)) = DbUrl::parse(db) {
-        secrets.extend(url.expose_password().map(str::to_owned));
-        secrets.push(url.to_string());
+    match DbUrl::parse(db) {
+        Ok(DbUrl::Mysql(url)) => {
+            secrets.extend(url.expose_password().map(str::to_owned));
+            secrets.push(url.to_string());
+        }
+        Ok(DbUrl::Postgres(url)) => {
+            secrets.extend(
+                url.config()
+                    .get_password()
+                    .map(|p| String::from_utf8_lossy(p).into_owned()),
+            );
+            secrets.push(url.to_string());
+        }
+        _ => {}
     }
     leasehold::serve::logs::register_secrets(secrets);
 }

@@ -296,6 +296,10 @@ pub enum DbUrl {
     Sqlite(String),
     /// `mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]` (MySQL or MariaDB).
     Mysql(mysql::MysqlUrl),
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]` (`postgresql://`
+    /// too). The reference target stores its keys there; the ledger is not yet
+    /// available on PostgreSQL.
+    Postgres(postgres::PostgresUrl),
 }
 
 impl DbUrl {
@@ -316,12 +320,16 @@ impl DbUrl {
         if url.starts_with("mysql://") {
             return mysql::MysqlUrl::parse(url).map(DbUrl::Mysql);
         }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return postgres::PostgresUrl::parse(url).map(DbUrl::Postgres);
+        }
         let scheme = url.split_once("://").map(|(s, _)| s);
         Err(LedgerError::BadInput(match scheme {
             Some(s) if !s.is_empty() => {
-                format!("--db: unsupported scheme {s:?} (expected sqlite://FILE or mysql://USER@HOST/DB)")
+                format!("--db: unsupported scheme {s:?} (expected sqlite://FILE, mysql://USER@HOST/DB or postgres://USER@HOST/DB)")
             }
-            _ => "--db: not a database URL (expected sqlite://FILE or mysql://USER@HOST/DB)".to_owned(),
+            _ => "--db: not a database URL (expected sqlite://FILE, mysql://USER@HOST/DB or postgres://USER@HOST/DB)"
+                .to_owned(),
         }))
     }
 }
@@ -341,11 +349,18 @@ mod tests {
             DbUrl::parse("sqlite::memory:").unwrap(),
             DbUrl::Sqlite(":memory:".into())
         );
-        let e = DbUrl::parse("postgres://u:secret@h/db").unwrap_err().to_string();
+        let e = DbUrl::parse("redis://u:secret@h/db").unwrap_err().to_string();
         assert!(
-            e.contains("unsupported scheme \"postgres\"") && !e.contains("secret"),
+            e.contains("unsupported scheme \"redis\"") && !e.contains("secret"),
             "{e}"
         );
+        match DbUrl::parse("postgresql://app:secret@db.internal/outbox").unwrap() {
+            DbUrl::Postgres(u) => {
+                assert_eq!((u.host(), u.port(), u.database()), ("db.internal", 5432, "outbox"));
+                assert!(!format!("{u:?} {u}").contains("secret"));
+            }
+            other => panic!("expected a postgres URL, got {other:?}"),
+        }
         assert!(DbUrl::parse("nonsense")
             .unwrap_err()
             .to_string()

@@ -36,13 +36,14 @@
 //! 503 before anything is done, or have its effect applied and its connection closed
 //! without a reply (the ambiguous case a sender must retry with the same key).
 //!
-//! Storage sits behind [`KeyStore`], one file per backend: [`sqlite::SqliteStore`]
-//! and [`mysql::MysqlStore`]. The tables (`leasehold_target_key`,
+//! Storage sits behind [`KeyStore`], one file per backend: [`sqlite::SqliteStore`],
+//! [`mysql::MysqlStore`] and [`postgres::PostgresStore`]. The tables (`leasehold_target_key`,
 //! `leasehold_target_effect`, `leasehold_target_counter`) are created by the target
 //! itself, never by the ledger's migrations, so they may live in any database,
 //! the ledger's included.
 
 pub mod mysql;
+pub mod postgres;
 mod server;
 pub mod sqlite;
 
@@ -203,8 +204,8 @@ pub trait KeyStore: Send + Sync + 'static {
     fn effects(&self) -> impl Future<Output = Result<Effects, StoreError>> + Send;
 }
 
-/// Opens the store a database URL names (`sqlite://FILE`, `sqlite::memory:` or
-/// `mysql://…`), creating the target's tables, and serves `target`'s receiver on
+/// Opens the store a database URL names (`sqlite://FILE`, `sqlite::memory:`,
+/// `mysql://…` or `postgres://…`), creating the target's tables, and serves `target`'s receiver on
 /// `listener` until `shutdown` resolves. `on_ready` is called with a description
 /// of the store (never a password) once it is open and before the first request is
 /// accepted.
@@ -231,6 +232,14 @@ pub async fn open_and_serve(
         }
         DbUrl::Mysql(url) => {
             let store = mysql::MysqlStore::open(url).await?;
+            on_ready(&url.to_string());
+            Target::new(store, faults)
+                .serve(listener, shutdown)
+                .await
+                .map_err(serve_error)
+        }
+        DbUrl::Postgres(url) => {
+            let store = postgres::PostgresStore::open(url).await?;
             on_ready(&url.to_string());
             Target::new(store, faults)
                 .serve(listener, shutdown)

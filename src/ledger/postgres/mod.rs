@@ -89,6 +89,12 @@ impl PostgresLedger {
             .map_err(|e| TxError::Ledger(error::pool_error(&self.url.to_string(), e)))
     }
 
+    /// A pooled session, for the stores that share this pool's settings (the
+    /// reference target's).
+    pub(crate) async fn session(&self) -> Result<deadpool_postgres::Client, LedgerError> {
+        self.connect().await.map_err(LedgerError::from)
+    }
+
     /// Runs `attempt` until it answers something other than [`TxError::Retry`], at
     /// most `retry_max` times.
     async fn retry<T, F, Fut>(&self, mut attempt: F) -> Result<T, LedgerError>
