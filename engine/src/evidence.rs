@@ -191,9 +191,6 @@ impl VolatileKeys {
 
     /// Whether an object key is stripped.
     pub fn contains(&self, key: &str) -> bool {
-        if key == "sandbox_id" && crate::bugs::enabled(crate::bugs::Bug::FingerprintKeepsVolatile) {
-            return false;
-        }
         self.0.contains(key)
     }
 
@@ -655,7 +652,8 @@ mod tests {
             receipt("att-2", 2, "b", json!({})),
         ];
         let d = differences(&p, &left, &right);
-        let summary: Vec<(&str, Option<u32>, Option<&Value>, Option<&Value>)> = d
+        type Row<'a> = (&'a str, Option<u32>, Option<&'a Value>, Option<&'a Value>);
+        let summary: Vec<Row<'_>> = d
             .iter()
             .map(|d| (d.path.as_str(), d.ordinal, d.left.as_ref(), d.right.as_ref()))
             .collect();

@@ -6,7 +6,6 @@
 //! ([`lease`]), and the worker driver ([`driver`]). Time, ids and lease tokens are
 //! arguments; nothing here reads a clock, draws a random number or does I/O.
 
-pub mod bugs;
 pub mod canonical;
 pub mod driver;
 pub mod evidence;

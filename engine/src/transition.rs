@@ -360,10 +360,6 @@ fn live_lease(c: &Command) -> Refusal {
 /// Receipts a takeover changes: `resume` the ambiguous RUNNING one back to PENDING;
 /// `replay` every non-PENDING one back to PENDING with its evidence dropped.
 fn reset_for_takeover(receipts: &[Receipt], recovery: Recovery) -> Vec<Receipt> {
-    let recovery = match recovery {
-        Recovery::Replay if crate::bugs::enabled(crate::bugs::Bug::ReplayKeepsReceipts) => Recovery::Resume,
-        other => other,
-    };
     receipts
         .iter()
         .filter(|r| match recovery {
@@ -384,15 +380,6 @@ fn reset_for_takeover(receipts: &[Receipt], recovery: Recovery) -> Vec<Receipt> 
             r
         })
         .collect()
-}
-
-/// The guard a planted bug that skips the token check writes under: the row as
-/// read, so the write reaches the database (see [`crate::bugs`]).
-fn planted_guard(command: &Command) -> Guard {
-    Guard::Unchanged {
-        status: command.status,
-        lease_token: command.lease_token.clone(),
-    }
 }
 
 fn fence(command: &Command, token: &LeaseToken) -> Result<(), Refusal> {
@@ -422,16 +409,9 @@ fn receipt_at(record: &AttemptRecord, ordinal: u32) -> Result<&Receipt, Refusal>
 
 /// Heartbeat: renews a current lease.
 pub fn heartbeat(command: &Command, token: &LeaseToken, lease_ms: u64, now: Timestamp) -> Result<Writes, Refusal> {
-    let planted = crate::bugs::enabled(crate::bugs::Bug::HeartbeatIgnoresToken);
-    if !planted {
-        fence(command, token)?;
-    }
+    fence(command, token)?;
     Ok(Writes {
-        guard: if planted {
-            planted_guard(command)
-        } else {
-            Guard::Holds(token.clone())
-        },
+        guard: Guard::Holds(token.clone()),
         attempt: None,
         command: Some(renewed(command, lease_ms, now)),
         receipts: Vec::new(),
@@ -492,19 +472,11 @@ pub fn complete_step(
     lease_ms: u64,
     now: Timestamp,
 ) -> Result<Writes, Refusal> {
-    let planted = crate::bugs::enabled(crate::bugs::Bug::CompleteSkipsTokenCheck);
-    if !planted {
-        fence(&record.command, token)?;
-    }
+    fence(&record.command, token)?;
     let receipt = receipt_at(record, ordinal)?;
     let evidence = canonical_json(evidence);
     let sha = sha256_hex(evidence.as_bytes());
-    let guard = if planted {
-        planted_guard(&record.command)
-    } else {
-        Guard::Holds(token.clone())
-    };
-    let mut writes = Writes::none(guard);
+    let mut writes = Writes::none(Guard::Holds(token.clone()));
     writes.command = Some(renewed(&record.command, lease_ms, now));
     match receipt.status {
         ReceiptStatus::Running => {
@@ -631,11 +603,7 @@ pub fn reconcile(
         lease_token: c.lease_token.clone(),
     };
     match c.status {
-        CommandStatus::Processing
-            if !is_claimable(c, now) && !crate::bugs::enabled(crate::bugs::Bug::ReconcileStealsLiveLease) =>
-        {
-            Err(live_lease(c))
-        }
+        CommandStatus::Processing if !is_claimable(c, now) => Err(live_lease(c)),
         CommandStatus::Processing => {
             let mut command = c.clone();
             command.status = CommandStatus::Pending;
@@ -783,11 +751,6 @@ pub fn complete_and_continue(
     now: Timestamp,
 ) -> Result<(Continued, Writes), Refusal> {
     let writes = complete_step(record, ordinal, evidence, target_receipt, token, lease_ms, now)?;
-    // Planted bug (crate::bugs): the chained write trusts the row's own token too.
-    let token = match &record.command.lease_token {
-        Some(current) if crate::bugs::enabled(crate::bugs::Bug::CompleteSkipsTokenCheck) => current,
-        _ => token,
-    };
     let mut continued = Continued::Finished;
     let writes = writes.then(record, |completed| match next_step(completed) {
         Some(next) => {

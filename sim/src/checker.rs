@@ -20,11 +20,16 @@
 //!    fingerprint (the same on every seed), their raw fingerprints differ, and a
 //!    `replay` attempt's receipts all come from its last delivery's sandbox.
 //! 10. No lease token appears in any trace line or report ([`scan_for_tokens`]).
+//! 11. Every committed image follows DESIGN.md's transition table
+//!     ([`crate::history::transitions`]).
+//! 12. The target's calls keep the recovery promises, each call checked against the
+//!     delivery it came from ([`crate::history::recovery_promises`]).
 //!
 //! Messages name attempts, steps and token ordinals (`token#3`), never token text.
 
 use crate::clients::ClientLog;
 use crate::db::{lease_live, DbEvent, EventOutcome, Snap};
+use crate::history;
 use crate::plans;
 use crate::target::TargetState;
 use leasehold_engine::canonical::canonical_json;
@@ -80,7 +85,7 @@ pub fn is_claim(op: &str) -> bool {
     matches!(op, "claim" | "claim-and-begin")
 }
 
-/// Checks invariants 1–9.
+/// Checks invariants 1–9, 11 and 12.
 pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
     let mut v = Vec::new();
     let mut push = |invariant: u8, message: String| v.push(Violation { invariant, message });
@@ -95,6 +100,8 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
         push(8, l.to_owned());
     }
     fingerprints(input, &mut push);
+    history::transitions(input.events, input.plans, &mut push);
+    history::recovery_promises(input.events, input.plans, &input.target.calls, &mut push);
     v
 }
 

@@ -14,10 +14,14 @@
 //!   it), and the outcome. The checker proves invariants 1–4, 6 and 7 from this log.
 //!   Token texts are kept only in a private map, for invariant 10's scan.
 //! - Faults: while faults are on, a mutating request may be committed and its reply
-//!   dropped (the connection closes without an answer). With the planted bug
-//!   `lease-on-worker-clock`, a worker's request is decided at the clock reading it
-//!   sent instead of the db host's clock.
+//!   dropped (the connection closes without an answer).
+//! - Planted bugs ([`crate::bugs`]) live here, at the seams between the workers and
+//!   the ledger: a request decided at another `now` (the worker's clock reading, or
+//!   just past a live lease), a stale token replaced by the current one, or the
+//!   engine's writes rewritten through the ledger's [`WritesHook`] before they are
+//!   applied. Without planted bugs none of these seams does anything.
 
+use crate::bugs::Bug;
 use crate::clock::{elapsed_ms, DbClock};
 use crate::protocol::{
     read_frame, requeued, write_frame, DbEnvelope, DbReply, DbRequest, DbResponse, WireClaimed, WireError,
@@ -28,17 +32,21 @@ use leasehold::clock::Clock;
 use leasehold::entropy::Entropy;
 use leasehold::ledger::memory::MemoryLedger;
 use leasehold::ledger::sqlite::SqliteCore;
+use leasehold::ledger::WritesHook;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
-use leasehold_engine::bugs::{self, Bug};
-use leasehold_engine::transition::{Continued, ReconcileOutcome};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, CommandStatus, Lease, Plan, PlanId, PlanSpec, Timestamp};
+use leasehold_engine::canonical::{canonical_json, sha256_hex};
+use leasehold_engine::transition::{next_step, Continued, ReconcileOutcome};
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, CommandStatus, Guard, Lease, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery,
+    Refusal, Timestamp, Writes,
+};
 use serde_json::Value;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::pin;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 /// The db host's port.
@@ -163,9 +171,161 @@ impl DbEvent {
     }
 }
 
+/// What the writes seam knows of the request in flight: its operation, the
+/// planted bugs and each plan's recovery.
+#[derive(Debug, Default)]
+struct Seam {
+    op: &'static str,
+    /// The instant the request is decided at, and the lease it asks for.
+    now: Timestamp,
+    lease_ms: u64,
+    bugs: Vec<Bug>,
+    recovery: BTreeMap<PlanId, Recovery>,
+}
+
+impl Seam {
+    fn planted(&self, bug: Bug) -> bool {
+        self.bugs.contains(&bug)
+    }
+}
+
+/// Puts `r` into `writes` in place of any write of the same receipt.
+fn upsert(writes: &mut Writes, r: leasehold_engine::Receipt) {
+    match writes.receipts.iter_mut().find(|w| w.ordinal == r.ordinal) {
+        Some(slot) => *slot = r,
+        None => writes.receipts.push(r),
+    }
+    writes.receipts.sort_by_key(|w| w.ordinal);
+}
+
+/// After a claim's receipt writes were rewritten: nothing is left RUNNING but, for a
+/// claim-and-begin, the first step that has not SUCCEEDED.
+fn rebegin(record: &AttemptRecord, writes: &mut Writes, begin: bool) {
+    let mut image = record.clone();
+    writes.apply_to(&mut image);
+    let next = if begin { next_step(&image) } else { None };
+    let now = writes.command.as_ref().and_then(|c| c.last_heartbeat_at);
+    for r in &image.receipts {
+        let mut r = r.clone();
+        if Some(r.ordinal) == next && r.status == ReceiptStatus::Pending {
+            r.status = ReceiptStatus::Running;
+            r.started_at = now;
+            upsert(writes, r);
+        } else if Some(r.ordinal) != next && r.status == ReceiptStatus::Running {
+            r.status = ReceiptStatus::Pending;
+            r.started_at = None;
+            upsert(writes, r);
+        }
+    }
+}
+
+/// The decision seam: replaces the engine's decision as the planted bugs would have
+/// decided.
+fn decide(seam: &Seam, record: &AttemptRecord, decided: Result<Writes, Refusal>) -> Result<Writes, Refusal> {
+    match decided {
+        // `heartbeat` without its token check renews whatever lease the row holds,
+        // under a guard that only asks for the row as read.
+        Err(Refusal::StaleToken { .. }) if seam.op == "heartbeat" && seam.planted(Bug::HeartbeatIgnoresToken) => {
+            let c = &record.command;
+            let mut renewed = c.clone();
+            renewed.lease_until = Some(seam.now.plus_ms(seam.lease_ms));
+            renewed.last_heartbeat_at = Some(seam.now);
+            Ok(Writes {
+                guard: Guard::Unchanged {
+                    status: c.status,
+                    lease_token: c.lease_token.clone(),
+                },
+                attempt: None,
+                command: Some(renewed),
+                receipts: Vec::new(),
+            })
+        }
+        Ok(mut writes) => {
+            rewrite(seam, record, &mut writes);
+            Ok(writes)
+        }
+        refused => refused,
+    }
+}
+
+/// The writes seam: rewrites the engine's writes as the planted bugs would have
+/// written them.
+fn rewrite(seam: &Seam, record: &AttemptRecord, writes: &mut Writes) {
+    let recovery = seam
+        .recovery
+        .get(&record.attempt.plan_id)
+        .copied()
+        .unwrap_or(Recovery::Resume);
+    let takeover = record.command.delivery_count >= 1;
+    let claim = matches!(seam.op, "claim" | "claim-and-begin");
+    let succeeded = || record.receipts.iter().filter(|r| r.status == ReceiptStatus::Succeeded);
+    if seam.planted(Bug::ReplayKeepsReceipts)
+        && recovery == Recovery::Replay
+        && takeover
+        && (claim || seam.op == "reconcile")
+    {
+        for r in succeeded() {
+            upsert(writes, r.clone());
+        }
+        rebegin(record, writes, seam.op == "claim-and-begin");
+    }
+    if seam.planted(Bug::ResumeRedeliversSucceeded) && recovery == Recovery::Resume && takeover && claim {
+        for r in succeeded() {
+            let mut r = r.clone();
+            r.status = ReceiptStatus::Pending;
+            r.evidence = None;
+            r.evidence_sha256 = None;
+            r.target_receipt = None;
+            r.started_at = None;
+            r.finished_at = None;
+            upsert(writes, r);
+        }
+        rebegin(record, writes, seam.op == "claim-and-begin");
+    }
+    if seam.planted(Bug::AbortRewritesSucceeded) && seam.op == "abort" {
+        let error = writes.attempt.as_ref().and_then(|a| a.error.clone());
+        for r in succeeded() {
+            let mut r = r.clone();
+            r.status = ReceiptStatus::Aborted;
+            r.error.clone_from(&error);
+            upsert(writes, r);
+        }
+    }
+    if seam.planted(Bug::ReconcileKeepsRunning)
+        && seam.op == "reconcile"
+        && writes
+            .command
+            .as_ref()
+            .is_some_and(|c| c.status == CommandStatus::Pending)
+    {
+        writes.receipts.clear();
+    }
+    if seam.planted(Bug::FingerprintKeepsVolatile) && matches!(seam.op, "complete-step" | "complete-and-continue") {
+        for w in &mut writes.receipts {
+            let Some(mut evidence) = w
+                .evidence
+                .as_deref()
+                .and_then(|e| serde_json::from_str::<Value>(e).ok())
+            else {
+                continue;
+            };
+            let Some(map) = evidence.as_object_mut() else { continue };
+            let Some(sandbox) = map.get("sandbox_id").cloned() else {
+                continue;
+            };
+            map.insert("sandbox_name".into(), sandbox);
+            let text = canonical_json(&evidence);
+            w.evidence_sha256 = Some(sha256_hex(text.as_bytes()));
+            w.evidence = Some(text);
+        }
+    }
+}
+
 /// The db host's durable state and its log. Survives db host restarts.
 pub struct DbState {
     backend: Backend,
+    seam: Arc<Mutex<Seam>>,
+    bugs: Vec<Bug>,
     clock: Arc<DbClock>,
     trace: Trace,
     tokens: BTreeMap<String, u32>,
@@ -194,7 +354,8 @@ impl std::fmt::Debug for DbState {
 
 impl DbState {
     /// A fresh, migrated ledger of `kind` deciding on `clock` and minting from
-    /// `entropy`.
+    /// `entropy`, with `bugs` planted at its seams.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         kind: BackendKind,
         clock: Arc<DbClock>,
@@ -202,18 +363,41 @@ impl DbState {
         trace: Trace,
         seed: u64,
         reply_loss: f64,
+        bugs: &[Bug],
     ) -> Result<Self, LedgerError> {
         let dyn_clock: Arc<dyn Clock> = clock.clone();
+        let seam = Arc::new(Mutex::new(Seam {
+            bugs: bugs.to_vec(),
+            ..Seam::default()
+        }));
+        let hook: Option<WritesHook> = (!bugs.is_empty()).then(|| {
+            let seam = Arc::clone(&seam);
+            let hook: WritesHook = Arc::new(move |record: &AttemptRecord, decided| {
+                decide(&seam.lock().unwrap_or_else(|e| e.into_inner()), record, decided)
+            });
+            hook
+        });
         let backend = match kind {
-            BackendKind::Memory => Backend::Memory(MemoryLedger::new(dyn_clock, entropy)),
+            BackendKind::Memory => {
+                let ledger = MemoryLedger::new(dyn_clock, entropy);
+                Backend::Memory(match hook {
+                    Some(h) => ledger.with_writes_hook(h),
+                    None => ledger,
+                })
+            }
             BackendKind::Sqlite => {
-                let core = SqliteCore::open(":memory:", dyn_clock, entropy)?;
+                let mut core = SqliteCore::open(":memory:", dyn_clock, entropy)?;
                 core.migrate()?;
+                if let Some(h) = hook {
+                    core.set_writes_hook(h);
+                }
                 Backend::Sqlite(core)
             }
         };
         Ok(Self {
             backend,
+            seam,
+            bugs: bugs.to_vec(),
             clock,
             trace,
             tokens: BTreeMap::new(),
@@ -266,8 +450,28 @@ impl DbState {
     /// reply).
     pub fn handle(&mut self, env: DbEnvelope) -> (DbResponse, bool) {
         let db_now = self.clock.own_now();
-        if bugs::enabled(Bug::LeaseOnWorkerClock) && env.from.starts_with('w') {
+        if self.bugs.contains(&Bug::LeaseOnWorkerClock) && env.from.starts_with('w') {
             self.clock.decide_at(env.sent_at);
+        }
+        if let DbRequest::Reconcile { attempt } = &env.request {
+            // Planted: decide a reconcile of a live lease just after the lease's end.
+            let live_until = self
+                .latest
+                .get(attempt)
+                .filter(|s| lease_live(s, db_now))
+                .and_then(|s| s.record.command.lease_until);
+            if let (true, Some(until)) = (self.bugs.contains(&Bug::ReconcileStealsLiveLease), live_until) {
+                self.clock.decide_at(until.plus_ms(1));
+            }
+        }
+        {
+            let mut seam = self.seam.lock().unwrap_or_else(|e| e.into_inner());
+            seam.op = env.request.op();
+            seam.now = self.clock.now();
+            seam.lease_ms = match &env.request {
+                DbRequest::Heartbeat { lease_ms, .. } => *lease_ms,
+                _ => 0,
+            };
         }
         let decided_at = self.clock.now();
         let mutating = !matches!(
@@ -375,6 +579,8 @@ impl DbState {
         run: impl FnOnce(&Backend, &Lease) -> Result<T, LedgerError>,
     ) -> Result<T, LedgerError> {
         let presented = self.known_ordinal(lease.token.expose());
+        let substituted = self.substitute_token(env.request.op(), lease);
+        let lease = substituted.as_ref().unwrap_or(lease);
         let before = self.latest.get(&lease.attempt_id).cloned();
         let result = run(&self.backend, lease);
         let after = self.read_snap(&lease.attempt_id);
@@ -395,6 +601,24 @@ impl DbState {
             None,
         );
         result
+    }
+
+    /// Planted: a stale token replaced by the command's current one, for the
+    /// operations whose token check a planted bug skips.
+    fn substitute_token(&self, op: &str, lease: &Lease) -> Option<Lease> {
+        let skips = match op {
+            "complete-step" | "complete-and-continue" => self.bugs.contains(&Bug::CompleteSkipsTokenCheck),
+            _ => false,
+        };
+        if !skips {
+            return None;
+        }
+        let record: Result<AttemptRecord, LedgerError> = call!(&self.backend, attempt(&lease.attempt_id));
+        let current = record.ok()?.command.lease_token?;
+        Some(Lease {
+            token: current,
+            ..lease.clone()
+        })
     }
 
     fn dispatch(&mut self, env: &DbEnvelope, db_now: Timestamp, decided_at: Timestamp) -> DbResponse {
@@ -494,6 +718,11 @@ impl DbState {
     fn register(&mut self, spec: PlanSpec, known: &[String]) -> Result<DbReply, LedgerError> {
         let known: Vec<&str> = known.iter().map(String::as_str).collect();
         let plan: Plan = call!(&self.backend, register_plan(spec, &known))?;
+        self.seam
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .recovery
+            .insert(plan.id.clone(), plan.recovery);
         if !self.plans.contains_key(&plan.id) {
             self.trace.line(
                 "db",

@@ -2,7 +2,7 @@
 //! seed and print its whole event trace.
 
 use clap::Parser;
-use leasehold_engine::bugs::Bug;
+use leasehold_sim::bugs::Bug;
 use leasehold_sim::db::BackendKind;
 use leasehold_sim::profile::{Profile, BUILTIN};
 use leasehold_sim::runner::{self, Batch};

@@ -598,6 +598,8 @@ pub struct TargetRequest {
     pub step: String,
     /// Who sent it.
     pub worker: String,
+    /// The delivery (the command's `delivery_count` under the claim) it belongs to.
+    pub delivery: u32,
     /// How long the target takes before it answers.
     pub delay_ms: u64,
 }

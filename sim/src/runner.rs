@@ -2,15 +2,15 @@
 //!
 //! Contract: [`run_batch`] runs every (seed, backend) job of a [`Batch`] on up to
 //! `threads` threads; each job builds its own simulation on its thread (a `Sim` is
-//! `!Send`) and plants the batch's bugs on that thread only. Results are ordered by
+//! `!Send`) and plants the batch's bugs in each of its runs. Results are ordered by
 //! seed and backend whatever thread ran them, so a [`Summary`] prints the same for
 //! the same batch, wall-clock figures aside. Wall time is read here, outside every
 //! simulation, only to report simulations per second.
 
+use crate::bugs::Bug;
 use crate::db::BackendKind;
 use crate::profile::Profile;
 use crate::world::{self, RunConfig, RunReport, Stats};
-use leasehold_engine::bugs::Bug;
 use std::fmt::Write as _;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -91,10 +91,10 @@ impl Summary {
         let s = self.stats();
         let failures: Vec<&RunReport> = self.failures().collect();
         let violations: usize = self.reports.iter().map(|r| r.violations.len()).sum();
-        let mut per_invariant = [0usize; 11];
+        let mut per_invariant = [0usize; 13];
         for r in &self.reports {
             for v in &r.violations {
-                per_invariant[usize::from(v.invariant).min(10)] += 1;
+                per_invariant[usize::from(v.invariant).min(12)] += 1;
             }
         }
         let backends: Vec<&str> = self.backends.iter().map(|b| b.name()).collect();

@@ -4,7 +4,9 @@
 //! - The target applies each idempotency key at most once (per sandbox, for
 //!   sandboxed steps) and answers every repeated delivery of a key with the reply
 //!   it gave the first time, target receipt included. It records every effect, so
-//!   the checker can prove invariant 5.
+//!   the checker can prove invariant 5, and every call with the delivery (the
+//!   claim's `delivery_count`) it came from, so the checker can tell a redelivery of
+//!   the ambiguous step from a redelivery of finished work (invariant 12).
 //! - It answers after the step's `delay_ms` (times the profile's slowdown); the effect happens on arrival. While
 //!   faults are on, a reply may be lost after the effect (the connection closes
 //!   without an answer): the executor sees a transient failure.
@@ -45,6 +47,27 @@ pub struct KeyRecord {
     pub reply: TargetReply,
 }
 
+/// One call the target received, with the delivery it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallRecord {
+    /// Simulated time of arrival.
+    pub at_ms: u64,
+    /// The attempt.
+    pub attempt: AttemptId,
+    /// The receipt's ordinal.
+    pub ordinal: u32,
+    /// The idempotency key it carried.
+    pub key: String,
+    /// The sandbox it named, for sandboxed steps.
+    pub sandbox: Option<String>,
+    /// The delivery (the command's `delivery_count` under its claim) it came from.
+    pub delivery: u32,
+    /// The worker that sent it.
+    pub worker: String,
+    /// Whether the key had been applied before (answered from the record).
+    pub duplicate: bool,
+}
+
 /// The target's state. Never lost: the target host does not crash.
 #[derive(Debug)]
 pub struct TargetState {
@@ -54,6 +77,8 @@ pub struct TargetState {
     pub durable: BTreeMap<AttemptId, Vec<String>>,
     /// Step codes applied per sandbox.
     pub sandboxes: BTreeMap<String, Vec<String>>,
+    /// Every call, in arrival order.
+    pub calls: Vec<CallRecord>,
     /// Repeated deliveries answered from the record.
     pub duplicates: u64,
     /// Replies lost after the effect.
@@ -74,6 +99,7 @@ impl TargetState {
             keys: BTreeMap::new(),
             durable: BTreeMap::new(),
             sandboxes: BTreeMap::new(),
+            calls: Vec::new(),
             duplicates: 0,
             replies_lost: 0,
             faults_on: true,
@@ -88,6 +114,16 @@ impl TargetState {
     /// Applies (or recognises) one delivery; answers the reply and whether to drop it.
     pub fn apply(&mut self, req: &TargetRequest) -> (TargetReply, bool) {
         let id = (req.key.clone(), req.sandbox.clone());
+        self.calls.push(CallRecord {
+            at_ms: crate::clock::elapsed_ms(),
+            attempt: req.attempt.clone(),
+            ordinal: req.ordinal,
+            key: req.key.clone(),
+            sandbox: req.sandbox.clone(),
+            delivery: req.delivery,
+            worker: req.worker.clone(),
+            duplicate: self.keys.contains_key(&id),
+        });
         let reply = if let Some(k) = self.keys.get_mut(&id) {
             k.deliveries += 1;
             self.duplicates += 1;
@@ -220,6 +256,7 @@ impl Executor for TargetExecutor {
             ordinal: request.ordinal,
             step: step.code.clone(),
             worker: self.worker.clone(),
+            delivery: request.delivery,
             delay_ms,
         };
         match self.send(&req).await {

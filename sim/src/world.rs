@@ -4,12 +4,13 @@
 //! Contract: [`run`] is a pure function of its [`RunConfig`] — the seed drives
 //! turmoil's RNG, the fault schedule, every clock's skew, the clients' choices and
 //! the ledger's ids and tokens; the epoch is pinned. It builds the world on the
-//! calling thread (a `Sim` is `!Send`) and plants exactly the configured bugs on
-//! that thread for the run's duration. The world: a db host, a target host, the
+//! calling thread (a `Sim` is `!Send`) and plants exactly the configured bugs at
+//! the db host's seams ([`crate::bugs`]). The world: a db host, a target host, the
 //! profile's worker hosts running the production [`Worker`], an enqueuer and an
 //! operator client. The run has a safety phase (faults on) of `safety_ms`; then
 //! every fault is healed and every attempt must be terminal within `liveness_ms`.
 
+use crate::bugs::Bug;
 use crate::checker::{self, CheckInput, Violation};
 use crate::clients::{self, ClientCtx, ClientLog};
 use crate::clock::{ClockParams, DbClock, SimClock, EPOCH_MS};
@@ -21,7 +22,6 @@ use crate::target::{self, TargetExecutor, TargetState};
 use crate::trace::{trace_hash, Trace};
 use leasehold::entropy::SeededEntropy;
 use leasehold::worker::{RunOptions, Worker};
-use leasehold_engine::bugs::{self, Bug};
 use leasehold_engine::lease::WorkerConfig;
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -326,13 +326,6 @@ fn elapsed_ms(sim: &turmoil::Sim<'_>) -> u64 {
 
 /// Runs one seed and checks it.
 pub fn run(config: &RunConfig) -> RunReport {
-    bugs::set(&config.bugs);
-    let report = run_inner(config);
-    bugs::set(&[]);
-    report
-}
-
-fn run_inner(config: &RunConfig) -> RunReport {
     let p = &config.profile;
     let w = &p.world;
     let seed = config.seed;
@@ -373,6 +366,7 @@ fn run_inner(config: &RunConfig) -> RunReport {
         trace.clone(),
         seed,
         p.faults.db_reply_loss,
+        &config.bugs,
     ) {
         Ok(s) => Rc::new(RefCell::new(s)),
         Err(e) => {
@@ -462,22 +456,29 @@ fn run_inner(config: &RunConfig) -> RunReport {
             });
             break;
         }
-        if healed && now % 10 == 0 {
+        // Liveness is checked after every tick: the run ends at the first tick where
+        // the clients are done and every attempt is terminal, or fails at the bound.
+        if healed {
             let clients_done = {
                 let l = log.borrow();
                 l.enqueuer_done && l.operator_done
             };
-            let open: Vec<String> = db_state
+            let any_open = db_state
                 .borrow()
                 .latest
                 .values()
-                .filter(|s| !s.record.attempt.status.is_terminal())
-                .map(|s| format!("{} ({})", s.record.attempt.id, s.record.attempt.status))
-                .collect();
-            if clients_done && open.is_empty() {
+                .any(|s| !s.record.attempt.status.is_terminal());
+            if clients_done && !any_open {
                 break;
             }
             if now >= bound_ms {
+                let open: Vec<String> = db_state
+                    .borrow()
+                    .latest
+                    .values()
+                    .filter(|s| !s.record.attempt.status.is_terminal())
+                    .map(|s| format!("{} ({})", s.record.attempt.id, s.record.attempt.status))
+                    .collect();
                 liveness = Some(if clients_done {
                     format!(
                         "{} attempts not terminal {} ms after healing: {}",

@@ -202,6 +202,7 @@ pub struct MemoryLedger {
     entropy: Arc<dyn Entropy>,
     /// The API tokens ([`crate::tokens`]), shared by clones like the state.
     pub(crate) tokens: Arc<Mutex<crate::tokens::MemoryTokens>>,
+    writes_hook: Option<super::WritesHook>,
 }
 
 impl std::fmt::Debug for MemoryLedger {
@@ -218,7 +219,15 @@ impl MemoryLedger {
             clock,
             entropy,
             tokens: Arc::default(),
+            writes_hook: None,
         }
+    }
+
+    /// This ledger with a [`super::WritesHook`] on every transition's writes.
+    #[must_use]
+    pub fn with_writes_hook(mut self, hook: super::WritesHook) -> Self {
+        self.writes_hook = Some(hook);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -263,7 +272,11 @@ impl MemoryLedger {
             .attempts
             .get_mut(attempt)
             .ok_or_else(|| Self::not_found("attempt", attempt))?;
-        let writes = decide(&state.plans, record, now)?;
+        let writes = match (decide(&state.plans, record, now), self.writes_hook.as_ref()) {
+            (Ok(w), hook) => super::run_hook(hook, record, Ok(w))?,
+            (Err(LedgerError::Refused(r)), Some(hook)) => hook(record, Err(r))?,
+            (Err(e), _) => return Err(e),
+        };
         state.index.apply(record, writes)?;
         Ok(answer(record))
     }
@@ -304,7 +317,7 @@ impl MemoryLedger {
                 .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
             let token = self.entropy.token();
             let decided = super::claim_transition(begin)(record, plan.recovery, owner, token.clone(), lease_ms, now);
-            let writes = match decided {
+            let writes = match super::run_hook(self.writes_hook.as_ref(), record, decided) {
                 Ok(w) => w,
                 Err(_) => continue,
             };

@@ -68,6 +68,26 @@ impl LedgerError {
     }
 }
 
+/// A seam on a ledger's write path: it sees the rows a transition was decided on and
+/// the engine's decision for them (its writes or its refusal), and may replace that
+/// decision before it is applied. Production ledgers have none; the simulator plants
+/// its bugs through it (`leasehold-sim`'s `bugs` module), so the engine needs no bug
+/// switches.
+pub type WritesHook =
+    std::sync::Arc<dyn Fn(&AttemptRecord, Result<Writes, Refusal>) -> Result<Writes, Refusal> + Send + Sync>;
+
+/// Runs `hook`, if there is one, on a transition's decision.
+pub(crate) fn run_hook(
+    hook: Option<&WritesHook>,
+    record: &AttemptRecord,
+    decided: Result<Writes, Refusal>,
+) -> Result<Writes, Refusal> {
+    match hook {
+        Some(hook) => hook(record, decided),
+        None => decided,
+    }
+}
+
 /// A command claimed under a fresh lease, with what the worker needs to deliver it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claimed {

@@ -37,6 +37,7 @@ pub struct SqliteCore {
     conn: Connection,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
+    writes_hook: Option<crate::ledger::WritesHook>,
 }
 
 /// One claim of a [`SqliteCore::claim_many`]: what [`SqliteCore::claim`] (or, with
@@ -154,7 +155,17 @@ impl SqliteCore {
         // queue of 20,000 cached.
         conn.pragma_update(None, "cache_size", -32_768).sql()?;
         conn.set_prepared_statement_cache_capacity(64);
-        Ok(Self { conn, clock, entropy })
+        Ok(Self {
+            conn,
+            clock,
+            entropy,
+            writes_hook: None,
+        })
+    }
+
+    /// Puts a [`crate::ledger::WritesHook`] on every transition's writes.
+    pub fn set_writes_hook(&mut self, hook: crate::ledger::WritesHook) {
+        self.writes_hook = Some(hook);
     }
 
     /// Stops this connection from checkpointing the WAL when it commits (SQLite
@@ -394,7 +405,7 @@ impl SqliteCore {
             for i in window {
                 let Some((record, plan)) = &candidates[i] else { continue };
                 let token = self.entropy.token();
-                let writes = claim_transition(request.begin)(
+                let decision = claim_transition(request.begin)(
                     record,
                     plan.recovery,
                     &request.owner,
@@ -402,7 +413,7 @@ impl SqliteCore {
                     request.lease_ms,
                     now,
                 );
-                if let Ok(writes) = writes {
+                if let Ok(writes) = crate::ledger::run_hook(self.writes_hook.as_ref(), record, decision) {
                     if let Some((record, plan)) = candidates[i].take() {
                         decided.push((k, record, plan, token, writes));
                     }
@@ -500,6 +511,7 @@ impl SqliteCore {
         let plan =
             rows::read_plan(&tx, &record.attempt.plan_id)?.ok_or_else(|| not_found("plan", &record.attempt.plan_id))?;
         let (outcome, writes) = transition::reconcile(&record, plan.recovery, now)?;
+        let writes = crate::ledger::run_hook(self.writes_hook.as_ref(), &record, Ok(writes))?;
         rows::update_writes(&tx, &record, &writes)?;
         writes.apply_to(&mut record);
         tx.commit()?;
@@ -511,7 +523,11 @@ impl SqliteCore {
         let tx = self.write_tx()?;
         let now = self.clock.now();
         let mut record = rows::read_record(&tx, attempt)?.ok_or_else(|| not_found("attempt", attempt))?;
-        let writes = transition::abort(&record, reason, now)?;
+        let writes = crate::ledger::run_hook(
+            self.writes_hook.as_ref(),
+            &record,
+            transition::abort(&record, reason, now),
+        )?;
         rows::update_writes(&tx, &record, &writes)?;
         writes.apply_to(&mut record);
         tx.commit()?;
@@ -552,7 +568,7 @@ impl SqliteCore {
         if record.command.id != lease.command_id {
             return Err(not_found("command", &lease.command_id));
         }
-        let writes = decide(&record, now)?;
+        let writes = crate::ledger::run_hook(self.writes_hook.as_ref(), &record, decide(&record, now))?;
         rows::update_writes(&tx, &record, &writes)?;
         tx.commit()?;
         Ok(writes)

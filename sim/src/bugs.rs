@@ -1,0 +1,113 @@
+//! Planted bugs: deliberate mistakes the simulator makes at its seams, to prove that
+//! its checker catches each kind of wrong implementation.
+//!
+//! Contract: the engine and the production crate have no bug switches. A run plants
+//! bugs ([`crate::world::RunConfig::bugs`]) and the db host makes each mistake where
+//! it stands between the workers and the ledger:
+//! - **tokens**: it substitutes the command's current lease token for the one a
+//!   request presented, so a stale request is applied as if it held the lease;
+//! - **`now`**: it makes the ledger decide at another instant than its own clock;
+//! - **writes**: through the ledger's [`leasehold::ledger::WritesHook`], it rewrites
+//!   the engine's [`leasehold_engine::Writes`] of one transition (or replaces its
+//!   refusal) before they are applied, exactly as a wrong transition rule would have
+//!   decided.
+//!
+//! Each bug names the invariant that must catch it ([`Bug::caught_by`]); the catch
+//! tests in `sim/tests/planted_bugs.rs` run each one over the CI window on both
+//! backends.
+
+/// A deliberate mistake, planted at a seam of the simulated world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Bug {
+    /// `complete-step` applies without a token match (the db host substitutes the
+    /// current token for a stale one).
+    CompleteSkipsTokenCheck,
+    /// `reconcile` requeues a command whose lease is still live (the db host decides
+    /// it just after the lease's end).
+    ReconcileStealsLiveLease,
+    /// A `replay` takeover keeps the old sandbox's SUCCEEDED receipts (its writes
+    /// lose their resets, as if the plan were `resume`).
+    ReplayKeepsReceipts,
+    /// `heartbeat` renews without a token match (the db host replaces the engine's
+    /// refusal with the renewal, under a guard that asks only for the row as read).
+    HeartbeatIgnoresToken,
+    /// The semantic fingerprint keeps volatile identity: the stored evidence carries
+    /// the sandbox id under a key (`sandbox_name`) that the fingerprint does not strip.
+    FingerprintKeepsVolatile,
+    /// Lease decisions use the requesting worker's clock (the db host decides with
+    /// the clock reading the worker sent).
+    LeaseOnWorkerClock,
+    /// A `resume` takeover puts SUCCEEDED receipts back to PENDING (same keys, evidence
+    /// dropped) and so redelivers finished work. The target deduplicates by key, so
+    /// the effects and the fingerprints stay right: only the history shows it.
+    ResumeRedeliversSucceeded,
+    /// `abort` marks SUCCEEDED receipts ABORTED along with the open ones, erasing
+    /// what was delivered (and what a compensation would undo).
+    AbortRewritesSucceeded,
+    /// `reconcile` requeues the command but leaves the receipts as they were: the
+    /// ambiguous step stays RUNNING while nobody holds the lease.
+    ReconcileKeepsRunning,
+}
+
+impl Bug {
+    /// Every planted bug, in declaration order.
+    pub const ALL: &'static [Bug] = &[
+        Bug::CompleteSkipsTokenCheck,
+        Bug::ReconcileStealsLiveLease,
+        Bug::ReplayKeepsReceipts,
+        Bug::HeartbeatIgnoresToken,
+        Bug::FingerprintKeepsVolatile,
+        Bug::LeaseOnWorkerClock,
+        Bug::ResumeRedeliversSucceeded,
+        Bug::AbortRewritesSucceeded,
+        Bug::ReconcileKeepsRunning,
+    ];
+
+    /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Bug::CompleteSkipsTokenCheck => "complete-skips-token-check",
+            Bug::ReconcileStealsLiveLease => "reconcile-steals-live-lease",
+            Bug::ReplayKeepsReceipts => "replay-keeps-receipts",
+            Bug::HeartbeatIgnoresToken => "heartbeat-ignores-token",
+            Bug::FingerprintKeepsVolatile => "fingerprint-keeps-volatile",
+            Bug::LeaseOnWorkerClock => "lease-on-worker-clock",
+            Bug::ResumeRedeliversSucceeded => "resume-redelivers-succeeded",
+            Bug::AbortRewritesSucceeded => "abort-rewrites-succeeded",
+            Bug::ReconcileKeepsRunning => "reconcile-keeps-running",
+        }
+    }
+
+    /// The bug with this name.
+    pub fn from_name(name: &str) -> Option<Bug> {
+        Bug::ALL.iter().copied().find(|b| b.name() == name)
+    }
+
+    /// The invariant that must catch it, and the fault profile that gives it the most
+    /// chances.
+    pub const fn caught_by(self) -> (u8, &'static str) {
+        match self {
+            Bug::CompleteSkipsTokenCheck | Bug::HeartbeatIgnoresToken => (1, "stale-tokens"),
+            Bug::ReconcileStealsLiveLease => (2, "mixed"),
+            Bug::LeaseOnWorkerClock => (2, "clock-skew"),
+            Bug::ReplayKeepsReceipts => (9, "crash-storm"),
+            Bug::FingerprintKeepsVolatile => (9, "mixed"),
+            Bug::ResumeRedeliversSucceeded => (11, "crash-storm"),
+            Bug::AbortRewritesSucceeded => (11, "mixed"),
+            Bug::ReconcileKeepsRunning => (11, "mixed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for b in Bug::ALL {
+            assert_eq!(Bug::from_name(b.name()), Some(*b));
+        }
+        assert_eq!(Bug::from_name("no-such-bug"), None);
+    }
+}

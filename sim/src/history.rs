@@ -1,0 +1,995 @@
+//! The model-based history check: invariants 11 and 12.
+//!
+//! Contract: [`check`] replays the db host's event log against a model of DESIGN.md's
+//! transition table and the target's call log against the recovery promises, and
+//! answers one message per broken rule.
+//!
+//! 11. Every committed image follows the table. For each applied event the model
+//!     computes, from the rows before it, the operation and the plan's recovery, what
+//!     the attempt, command, lease token, `delivery_count` and every receipt (status,
+//!     key, evidence) must be afterwards, and compares. In particular a SUCCEEDED
+//!     receipt is never rewritten except by a `replay` takeover (a claim of a command
+//!     delivered before, or a reconcile that requeues one), which resets it to
+//!     PENDING with its evidence dropped; a `resume` takeover only puts the ambiguous
+//!     RUNNING receipt back to PENDING, with the same key. A refused or failed request
+//!     changed nothing, and an event's rows before are the rows the previous event of
+//!     that attempt left.
+//! 12. The target's calls keep the recovery promises. Each call names the delivery it
+//!     came from; that delivery's claim must exist, the call must carry the receipt's
+//!     key, and under `resume` the step must not have SUCCEEDED before that claim
+//!     (a takeover redelivers only the ambiguous step). Under `replay` every call of a
+//!     delivery lands in that delivery's own sandbox. The first call of each delivery
+//!     is the step the claim left next: step one under `replay`, the first step that
+//!     had not SUCCEEDED under `resume`. Every step completed under a delivery was
+//!     called by that delivery.
+//!
+//! Messages name attempts, steps, deliveries and token ordinals, never token text.
+
+use crate::checker::is_claim;
+use crate::db::{DbEvent, EventOutcome, Snap};
+use crate::plans;
+use crate::target::CallRecord;
+use leasehold_engine::canonical::sha256_hex;
+use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What a receipt's evidence must be after a transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evidence {
+    /// Exactly what it was before (evidence, its SHA-256 and the target receipt).
+    Kept,
+    /// Newly recorded: present, with a matching SHA-256 and a target receipt.
+    Recorded,
+    /// Dropped: no evidence, no SHA-256, no target receipt.
+    Dropped,
+}
+
+/// What the lease token must be after a transition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    /// The same token as before.
+    Same,
+    /// A token different from the one before.
+    Fresh,
+    /// No token.
+    Cleared,
+}
+
+/// The model's answer for one applied transition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Expected {
+    attempt: AttemptStatus,
+    command: CommandStatus,
+    token: Token,
+    delivery_count: u32,
+    receipts: Vec<(ReceiptStatus, Evidence)>,
+}
+
+impl Expected {
+    fn unchanged(b: &Snap) -> Self {
+        Self {
+            attempt: b.record.attempt.status,
+            command: b.record.command.status,
+            token: Token::Same,
+            delivery_count: b.record.command.delivery_count,
+            receipts: b.record.receipts.iter().map(|r| (r.status, Evidence::Kept)).collect(),
+        }
+    }
+
+    fn next_step(&self) -> Option<usize> {
+        self.receipts.iter().position(|(s, _)| *s != ReceiptStatus::Succeeded)
+    }
+
+    /// Begin the step at index `i`: PENDING becomes RUNNING, RUNNING stays.
+    fn begin(&mut self, i: usize) -> Result<(), String> {
+        if let Some(open) = self.receipts[..i]
+            .iter()
+            .position(|(s, _)| *s != ReceiptStatus::Succeeded)
+        {
+            return Err(format!(
+                "step {} began while step {} was not SUCCEEDED",
+                i + 1,
+                open + 1
+            ));
+        }
+        match self.receipts[i].0 {
+            ReceiptStatus::Pending | ReceiptStatus::Running => {
+                self.receipts[i].0 = ReceiptStatus::Running;
+                Ok(())
+            }
+            s => Err(format!("step {} began while it was {s}", i + 1)),
+        }
+    }
+
+    /// Complete the step at index `i`: RUNNING becomes SUCCEEDED with new evidence; a
+    /// SUCCEEDED one (a retried request) stays as it was.
+    fn complete(&mut self, i: usize) -> Result<(), String> {
+        match self.receipts[i].0 {
+            ReceiptStatus::Running => {
+                self.receipts[i] = (ReceiptStatus::Succeeded, Evidence::Recorded);
+                Ok(())
+            }
+            ReceiptStatus::Succeeded => Ok(()),
+            s => Err(format!("step {} completed while it was {s}", i + 1)),
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        if let Some(open) = self.next_step() {
+            return Err(format!(
+                "the attempt finished while step {} was {}",
+                open + 1,
+                self.receipts[open].0
+            ));
+        }
+        self.attempt = AttemptStatus::Succeeded;
+        self.command = CommandStatus::Delivered;
+        self.token = Token::Cleared;
+        Ok(())
+    }
+
+    /// The receipts as a takeover leaves them.
+    fn take_over(&mut self, recovery: Recovery) {
+        for r in &mut self.receipts {
+            match (recovery, r.0) {
+                (Recovery::Resume, ReceiptStatus::Running) => r.0 = ReceiptStatus::Pending,
+                (Recovery::Replay, s) if s != ReceiptStatus::Pending => {
+                    *r = (ReceiptStatus::Pending, Evidence::Dropped)
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn index_of(b: &Snap, ordinal: Option<u32>) -> Result<usize, String> {
+    let o = ordinal.ok_or("the event names no step")?;
+    b.record
+        .receipts
+        .iter()
+        .position(|r| r.ordinal == o)
+        .ok_or_else(|| format!("the attempt has no step {o}"))
+}
+
+fn require_processing(b: &Snap) -> Result<(), String> {
+    if b.record.command.status == CommandStatus::Processing {
+        Ok(())
+    } else {
+        Err(format!(
+            "a worker transition applied while the command was {}",
+            b.record.command.status
+        ))
+    }
+}
+
+/// The transition table: what an applied `op` must leave, given the rows before it.
+fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -> Result<Expected, String> {
+    let mut x = Expected::unchanged(b);
+    match op {
+        "claim" | "claim-and-begin" => {
+            if b.record.attempt.status.is_terminal() {
+                return Err(format!("a claim applied to a {} attempt", b.record.attempt.status));
+            }
+            if !matches!(
+                b.record.command.status,
+                CommandStatus::Pending | CommandStatus::Processing
+            ) {
+                return Err(format!("a claim applied to a {} command", b.record.command.status));
+            }
+            if b.record.command.delivery_count >= 1 {
+                x.take_over(recovery);
+            }
+            x.attempt = AttemptStatus::Running;
+            x.command = CommandStatus::Processing;
+            x.token = Token::Fresh;
+            x.delivery_count = b.record.command.delivery_count.saturating_add(1);
+            if op == "claim-and-begin" {
+                if let Some(i) = x.next_step() {
+                    x.begin(i)?;
+                }
+            }
+        }
+        "heartbeat" => require_processing(b)?,
+        "begin-step" => {
+            require_processing(b)?;
+            x.begin(index_of(b, ordinal)?)?;
+        }
+        "complete-step" => {
+            require_processing(b)?;
+            x.complete(index_of(b, ordinal)?)?;
+        }
+        "complete-and-continue" => {
+            require_processing(b)?;
+            x.complete(index_of(b, ordinal)?)?;
+            match x.next_step() {
+                Some(i) => x.begin(i)?,
+                None => x.finish()?,
+            }
+        }
+        "fail" => {
+            require_processing(b)?;
+            if ordinal.is_some() {
+                index_of(b, ordinal)?;
+            }
+            for (r, before) in x.receipts.iter_mut().zip(&b.record.receipts) {
+                if !r.0.is_terminal() {
+                    r.0 = if Some(before.ordinal) == ordinal {
+                        ReceiptStatus::Failed
+                    } else {
+                        ReceiptStatus::Aborted
+                    };
+                }
+            }
+            x.attempt = AttemptStatus::Failed;
+            x.command = CommandStatus::Failed;
+            x.token = Token::Cleared;
+        }
+        "finish" => {
+            require_processing(b)?;
+            x.finish()?;
+        }
+        "reconcile" => {
+            // An expired lease is requeued; anything else is answered unchanged (a
+            // live lease is refused, which the caller checks as a refusal).
+            if b.record.command.status == CommandStatus::Processing
+                && a.record.command.status != CommandStatus::Processing
+            {
+                x.take_over(recovery);
+                x.attempt = AttemptStatus::Queued;
+                x.command = CommandStatus::Pending;
+                x.token = Token::Cleared;
+            }
+        }
+        "abort" => {
+            if b.record.attempt.status.is_terminal() {
+                return Err(format!("an abort applied to a {} attempt", b.record.attempt.status));
+            }
+            for r in &mut x.receipts {
+                if !r.0.is_terminal() {
+                    r.0 = ReceiptStatus::Aborted;
+                }
+            }
+            x.attempt = AttemptStatus::Aborted;
+            x.command = CommandStatus::Aborted;
+            x.token = Token::Cleared;
+        }
+        other => return Err(format!("{other} is not a transition of the table")),
+    }
+    Ok(x)
+}
+
+fn same_evidence(x: &Receipt, y: &Receipt) -> bool {
+    x.evidence == y.evidence && x.evidence_sha256 == y.evidence_sha256 && x.target_receipt == y.target_receipt
+}
+
+/// Compares the rows after an applied transition with the model's answer.
+fn compare(op: &str, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
+    let mut out = Vec::new();
+    let (ba, aa) = (&b.record.attempt, &a.record.attempt);
+    if (&ba.id, &ba.plan_id, ba.number, ba.action) != (&aa.id, &aa.plan_id, aa.number, aa.action)
+        || b.record.command.id != a.record.command.id
+    {
+        out.push("the attempt's identity (id, plan, number, action or command) changed".to_owned());
+    }
+    if aa.status != x.attempt {
+        out.push(format!(
+            "the attempt went {} -> {}, the table says {}",
+            ba.status, aa.status, x.attempt
+        ));
+    }
+    let (bc, ac) = (&b.record.command, &a.record.command);
+    if ac.status != x.command {
+        out.push(format!(
+            "the command went {} -> {}, the table says {}",
+            bc.status, ac.status, x.command
+        ));
+    }
+    if ac.delivery_count != x.delivery_count {
+        out.push(format!(
+            "delivery_count went {} -> {}, the table says {}",
+            bc.delivery_count, ac.delivery_count, x.delivery_count
+        ));
+    }
+    let token_ok = match x.token {
+        Token::Same => a.token == b.token,
+        Token::Fresh => a.token.is_some() && a.token != b.token,
+        Token::Cleared => a.token.is_none(),
+    };
+    if !token_ok {
+        let want = match x.token {
+            Token::Same => "the same token",
+            Token::Fresh => "a fresh token",
+            Token::Cleared => "no token",
+        };
+        out.push(format!(
+            "the command's token went {} -> {}, the table says {want}",
+            tok(b.token),
+            tok(a.token)
+        ));
+    }
+    if a.record.receipts.len() != b.record.receipts.len() {
+        out.push(format!(
+            "the attempt had {} receipts and then {}",
+            b.record.receipts.len(),
+            a.record.receipts.len()
+        ));
+        return out;
+    }
+    let replay_takeover = recovery == Recovery::Replay
+        && bc.delivery_count >= 1
+        && (is_claim(op)
+            || (op == "reconcile" && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
+    for ((br, ar), (status, evidence)) in b.record.receipts.iter().zip(&a.record.receipts).zip(&x.receipts) {
+        let o = br.ordinal;
+        if (ar.ordinal, &ar.step_code, &ar.idempotency_key) != (o, &br.step_code, &br.idempotency_key) {
+            out.push(format!("step {o}'s ordinal, code or idempotency key changed"));
+            continue;
+        }
+        if br.status == ReceiptStatus::Succeeded
+            && !replay_takeover
+            && (ar.status != br.status || !same_evidence(br, ar))
+        {
+            out.push(format!(
+                "step {o} was SUCCEEDED and {op} rewrote it ({}, evidence {}), which only a replay takeover may",
+                ar.status,
+                if same_evidence(br, ar) { "kept" } else { "changed" }
+            ));
+            continue;
+        }
+        if ar.status != *status {
+            out.push(format!(
+                "step {o} went {} -> {} under {recovery}, the table says {status}",
+                br.status, ar.status
+            ));
+            continue;
+        }
+        let evidence_ok = match evidence {
+            Evidence::Kept => same_evidence(br, ar),
+            Evidence::Recorded => {
+                ar.evidence.as_deref().map(|e| sha256_hex(e.as_bytes())) == ar.evidence_sha256
+                    && ar.evidence.is_some()
+                    && ar.target_receipt.is_some()
+            }
+            Evidence::Dropped => ar.evidence.is_none() && ar.evidence_sha256.is_none() && ar.target_receipt.is_none(),
+        };
+        if !evidence_ok {
+            let want = match evidence {
+                Evidence::Kept => "kept",
+                Evidence::Recorded => "recorded with its SHA-256 and target receipt",
+                Evidence::Dropped => "dropped",
+            };
+            out.push(format!("step {o}'s evidence after {op} is not {want}"));
+        }
+    }
+    out
+}
+
+fn tok(t: Option<u32>) -> String {
+    t.map_or_else(|| "none".to_owned(), |t| format!("token#{t}"))
+}
+
+fn enqueued_ok(a: &Snap) -> Result<(), String> {
+    let r = &a.record;
+    if r.attempt.status != AttemptStatus::Queued
+        || r.command.status != CommandStatus::Pending
+        || r.command.delivery_count != 0
+        || a.token.is_some()
+    {
+        return Err(format!(
+            "an enqueue left {}/{} with delivery_count {} and {}",
+            r.attempt.status,
+            r.command.status,
+            r.command.delivery_count,
+            tok(a.token)
+        ));
+    }
+    for (r, o) in r.receipts.iter().zip(1u32..) {
+        if r.ordinal != o || r.status != ReceiptStatus::Pending || r.evidence.is_some() {
+            return Err(format!(
+                "an enqueue left step {} {} (expected step {o} PENDING, no evidence)",
+                r.ordinal, r.status
+            ));
+        }
+    }
+    if r.receipts.is_empty() {
+        return Err("an enqueue left an attempt without receipts".to_owned());
+    }
+    Ok(())
+}
+
+fn recovery_of(plans: &BTreeMap<PlanId, Plan>, s: &Snap) -> Recovery {
+    plans
+        .get(&s.record.attempt.plan_id)
+        .map_or(Recovery::Resume, |p| p.recovery)
+}
+
+/// Invariant 11 over the event log.
+pub fn transitions(events: &[DbEvent], plans: &BTreeMap<PlanId, Plan>, push: &mut impl FnMut(u8, String)) {
+    let mut last: BTreeMap<&AttemptId, &Snap> = BTreeMap::new();
+    let mut reported: BTreeSet<&AttemptId> = BTreeSet::new();
+    for e in events {
+        let Some(id) = e.attempt.as_ref() else { continue };
+        let mut problems = Vec::new();
+        if let (Some(prev), Some(b)) = (last.get(id), &e.before) {
+            if *prev != b {
+                problems.push("its rows before differ from what the previous event left".to_owned());
+            }
+        }
+        match (&e.outcome, &e.before, &e.after) {
+            (EventOutcome::Applied, None, Some(a)) if e.op == "enqueue" => {
+                if let Err(m) = enqueued_ok(a) {
+                    problems.push(m);
+                }
+            }
+            (EventOutcome::Applied, Some(b), Some(a)) => {
+                let recovery = recovery_of(plans, b);
+                match model(e.op, e.ordinal, recovery, b, a) {
+                    Ok(x) => problems.extend(compare(e.op, recovery, b, a, &x)),
+                    Err(m) => problems.push(m),
+                }
+            }
+            (EventOutcome::Applied, b, a) => problems.push(format!(
+                "applied with rows before {} and after {}",
+                if b.is_some() { "present" } else { "missing" },
+                if a.is_some() { "present" } else { "missing" }
+            )),
+            (EventOutcome::Refused(_) | EventOutcome::Failed(_), Some(b), Some(a)) if b != a => {
+                problems.push("the request was refused but the rows changed".to_owned());
+            }
+            _ => {}
+        }
+        if let Some(a) = &e.after {
+            last.insert(id, a);
+        }
+        if !problems.is_empty() && reported.insert(id) {
+            push(
+                11,
+                format!(
+                    "event #{}: {} of {id}{} by {}: {}",
+                    e.seq,
+                    e.op,
+                    e.ordinal.map_or_else(String::new, |o| format!(" step {o}")),
+                    e.from,
+                    problems.join("; ")
+                ),
+            );
+        }
+    }
+}
+
+/// One delivery of an attempt, as its claim left it.
+struct Delivery<'a> {
+    before: &'a Snap,
+    after: &'a Snap,
+    token: Option<u32>,
+}
+
+/// Invariant 12 over the target's calls and the event log.
+pub fn recovery_promises(
+    events: &[DbEvent],
+    plans: &BTreeMap<PlanId, Plan>,
+    calls: &[CallRecord],
+    push: &mut impl FnMut(u8, String),
+) {
+    let mut deliveries: BTreeMap<(&AttemptId, u32), Delivery<'_>> = BTreeMap::new();
+    for e in events
+        .iter()
+        .filter(|e| is_claim(e.op) && e.outcome == EventOutcome::Applied)
+    {
+        if let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) {
+            deliveries.insert(
+                (id, a.record.command.delivery_count),
+                Delivery {
+                    before: b,
+                    after: a,
+                    token: a.token,
+                },
+            );
+        }
+    }
+    let mut reported: BTreeSet<AttemptId> = BTreeSet::new();
+    let mut report = |id: &AttemptId, message: String| {
+        if reported.insert(id.clone()) {
+            push(12, message);
+        }
+    };
+    let mut first_call: BTreeSet<(&AttemptId, u32)> = BTreeSet::new();
+    let mut called: BTreeSet<(&AttemptId, u32, u32)> = BTreeSet::new();
+    for c in calls {
+        let what = format!(
+            "the target's call of {} step {} from delivery {} ({})",
+            c.attempt, c.ordinal, c.delivery, c.worker
+        );
+        let Some(d) = deliveries.get(&(&c.attempt, c.delivery)) else {
+            report(&c.attempt, format!("{what}: no claim made that delivery"));
+            continue;
+        };
+        called.insert((&c.attempt, c.ordinal, c.delivery));
+        let recovery = recovery_of(plans, d.after);
+        let Some(r) = d.after.record.receipt(c.ordinal) else {
+            report(&c.attempt, format!("{what}: the attempt has no such step"));
+            continue;
+        };
+        if r.idempotency_key != c.key {
+            report(&c.attempt, format!("{what} carried a key that is not the step's"));
+        }
+        let succeeded_before = d
+            .before
+            .record
+            .receipt(c.ordinal)
+            .is_some_and(|r| r.status == ReceiptStatus::Succeeded);
+        if recovery == Recovery::Resume && succeeded_before {
+            report(
+                &c.attempt,
+                format!("{what}: the step had SUCCEEDED before the claim that made the delivery (resume redelivered finished work)"),
+            );
+        }
+        if recovery == Recovery::Replay {
+            let sandbox = plans::sandbox_id(&c.attempt, c.delivery);
+            if c.sandbox.as_deref() != Some(sandbox.as_str()) {
+                report(&c.attempt, format!("{what} is not in that delivery's fresh sandbox"));
+            }
+        }
+        if first_call.insert((&c.attempt, c.delivery)) {
+            let start = match recovery {
+                Recovery::Replay => Some(1),
+                Recovery::Resume => d
+                    .before
+                    .record
+                    .receipts
+                    .iter()
+                    .filter(|r| r.status != ReceiptStatus::Succeeded)
+                    .map(|r| r.ordinal)
+                    .min(),
+            };
+            if start != Some(c.ordinal) {
+                report(
+                    &c.attempt,
+                    format!(
+                        "{what} is the delivery's first call, but its claim left step {} next under {recovery}",
+                        start.map_or_else(|| "none".to_owned(), |s| s.to_string())
+                    ),
+                );
+            }
+        }
+    }
+    // Every step a delivery completed was called by that delivery.
+    let token_delivery: BTreeMap<(&AttemptId, u32), u32> = deliveries
+        .iter()
+        .filter_map(|((id, n), d)| d.token.map(|t| ((*id, t), *n)))
+        .collect();
+    for e in events
+        .iter()
+        .filter(|e| matches!(e.op, "complete-step" | "complete-and-continue") && e.outcome == EventOutcome::Applied)
+    {
+        let (Some(id), Some(o), Some(b), Some(a)) = (&e.attempt, e.ordinal, &e.before, &e.after) else {
+            continue;
+        };
+        let newly = b.record.receipt(o).is_some_and(|r| r.status == ReceiptStatus::Running)
+            && a.record
+                .receipt(o)
+                .is_some_and(|r| r.status == ReceiptStatus::Succeeded);
+        if !newly {
+            continue;
+        }
+        let Some(n) = e.presented.and_then(|t| token_delivery.get(&(id, t))) else {
+            continue;
+        };
+        if !called.contains(&(id, o, *n)) {
+            report(
+                id,
+                format!(
+                    "event #{}: {id} step {o} SUCCEEDED under delivery {n}, which never called the target for it",
+                    e.seq
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_engine::transition::{self, NewIds};
+    use leasehold_engine::{Action, AttemptRecord, CommandId, LeaseToken, Timestamp, Writes};
+    use serde_json::json;
+
+    /// A history built by the engine's own transitions, with hooks to tamper.
+    struct History {
+        plans: BTreeMap<PlanId, Plan>,
+        plan: Plan,
+        record: AttemptRecord,
+        events: Vec<DbEvent>,
+        tokens: Vec<LeaseToken>,
+        now: i64,
+    }
+
+    fn plan(recovery: &str) -> Plan {
+        let spec = leasehold_engine::PlanSpec {
+            name: "p".into(),
+            recovery: recovery.into(),
+            volatile_fields: vec![],
+            steps: ["a", "b", "c"]
+                .iter()
+                .map(|c| leasehold_engine::Step {
+                    code: (*c).into(),
+                    executor: plans::DURABLE.into(),
+                    payload: json!({}),
+                })
+                .collect(),
+        };
+        spec.into_plan(plans::KNOWN, PlanId::new("plan-1"), Timestamp::from_millis(0))
+            .expect("a valid plan")
+    }
+
+    impl History {
+        fn new(recovery: &str) -> Self {
+            let plan = plan(recovery);
+            let ids = NewIds {
+                attempt: AttemptId::new("att-1"),
+                command: CommandId::new("cmd-1"),
+            };
+            let record =
+                transition::enqueue(&plan, &[], Action::Execute, ids, Timestamp::from_millis(0)).expect("enqueue");
+            let mut h = Self {
+                plans: BTreeMap::from([(plan.id.clone(), plan.clone())]),
+                plan,
+                record: record.clone(),
+                events: Vec::new(),
+                tokens: Vec::new(),
+                now: 0,
+            };
+            let after = h.snap(&record);
+            h.push("enqueue", None, None, None, Some(after), EventOutcome::Applied);
+            h
+        }
+
+        fn snap(&self, r: &AttemptRecord) -> Snap {
+            let mut record = r.clone();
+            let token = record
+                .command
+                .lease_token
+                .take()
+                .and_then(|t| self.tokens.iter().position(|x| x == &t))
+                .map(|p| u32::try_from(p + 1).unwrap_or(u32::MAX));
+            Snap { record, token }
+        }
+
+        fn push(
+            &mut self,
+            op: &'static str,
+            ordinal: Option<u32>,
+            presented: Option<u32>,
+            before: Option<Snap>,
+            after: Option<Snap>,
+            outcome: EventOutcome,
+        ) {
+            let seq = self.events.len() as u64;
+            self.events.push(DbEvent {
+                seq,
+                at_ms: seq * 10,
+                db_now: Timestamp::from_millis(self.now),
+                decided_at: Timestamp::from_millis(self.now),
+                from: "w1".into(),
+                op,
+                attempt: Some(self.record.attempt.id.clone()),
+                ordinal,
+                presented,
+                before,
+                after,
+                outcome,
+                plan_attempts: None,
+                reply_lost: false,
+            });
+        }
+
+        /// Applies the engine's writes, then lets `tamper` rewrite the rows after.
+        fn apply(
+            &mut self,
+            op: &'static str,
+            ordinal: Option<u32>,
+            writes: Writes,
+            tamper: impl FnOnce(&mut AttemptRecord),
+        ) {
+            let before = self.snap(&self.record);
+            let presented = before.token;
+            writes.apply_to(&mut self.record);
+            tamper(&mut self.record);
+            let after = self.snap(&self.record);
+            let presented = if is_claim(op) { after.token } else { presented };
+            self.push(op, ordinal, presented, Some(before), Some(after), EventOutcome::Applied);
+        }
+
+        fn token(&self) -> LeaseToken {
+            self.tokens.last().cloned().expect("a claim came first")
+        }
+
+        fn claim(&mut self, tamper: impl FnOnce(&mut AttemptRecord)) {
+            self.now += 100_000;
+            let token = LeaseToken::new(format!("{:032x}", self.tokens.len() + 1));
+            self.tokens.push(token.clone());
+            let w = transition::claim(
+                &self.record,
+                self.plan.recovery,
+                "w1",
+                token,
+                60_000,
+                Timestamp::from_millis(self.now),
+            )
+            .expect("claim");
+            self.apply("claim", None, w, tamper);
+        }
+
+        fn begin(&mut self, o: u32) {
+            let w = transition::begin_step(&self.record, o, &self.token(), 60_000, Timestamp::from_millis(self.now))
+                .expect("begin");
+            self.apply("begin-step", Some(o), w, |_| {});
+        }
+
+        fn complete(&mut self, o: u32) {
+            let w = transition::complete_step(
+                &self.record,
+                o,
+                &json!({"o": o}),
+                &json!({"tr": o}),
+                &self.token(),
+                60_000,
+                Timestamp::from_millis(self.now),
+            )
+            .expect("complete");
+            self.apply("complete-step", Some(o), w, |_| {});
+        }
+
+        fn call(&self, o: u32, delivery: u32) -> CallRecord {
+            let r = self.record.receipt(o).expect("a step");
+            CallRecord {
+                at_ms: 0,
+                attempt: self.record.attempt.id.clone(),
+                ordinal: o,
+                key: r.idempotency_key.clone(),
+                sandbox: (self.plan.recovery == Recovery::Replay)
+                    .then(|| plans::sandbox_id(&self.record.attempt.id, delivery)),
+                delivery,
+                worker: "w1".into(),
+                duplicate: false,
+            }
+        }
+
+        fn violations(&self, calls: &[CallRecord]) -> Vec<(u8, String)> {
+            let mut v = Vec::new();
+            transitions(&self.events, &self.plans, &mut |i, m| v.push((i, m)));
+            recovery_promises(&self.events, &self.plans, calls, &mut |i, m| v.push((i, m)));
+            v
+        }
+    }
+
+    /// Delivery 1 completes step 1 and begins step 2; its worker is lost; delivery 2
+    /// takes over.
+    fn interrupted(recovery: &str, tamper: impl FnOnce(&mut AttemptRecord)) -> History {
+        let mut h = History::new(recovery);
+        h.claim(|_| {});
+        h.begin(1);
+        h.complete(1);
+        h.begin(2);
+        h.claim(tamper);
+        h
+    }
+
+    #[test]
+    fn a_correct_resume_takeover_passes() {
+        let h = interrupted("resume", |_| {});
+        let calls = [h.call(1, 1), h.call(2, 1), h.call(2, 2)];
+        assert_eq!(h.violations(&calls), vec![]);
+        assert_eq!(h.record.receipt(1).map(|r| r.status), Some(ReceiptStatus::Succeeded));
+    }
+
+    #[test]
+    fn a_correct_replay_takeover_passes() {
+        let mut h = interrupted("replay", |_| {});
+        h.begin(1);
+        let calls = [h.call(1, 1), h.call(2, 1), h.call(1, 2)];
+        assert_eq!(h.violations(&calls), vec![]);
+    }
+
+    #[test]
+    fn a_resume_takeover_that_resets_a_succeeded_step_fires() {
+        let h = interrupted("resume", |r| {
+            r.receipts[0].status = ReceiptStatus::Pending;
+            r.receipts[0].evidence = None;
+            r.receipts[0].evidence_sha256 = None;
+            r.receipts[0].target_receipt = None;
+        });
+        let v = h.violations(&[]);
+        assert!(
+            v.iter().any(|(i, m)| *i == 11 && m.contains("step 1 was SUCCEEDED")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_call_for_a_step_that_succeeded_before_the_claim_fires_under_resume() {
+        let h = interrupted("resume", |_| {});
+        let calls = [h.call(1, 1), h.call(2, 1), h.call(1, 2)];
+        let v = h.violations(&calls);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 12 && m.contains("had SUCCEEDED before the claim")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_resume_takeover_that_keeps_the_ambiguous_step_running_fires() {
+        let h = interrupted("resume", |r| r.receipts[1].status = ReceiptStatus::Running);
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("step 2 went RUNNING -> RUNNING")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_takeover_that_changes_a_key_fires() {
+        let h = interrupted("resume", |r| r.receipts[1].idempotency_key = "ik-other".into());
+        let v = h.violations(&[]);
+        assert!(
+            v.iter().any(|(i, m)| *i == 11 && m.contains("idempotency key changed")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_replay_takeover_that_keeps_succeeded_evidence_fires() {
+        let mut h = History::new("replay");
+        h.claim(|_| {});
+        h.begin(1);
+        h.complete(1);
+        h.begin(2);
+        let kept = h.record.receipts[0].clone();
+        h.claim(move |r| r.receipts[0] = kept);
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("step 1 went SUCCEEDED -> SUCCEEDED")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_replay_call_outside_its_deliverys_sandbox_fires() {
+        let mut h = interrupted("replay", |_| {});
+        h.begin(1);
+        let mut stale = h.call(1, 2);
+        stale.sandbox = Some(plans::sandbox_id(&h.record.attempt.id, 1));
+        let v = h.violations(&[h.call(1, 1), h.call(2, 1), stale]);
+        assert!(v.iter().any(|(i, m)| *i == 12 && m.contains("fresh sandbox")), "{v:?}");
+    }
+
+    #[test]
+    fn a_replay_delivery_that_does_not_start_at_step_one_fires() {
+        let h = interrupted("replay", |_| {});
+        let v = h.violations(&[h.call(1, 1), h.call(2, 1), h.call(2, 2)]);
+        assert!(
+            v.iter().any(|(i, m)| *i == 12 && m.contains("left step 1 next")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_call_from_a_delivery_no_claim_made_fires() {
+        let h = interrupted("resume", |_| {});
+        let v = h.violations(&[h.call(1, 3)]);
+        assert!(v.iter().any(|(i, m)| *i == 12 && m.contains("no claim made")), "{v:?}");
+    }
+
+    #[test]
+    fn a_step_completed_without_a_call_from_its_delivery_fires() {
+        let h = interrupted("resume", |_| {});
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 12 && m.contains("step 1 SUCCEEDED under delivery 1, which never called")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn an_abort_that_rewrites_a_succeeded_step_fires() {
+        let mut h = interrupted("resume", |_| {});
+        let w = transition::abort(&h.record, "stop", Timestamp::from_millis(h.now)).expect("abort");
+        h.apply("abort", None, w, |r| r.receipts[0].status = ReceiptStatus::Aborted);
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("step 1 was SUCCEEDED and abort rewrote it")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_reconcile_that_does_not_reset_the_ambiguous_step_fires() {
+        let mut h = History::new("resume");
+        h.claim(|_| {});
+        h.begin(1);
+        h.now += 100_000;
+        let (_, w) =
+            transition::reconcile(&h.record, Recovery::Resume, Timestamp::from_millis(h.now)).expect("reconcile");
+        h.apply("reconcile", None, w, |r| r.receipts[0].status = ReceiptStatus::Running);
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("step 1 went RUNNING -> RUNNING")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_refused_request_that_changed_rows_fires() {
+        let mut h = History::new("resume");
+        h.claim(|_| {});
+        let before = h.snap(&h.record);
+        let mut after = before.clone();
+        after.record.receipts[0].status = ReceiptStatus::Running;
+        h.push(
+            "begin-step",
+            Some(1),
+            Some(9),
+            Some(before),
+            Some(after),
+            EventOutcome::Refused("stale".into()),
+        );
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("refused but the rows changed")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_step_that_begins_out_of_order_fires() {
+        let mut h = History::new("resume");
+        h.claim(|_| {});
+        let w = transition::begin_step(&h.record, 1, &h.token(), 60_000, Timestamp::from_millis(h.now)).expect("begin");
+        h.apply("begin-step", Some(1), w, |r| {
+            r.receipts[1].status = ReceiptStatus::Running
+        });
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("step 2 went PENDING -> RUNNING")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_finish_that_keeps_the_token_fires() {
+        let mut h = History::new("resume");
+        h.claim(|_| {});
+        for o in 1..=3 {
+            h.begin(o);
+            h.complete(o);
+        }
+        let token = h.token();
+        let w = transition::finish(&h.record, &token, Timestamp::from_millis(h.now)).expect("finish");
+        h.apply("finish", None, w, |r| r.command.lease_token = Some(token));
+        let v = h.violations(&[h.call(1, 1), h.call(2, 1), h.call(3, 1)]);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].1.contains("the table says no token"), "{v:?}");
+    }
+
+    #[test]
+    fn rows_that_changed_between_events_fire() {
+        let mut h = History::new("resume");
+        h.claim(|_| {});
+        h.record.receipts[2].status = ReceiptStatus::Succeeded;
+        h.begin(1);
+        let v = h.violations(&[]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("differ from what the previous event left")),
+            "{v:?}"
+        );
+    }
+}
