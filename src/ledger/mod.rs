@@ -14,6 +14,7 @@ pub mod listing;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;
+pub(crate) mod sql;
 pub mod sqlite;
 
 use leasehold_engine::plan::PlanError;

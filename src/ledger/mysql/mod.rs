@@ -64,7 +64,7 @@
 mod connection;
 mod error;
 mod listing;
-mod rows;
+pub(in crate::ledger) mod rows;
 pub mod schema;
 pub mod scratch;
 #[cfg(test)]

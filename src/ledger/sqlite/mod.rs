@@ -52,7 +52,7 @@
 mod connection;
 mod listing;
 pub mod open;
-mod rows;
+pub(in crate::ledger) mod rows;
 #[cfg(test)]
 mod tests;
 
