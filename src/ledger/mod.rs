@@ -14,6 +14,8 @@ pub mod listing;
 pub mod memory;
 pub mod migrate;
 pub mod mysql;
+pub(crate) mod outbox;
+pub mod postgres;
 pub(crate) mod sql;
 pub mod sqlite;
 

@@ -64,6 +64,7 @@
 mod connection;
 mod error;
 mod listing;
+pub(crate) mod outbox;
 pub(in crate::ledger) mod rows;
 pub mod schema;
 pub mod scratch;

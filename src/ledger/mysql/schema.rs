@@ -126,9 +126,10 @@ impl super::MysqlLedger {
     }
 }
 
-/// [`super::MysqlLedger::check_schema`] over one connection; `url` (shown without its
-/// password) names the ledger in messages.
-async fn check_schema(conn: &mut Conn, url: &str) -> Result<(), TxError> {
+/// [`super::MysqlLedger::check_schema`] over one connection (or inside a caller's
+/// transaction, [`super::outbox`]); `url` (shown without its password) names the
+/// ledger in messages.
+pub(super) async fn check_schema<Q: Queryable + Send>(conn: &mut Q, url: &str) -> Result<(), TxError> {
     let tables: Option<i64> = conn
         .query_first(
             "SELECT COUNT(*) FROM information_schema.tables \

@@ -52,6 +52,7 @@
 mod connection;
 mod listing;
 pub mod open;
+pub(crate) mod outbox;
 pub(in crate::ledger) mod rows;
 #[cfg(test)]
 mod tests;

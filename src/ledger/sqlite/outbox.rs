@@ -1,0 +1,90 @@
+//! Plans and attempts written inside a caller's own SQLite transaction (the
+//! transactional outbox, [`crate::outbox`]).
+//!
+//! Contract: the caller's connection must be inside a transaction; the ledger's
+//! schema in that database is checked first, exactly as every open checks it
+//! ([`super::open::check_schema`]); the rows are read and written with the ledger's
+//! own row code ([`super::rows`]) under a savepoint of the caller's transaction, so a
+//! failure leaves nothing of this call behind and the caller's own writes untouched.
+//! Nothing is committed here: the rows become durable, and visible to workers, when
+//! the caller commits, and vanish if it rolls back.
+
+use super::rows::{self, not_found, SqlResult};
+use crate::entropy::Entropy;
+use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::LedgerError;
+use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
+use rusqlite::Connection;
+
+/// The savepoint each call runs under.
+const SAVEPOINT: &str = "leasehold_outbox";
+
+/// Refuses a connection outside a transaction (SQLite may have rolled the caller's
+/// back by itself) or a database without a usable ledger schema.
+fn check(conn: &Connection) -> Result<(), LedgerError> {
+    if conn.is_autocommit() {
+        return Err(LedgerError::BadInput(
+            "the connection is not inside a transaction (SQLite may have rolled it back): nothing was written".into(),
+        ));
+    }
+    let path = match conn.path() {
+        Some(path) if !path.is_empty() => path.to_owned(),
+        _ => ":memory:".to_owned(),
+    };
+    super::open::check_schema(conn, &path)
+}
+
+/// Runs `f` under a savepoint of the caller's transaction: released on success,
+/// rolled back to (and released) on failure.
+fn savepoint<T>(conn: &Connection, f: impl FnOnce() -> Result<T, LedgerError>) -> Result<T, LedgerError> {
+    conn.execute_batch(&format!("SAVEPOINT {SAVEPOINT}")).sql()?;
+    let out = f();
+    let end = if out.is_ok() {
+        format!("RELEASE {SAVEPOINT}")
+    } else {
+        format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}")
+    };
+    let ended = conn.execute_batch(&end).sql();
+    let out = out?;
+    ended?;
+    Ok(out)
+}
+
+/// Registers `spec` in the caller's transaction; content that a READY plan already
+/// has answers that plan. See [`crate::outbox::Outbox::register_plan_sqlite`].
+pub(crate) fn register_plan(
+    conn: &Connection,
+    spec: PlanSpec,
+    known_executors: &[&str],
+    entropy: &dyn Entropy,
+    now: Timestamp,
+) -> Result<Plan, LedgerError> {
+    check(conn)?;
+    let plan = decide_plan(spec, known_executors, entropy, now)?;
+    savepoint(conn, || {
+        if let Some(existing) = rows::read_ready_plan_by_fingerprint(conn, &plan.fingerprint)? {
+            return Ok(existing);
+        }
+        rows::insert_plan(conn, &plan)?;
+        Ok(plan)
+    })
+}
+
+/// Enqueues an attempt of `plan` in the caller's transaction: attempt, receipts and
+/// command. See [`crate::outbox::Outbox::enqueue_sqlite`].
+pub(crate) fn enqueue(
+    conn: &Connection,
+    plan: &PlanId,
+    action: Action,
+    entropy: &dyn Entropy,
+    now: Timestamp,
+) -> Result<AttemptRecord, LedgerError> {
+    check(conn)?;
+    savepoint(conn, || {
+        let plan = rows::read_plan(conn, plan)?.ok_or_else(|| not_found("plan", plan))?;
+        let history = rows::read_history(conn, &plan.id)?;
+        let (record, writes) = decide_enqueue(&plan, &history, action, entropy, now)?;
+        rows::insert_writes(conn, &writes)?;
+        Ok(record)
+    })
+}

@@ -1,0 +1,192 @@
+//! Enqueue in the caller's own transaction: the transactional outbox.
+//!
+//! An application that writes a business row (an order) and must deliver something
+//! because of it (push the order to a CRM) writes both in **one** transaction of its
+//! own: [`Outbox::enqueue_sqlite`] (a `rusqlite` transaction) or
+//! [`Outbox::enqueue_mysql`] (a `mysql_async` transaction) writes the attempt, its
+//! receipts and its outbox command with the ledger's own row code, inside that
+//! transaction, and commits nothing. If the caller commits, the business row and the
+//! command are durable together and a [`crate::worker::Worker`] on the same database
+//! delivers the command; if it rolls back, neither exists. [`Outbox::register_plan_sqlite`]
+//! and [`Outbox::register_plan_mysql`] register a plan in the same transaction (a plan
+//! per order, whose step payloads carry the order).
+//!
+//! Contract:
+//! - the database must hold a ledger schema this release can use: the same check as
+//!   every open ([`crate::ledger::migrate::check_version`]), so a database never
+//!   migrated, or migrated by a newer release, is refused with
+//!   [`LedgerError::BadInput`] before anything is read or written;
+//! - the engine decides, exactly as for [`crate::ledger::Ledger::enqueue`]: the plan
+//!   must exist ([`LedgerError::NotFound`]) and be READY, with no attempt still open
+//!   for `execute` ([`LedgerError::Refused`]);
+//! - each call runs under a savepoint of the caller's transaction: when it fails,
+//!   nothing of it is left in the transaction, and the caller's own writes stay as
+//!   they were (the caller decides whether to commit them anyway);
+//! - time: on SQLite the ledger's clock is the system clock, as for
+//!   [`crate::ledger::sqlite::SqliteLedger`] in production; on MySQL it is the
+//!   database's (`UTC_TIMESTAMP(6)`, whatever the session's time zone), read
+//!   inside the transaction. [`Outbox::with_clock`] replaces either (tests). Ids
+//!   come from the OS's randomness unless [`Outbox::with_entropy`] says otherwise.
+//!
+//! The transaction must be on the database the workers use, with the ledger's tables
+//! (`leasehold migrate`). On SQLite, begin it with
+//! [`rusqlite::TransactionBehavior::Immediate`] and give the connection a busy timeout:
+//! a deferred transaction that reads before it writes fails with `SQLITE_BUSY` when
+//! another connection (a worker) wrote in between. On MySQL, enqueue before other
+//! plain reads of a REPEATABLE READ transaction, or use READ COMMITTED: an enqueue
+//! whose snapshot misses an attempt committed since is refused.
+//!
+//! ```
+//! use leasehold::engine::{Action, PlanSpec};
+//! use leasehold::executor::Executors;
+//! use leasehold::outbox::Outbox;
+//! use leasehold::outbox::rusqlite::{Connection, TransactionBehavior};
+//! # use leasehold::ledger::{Ledger, sqlite::SqliteLedger};
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("shop.db");
+//! # let path = path.to_str().unwrap();
+//! # let rt = tokio::runtime::Runtime::new()?;
+//! # rt.block_on(async {
+//! #     let ledger = SqliteLedger::open(path, std::sync::Arc::new(leasehold::clock::SystemClock),
+//! #         std::sync::Arc::new(leasehold::entropy::OsEntropy))?;
+//! #     ledger.migrate().await
+//! # })?;
+//!
+//! let mut conn = Connection::open(path)?;
+//! conn.busy_timeout(std::time::Duration::from_secs(5))?;
+//! conn.execute_batch("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, total_cents INTEGER)")?;
+//! let outbox = Outbox::new();
+//! let executors = Executors::new(); // the workers' registry
+//! let spec: PlanSpec = serde_json::from_value(serde_json::json!({
+//!     "name": "deliver-order-o-1",
+//!     "recovery": "resume",
+//!     "steps": [{"code": "notify", "executor": "dry-run:v1", "payload": {"order": "o-1"}}],
+//! }))?;
+//!
+//! let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+//! tx.execute("INSERT INTO orders (id, total_cents) VALUES ('o-1', 4200)", [])?;
+//! let plan = outbox.register_plan_sqlite(&tx, spec, &executors.names())?;
+//! let record = outbox.enqueue_sqlite(&tx, &plan.id, Action::Execute)?;
+//! tx.commit()?; // the order and its delivery, together
+//! assert_eq!(record.receipts.len(), 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use crate::clock::{Clock, SystemClock};
+use crate::entropy::{Entropy, OsEntropy};
+use crate::ledger::mysql::outbox as mysql;
+use crate::ledger::sqlite::outbox as sqlite;
+use crate::ledger::LedgerError;
+use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
+use std::fmt;
+use std::sync::Arc;
+
+/// The `mysql_async` this crate is built with: its transactions are what
+/// [`Outbox::enqueue_mysql`] takes.
+pub use mysql_async;
+/// The `rusqlite` this crate is built with: its connections and transactions are
+/// what [`Outbox::enqueue_sqlite`] takes.
+pub use rusqlite;
+
+/// Writes plans and attempts inside the caller's own transaction (see the
+/// [module](self) documentation). Cheap to clone; holds no connection.
+#[derive(Clone)]
+pub struct Outbox {
+    /// `None`: the ledger's own clock (the system's for SQLite, the database's for
+    /// MySQL).
+    clock: Option<Arc<dyn Clock>>,
+    entropy: Arc<dyn Entropy>,
+}
+
+impl fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox")
+            .field("clock", &if self.clock.is_some() { "given" } else { "ledger" })
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Outbox {
+    /// An outbox deciding on the ledger's clock and minting ids from the OS.
+    pub fn new() -> Self {
+        Self {
+            clock: None,
+            entropy: Arc::new(OsEntropy),
+        }
+    }
+
+    /// Decides on `clock` instead of the ledger's (tests; production keeps the
+    /// ledger's, which is what the workers' leases are decided on).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Mints ids from `entropy` instead of the OS (deterministic tests).
+    pub fn with_entropy(mut self, entropy: Arc<dyn Entropy>) -> Self {
+        self.entropy = entropy;
+        self
+    }
+
+    fn sqlite_now(&self) -> leasehold_engine::Timestamp {
+        match &self.clock {
+            Some(clock) => clock.now(),
+            None => SystemClock.now(),
+        }
+    }
+
+    /// Validates `spec` against `known_executors` (a worker's
+    /// [`crate::executor::Executors::names`]) and registers it inside the caller's
+    /// SQLite transaction (pass `&tx`; any connection inside a transaction or
+    /// savepoint will do). Content that a READY plan already has answers that plan.
+    /// Nothing is committed.
+    pub fn register_plan_sqlite(
+        &self,
+        tx: &rusqlite::Connection,
+        spec: PlanSpec,
+        known_executors: &[&str],
+    ) -> Result<Plan, LedgerError> {
+        sqlite::register_plan(tx, spec, known_executors, &*self.entropy, self.sqlite_now())
+    }
+
+    /// Enqueues an attempt of `plan` inside the caller's SQLite transaction (pass
+    /// `&tx`): the attempt QUEUED, its receipts PENDING and its command PENDING,
+    /// available now. Nothing is committed: they become durable, and claimable by
+    /// workers, when the caller commits, and vanish if it rolls back.
+    pub fn enqueue_sqlite(
+        &self,
+        tx: &rusqlite::Connection,
+        plan: &PlanId,
+        action: Action,
+    ) -> Result<AttemptRecord, LedgerError> {
+        sqlite::enqueue(tx, plan, action, &*self.entropy, self.sqlite_now())
+    }
+
+    /// [`Outbox::register_plan_sqlite`] inside the caller's MySQL / MariaDB
+    /// transaction, at the database's clock.
+    pub async fn register_plan_mysql(
+        &self,
+        tx: &mut mysql_async::Transaction<'_>,
+        spec: PlanSpec,
+        known_executors: &[&str],
+    ) -> Result<Plan, LedgerError> {
+        mysql::register_plan(tx, spec, known_executors, &*self.entropy, self.clock.as_deref()).await
+    }
+
+    /// [`Outbox::enqueue_sqlite`] inside the caller's MySQL / MariaDB transaction: the
+    /// plan row is locked first, and the attempt is available at the database's now.
+    pub async fn enqueue_mysql(
+        &self,
+        tx: &mut mysql_async::Transaction<'_>,
+        plan: &PlanId,
+        action: Action,
+    ) -> Result<AttemptRecord, LedgerError> {
+        mysql::enqueue(tx, plan, action, &*self.entropy, self.clock.as_deref()).await
+    }
+}
