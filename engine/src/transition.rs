@@ -137,6 +137,17 @@ impl Writes {
         }
     }
 
+    /// The inserts of a new attempt (an enqueue's record): every row, under
+    /// [`Guard::Absent`].
+    pub fn new_attempt(record: &AttemptRecord) -> Self {
+        Self {
+            guard: Guard::Absent,
+            attempt: Some(record.attempt.clone()),
+            command: Some(record.command.clone()),
+            receipts: record.receipts.clone(),
+        }
+    }
+
     /// Whether nothing changes.
     pub fn is_empty(&self) -> bool {
         self.attempt.is_none() && self.command.is_none() && self.receipts.is_empty()

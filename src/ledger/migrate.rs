@@ -51,6 +51,11 @@ pub static SQLITE: &[Migration] = &[
         name: "api_tokens",
         sql: include_str!("../../migrations/sqlite/0004_api_tokens.sql"),
     },
+    Migration {
+        version: 5,
+        name: "open_attempts",
+        sql: include_str!("../../migrations/sqlite/0005_open_attempts.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

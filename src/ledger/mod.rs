@@ -16,6 +16,7 @@ pub mod migrate;
 pub mod mysql;
 pub(crate) mod outbox;
 pub mod postgres;
+pub(crate) mod sql;
 pub mod sqlite;
 
 use leasehold_engine::plan::PlanError;

@@ -5,7 +5,7 @@
 use super::LedgerError;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::transition::{self, NewIds};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, CommandId, Guard, Plan, PlanId, PlanSpec, Timestamp, Writes};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, CommandId, Plan, PlanId, PlanSpec, Timestamp, Writes};
 
 /// The engine's enqueue of `plan` at `now` over its `history`: the new attempt's rows
 /// and the writes that insert them (`Guard::Absent`).
@@ -21,12 +21,7 @@ pub(crate) fn decide_enqueue(
         command: CommandId::new(entropy.id(IdKind::Command)),
     };
     let record = transition::enqueue(plan, history, action, ids, now)?;
-    let writes = Writes {
-        guard: Guard::Absent,
-        attempt: Some(record.attempt.clone()),
-        command: Some(record.command.clone()),
-        receipts: record.receipts.clone(),
-    };
+    let writes = Writes::new_attempt(&record);
     Ok((record, writes))
 }
 

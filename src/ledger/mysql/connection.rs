@@ -13,8 +13,7 @@ use crate::entropy::IdKind;
 use crate::ledger::{claim_transition, Claimed, LedgerError};
 use leasehold_engine::transition::{self, is_claimable, NewIds};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp,
-    Writes,
+    Action, AttemptId, AttemptRecord, CommandId, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp, Writes,
 };
 use mysql_async::{Conn, IsolationLevel, Transaction, TxOpts};
 use std::collections::BTreeMap;
@@ -340,13 +339,8 @@ impl MysqlLedger {
                 command: CommandId::new(self.shared.entropy.id(IdKind::Command)),
             };
             let record = transition::enqueue(&plan, &history, action, ids, now)?;
-            let writes = Writes {
-                guard: Guard::Absent,
-                attempt: Some(record.attempt.clone()),
-                command: Some(record.command.clone()),
-                receipts: record.receipts.clone(),
-            };
-            rows::apply_writes(&mut tx, &writes).await?;
+            let writes = Writes::new_attempt(&record);
+            rows::apply_writes(&mut tx, None, &writes).await?;
             Ok(record)
         }
         .await;
@@ -464,7 +458,7 @@ impl MysqlLedger {
                 Err(_) => lost += 1,
             }
         }
-        let all: Vec<&Writes> = decided.iter().map(|(_, _, _, w)| w).collect();
+        let all: Vec<(&AttemptRecord, &Writes)> = decided.iter().map(|(r, _, _, w)| (r, w)).collect();
         match rows::apply_writes_batch(tx, &all).await {
             Ok(()) => {}
             Err(TxError::Ledger(LedgerError::Refused(refusal))) => {
@@ -656,7 +650,7 @@ impl MysqlLedger {
                 receipts,
             };
             let (answer, writes) = decide(&record, self.decide_at(db_now))?;
-            rows::apply_writes(&mut tx, &writes).await?;
+            rows::apply_writes(&mut tx, Some(&record), &writes).await?;
             writes.apply_to(&mut record);
             #[cfg(test)]
             self.test_kill(KillPoint::BeforeCommit, tx.id()).await?;
@@ -693,7 +687,7 @@ impl MysqlLedger {
                 receipts,
             };
             let (answer, writes) = decide(&record, &plan, self.decide_at(db_now))?;
-            rows::apply_writes(&mut tx, &writes).await?;
+            rows::apply_writes(&mut tx, Some(&record), &writes).await?;
             writes.apply_to(&mut record);
             Ok((answer, record))
         }

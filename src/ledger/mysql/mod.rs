@@ -65,7 +65,7 @@ mod connection;
 mod error;
 mod listing;
 pub(crate) mod outbox;
-mod rows;
+pub(in crate::ledger) mod rows;
 pub mod schema;
 pub mod scratch;
 #[cfg(test)]

@@ -164,7 +164,7 @@ async fn insert_attempt(
     let history = rows::read_history(tx, &plan.id).await?;
     check_fresh(tx, &plan.id, &history).await?;
     let (record, writes) = decide_enqueue(&plan, &history, action, entropy, at)?;
-    rows::apply_writes(tx, &writes).await?;
+    rows::apply_writes(tx, None, &writes).await?;
     Ok(record)
 }
 

@@ -585,3 +585,39 @@ async fn a_worker_frozen_inside_a_transaction_releases_its_locks_after_the_idle_
     stalled.await.unwrap().unwrap();
     assert!(frozen.stats().retries >= 1);
 }
+
+#[tokio::test]
+async fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
+    // The same definition as every other backend: the attempt's status, not its
+    // command's (a damaged pair shows which one is counted).
+    let Some(db) = scratch().await else { return };
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
+    let ledger = manual(&db, &clock, 1).await;
+    let lease = claimed(&ledger).await;
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1);
+    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    conn.exec_drop(
+        "UPDATE command SET status = 'DELIVERED' WHERE id = ?",
+        (lease.command_id.as_str(),),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1, "the attempt is still RUNNING");
+    conn.exec_drop(
+        "UPDATE attempt SET status = 'SUCCEEDED' WHERE id = ?",
+        (lease.attempt_id.as_str(),),
+    )
+    .await
+    .unwrap();
+    conn.exec_drop(
+        "UPDATE command SET status = 'PENDING' WHERE id = ?",
+        (lease.command_id.as_str(),),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ledger.open_attempts().await.unwrap(),
+        0,
+        "a SUCCEEDED attempt is not open"
+    );
+}

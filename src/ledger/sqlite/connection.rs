@@ -7,8 +7,7 @@ use crate::ledger::migrate::{self, SQLITE};
 use crate::ledger::{claim_transition, Claimed, LedgerError};
 use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, Guard, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp,
-    Writes,
+    Action, AttemptId, AttemptRecord, CommandId, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp, Writes,
 };
 use rusqlite::Connection;
 use serde_json::Value;
@@ -338,12 +337,7 @@ impl SqliteCore {
             command: CommandId::new(self.entropy.id(IdKind::Command)),
         };
         let record = transition::enqueue(&plan, &history, action, ids, now)?;
-        let writes = Writes {
-            guard: Guard::Absent,
-            attempt: Some(record.attempt.clone()),
-            command: Some(record.command.clone()),
-            receipts: record.receipts.clone(),
-        };
+        let writes = Writes::new_attempt(&record);
         rows::insert_writes(&tx, &writes)?;
         tx.commit()?;
         Ok(record)

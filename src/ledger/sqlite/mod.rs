@@ -53,7 +53,7 @@ mod connection;
 mod listing;
 pub mod open;
 pub(crate) mod outbox;
-mod rows;
+pub(in crate::ledger) mod rows;
 #[cfg(test)]
 mod tests;
 

@@ -76,7 +76,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -116,7 +116,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -182,7 +182,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -614,7 +614,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(
-        applied.iter().filter(|v| **v == vec![1, 2, 3, 4]).count(),
+        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5]).count(),
         1,
         "{applied:?}"
     );
@@ -675,8 +675,11 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
     let core = core_at(&path, &clock(), 1);
     core.migrate().unwrap();
     for (sql, index) in [
-        (super::rows::CLAIM_PENDING_SQL, "INDEX command_pending (available_at<?)"),
-        (super::rows::CLAIM_EXPIRED_SQL, "INDEX command_leased (lease_until<?)"),
+        (
+            &*super::rows::CLAIM_PENDING_SQL,
+            "INDEX command_pending (available_at<?)",
+        ),
+        (&*super::rows::CLAIM_EXPIRED_SQL, "INDEX command_leased (lease_until<?)"),
     ] {
         let plan: Vec<String> = core
             .connection()
@@ -697,7 +700,7 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
     // the leased index, and answers it.
     let plan: Vec<String> = core
         .connection()
-        .prepare(&format!("EXPLAIN QUERY PLAN {}", super::rows::ANY_EXPIRED_SQL))
+        .prepare(&format!("EXPLAIN QUERY PLAN {}", &*super::rows::ANY_EXPIRED_SQL))
         .unwrap()
         .query_map([0i64], |r| r.get::<_, String>(3))
         .unwrap()
@@ -828,7 +831,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     clock.advance_ms(1);
     let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
     let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4]);
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1133,7 +1136,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4]);
+    assert_eq!(migrated.unwrap(), vec![3, 4, 5]);
     let claimed: usize = before.into_iter().chain(after).map(|r| r.unwrap().len()).sum();
     assert_eq!(
         claimed, 3,
@@ -1160,4 +1163,48 @@ where
         all.push(p.as_mut().await);
     }
     all
+}
+
+#[test]
+fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
+    // One definition on every backend: the attempt's status, not its command's. A
+    // damaged pair (a RUNNING attempt beside a DELIVERED command, a SUCCEEDED one
+    // beside a PENDING command) shows which one is counted.
+    let (_dir, _clock, core, lease) = claimed_fixture();
+    assert_eq!(core.open_attempts().unwrap(), 1);
+    let conn = core.connection();
+    conn.execute(
+        "UPDATE command SET status = 'DELIVERED' WHERE id = ?1",
+        [lease.command_id.as_str()],
+    )
+    .unwrap();
+    assert_eq!(core.open_attempts().unwrap(), 1, "the attempt is still RUNNING");
+    conn.execute(
+        "UPDATE attempt SET status = 'SUCCEEDED' WHERE id = ?1",
+        [lease.attempt_id.as_str()],
+    )
+    .unwrap();
+    conn.execute(
+        "UPDATE command SET status = 'PENDING' WHERE id = ?1",
+        [lease.command_id.as_str()],
+    )
+    .unwrap();
+    assert_eq!(core.open_attempts().unwrap(), 0, "a SUCCEEDED attempt is not open");
+    // And the count reads the open attempts' own index, never the whole table.
+    let plan: Vec<String> = conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).open_attempts
+        ))
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let text = plan.join("\n");
+    assert!(text.contains("attempt_open"), "{text}");
+    assert!(
+        !text.contains("SCAN attempt\n") && !text.ends_with("SCAN attempt"),
+        "{text}"
+    );
 }

@@ -1,0 +1,123 @@
+//! The statements every SQL ledger runs alike, written once per dialect (and built
+//! once per process): plan reads and writes, an attempt's rows, a plan's history,
+//! the inserts of a new attempt, the count of open attempts.
+//!
+//! Parameters are in the order their doc gives. Reads that a transition takes in
+//! lock order come in a `_locked` form: `FOR UPDATE` where the dialect locks rows,
+//! the same text where it does not (SQLite's write transaction holds the database).
+
+use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
+use super::{placeholders, Dialect, MYSQL, SQLITE};
+use std::sync::LazyLock;
+
+/// The shared statements of one dialect.
+#[derive(Debug)]
+pub(crate) struct Queries {
+    /// A plan by id (`id`).
+    pub(crate) plan_by_id: String,
+    /// [`Queries::plan_by_id`], locked.
+    pub(crate) plan_by_id_locked: String,
+    /// The oldest READY plan with a fingerprint (`fingerprint`), locked: where there
+    /// is none, a row-locking dialect holds the index gap, so a concurrent
+    /// registration of the same content waits instead of inserting a duplicate.
+    pub(crate) ready_plan_by_fingerprint_locked: String,
+    /// Every plan, in registration order.
+    pub(crate) plans: String,
+    /// Inserts a plan ([`super::table::plan_values`]).
+    pub(crate) insert_plan: String,
+    /// Sets a plan's status (`status`, `id`).
+    pub(crate) set_plan_status: String,
+    /// An attempt by id (`id`).
+    pub(crate) attempt_by_id: String,
+    /// [`Queries::attempt_by_id`], locked.
+    pub(crate) attempt_by_id_locked: String,
+    /// An attempt's command (`attempt_id`).
+    pub(crate) command_of_attempt: String,
+    /// An attempt's receipts by ordinal (`attempt_id`).
+    pub(crate) receipts_of_attempt: String,
+    /// [`Queries::receipts_of_attempt`], locked.
+    pub(crate) receipts_of_attempt_locked: String,
+    /// A plan's attempts by number (`plan_id`).
+    pub(crate) history_attempts: String,
+    /// The commands of a plan's attempts (`plan_id`).
+    pub(crate) history_commands: String,
+    /// The receipts of a plan's attempts, by attempt then ordinal (`plan_id`).
+    pub(crate) history_receipts: String,
+    /// Inserts an attempt ([`super::table::attempt_values`]).
+    pub(crate) insert_attempt: String,
+    /// Inserts a command ([`super::table::command_values`]); where the dialect has
+    /// one, its conflict clause makes an existing command insert nothing.
+    pub(crate) insert_command: String,
+    /// Inserts a receipt ([`super::table::receipt_values`]).
+    pub(crate) insert_receipt: String,
+    /// How many attempts are open: QUEUED or RUNNING, the attempt's own status (an
+    /// open attempt is one that is not terminal, as the engine's enqueue guard reads
+    /// it). One integer column.
+    pub(crate) open_attempts: String,
+}
+
+/// The open statuses of an attempt, as SQL.
+pub(crate) const OPEN_ATTEMPT: &str = "status IN ('QUEUED', 'RUNNING')";
+
+/// The shared statements of `dialect`.
+pub(crate) fn queries(dialect: &'static Dialect) -> &'static Queries {
+    static BY_DIALECT: [LazyLock<Queries>; 2] = [LazyLock::new(|| build(&SQLITE)), LazyLock::new(|| build(&MYSQL))];
+    &BY_DIALECT[usize::from(dialect.id)]
+}
+
+fn insert(d: &Dialect, table: &Table, tail: &str) -> String {
+    let mut sql = format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        table.name,
+        table.column_list(None),
+        placeholders(d, 1, table.columns.len())
+    );
+    if !tail.is_empty() {
+        sql.push(' ');
+        sql.push_str(tail);
+    }
+    sql
+}
+
+fn build(d: &'static Dialect) -> Queries {
+    let p1 = placeholders(d, 1, 1);
+    let p2 = placeholders(d, 2, 1);
+    let lock = d.for_update();
+    let plan = PLAN.column_list(None);
+    let attempt = ATTEMPT.column_list(None);
+    let command = COMMAND.column_list(None);
+    let receipt = RECEIPT.column_list(None);
+    let order = d.plan_order;
+    let plan_by_id = format!("SELECT {plan} FROM plan WHERE id = {p1}");
+    let attempt_by_id = format!("SELECT {attempt} FROM attempt WHERE id = {p1}");
+    let receipts_of_attempt = format!("SELECT {receipt} FROM receipt WHERE attempt_id = {p1} ORDER BY ordinal");
+    Queries {
+        plan_by_id_locked: format!("{plan_by_id}{lock}"),
+        plan_by_id,
+        ready_plan_by_fingerprint_locked: format!(
+            "SELECT {plan} FROM plan WHERE fingerprint = {p1} AND status = 'READY' ORDER BY {order} LIMIT 1{lock}"
+        ),
+        plans: format!("SELECT {plan} FROM plan ORDER BY {order}"),
+        insert_plan: insert(d, &PLAN, ""),
+        set_plan_status: format!("UPDATE plan SET status = {p1} WHERE id = {p2}"),
+        attempt_by_id_locked: format!("{attempt_by_id}{lock}"),
+        attempt_by_id,
+        command_of_attempt: format!("SELECT {command} FROM command WHERE attempt_id = {p1}"),
+        receipts_of_attempt_locked: format!("{receipts_of_attempt}{lock}"),
+        receipts_of_attempt,
+        history_attempts: format!("SELECT {attempt} FROM attempt WHERE plan_id = {p1} ORDER BY number"),
+        history_commands: format!(
+            "SELECT {} FROM command c JOIN attempt a ON a.id = c.attempt_id WHERE a.plan_id = {p1}",
+            COMMAND.column_list(Some("c"))
+        ),
+        history_receipts: format!(
+            "SELECT {} FROM receipt r JOIN attempt a ON a.id = r.attempt_id WHERE a.plan_id = {p1} \
+             ORDER BY r.attempt_id, r.ordinal",
+            RECEIPT.column_list(Some("r"))
+        ),
+        insert_attempt: insert(d, &ATTEMPT, ""),
+        insert_command: insert(d, &COMMAND, d.insert_or_nothing.unwrap_or("")),
+        insert_receipt: insert(d, &RECEIPT, ""),
+        open_attempts: format!("SELECT COUNT(*) FROM attempt WHERE {OPEN_ATTEMPT}"),
+    }
+}

@@ -1,0 +1,191 @@
+//! The four tables of a SQL ledger, described once: their columns in order, their
+//! keys, the columns a transition may change, and the encoders of the engine's row
+//! images into [`Value`]s in that same column order.
+
+use super::Value;
+use leasehold_engine::{Attempt, Command, Plan, Receipt};
+
+/// One table of the ledger.
+#[derive(Debug)]
+pub(crate) struct Table {
+    /// The table's name.
+    pub(crate) name: &'static str,
+    /// Every column, in the order of its encoder and decoder.
+    pub(crate) columns: &'static [&'static str],
+    /// How many leading columns are its key.
+    pub(crate) key: usize,
+    /// The columns a transition may change, by index in [`Table::columns`]; the
+    /// others are identity, written once by the `INSERT`.
+    pub(crate) mutable: &'static [usize],
+}
+
+impl Table {
+    /// The column list, each prefixed with `alias.` when given.
+    pub(crate) fn column_list(&self, alias: Option<&str>) -> String {
+        let mut out = String::new();
+        for (i, c) in self.columns.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            if let Some(a) = alias {
+                out.push_str(a);
+                out.push('.');
+            }
+            out.push_str(c);
+        }
+        out
+    }
+
+    /// The name of column `index`.
+    pub(crate) fn column(&self, index: usize) -> &'static str {
+        self.columns[index]
+    }
+}
+
+/// `plan`: immutable but for its status.
+pub(crate) static PLAN: Table = Table {
+    name: "plan",
+    columns: &[
+        "id",
+        "name",
+        "status",
+        "recovery",
+        "steps_json",
+        "volatile_fields_json",
+        "fingerprint",
+        "created_at",
+    ],
+    key: 1,
+    mutable: &[2],
+};
+
+/// `attempt`.
+pub(crate) static ATTEMPT: Table = Table {
+    name: "attempt",
+    columns: &[
+        "id",
+        "plan_id",
+        "number",
+        "action",
+        "status",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "error",
+    ],
+    key: 1,
+    mutable: &[4, 6, 7, 8],
+};
+
+/// `command`: the outbox row.
+pub(crate) static COMMAND: Table = Table {
+    name: "command",
+    columns: &[
+        "id",
+        "attempt_id",
+        "status",
+        "available_at",
+        "lease_owner",
+        "lease_token",
+        "lease_until",
+        "last_heartbeat_at",
+        "delivery_count",
+        "last_error",
+        "finished_at",
+    ],
+    key: 1,
+    mutable: &[2, 3, 4, 5, 6, 7, 8, 9, 10],
+};
+
+/// `receipt`: one per step of an attempt, keyed by attempt and ordinal.
+pub(crate) static RECEIPT: Table = Table {
+    name: "receipt",
+    columns: &[
+        "attempt_id",
+        "ordinal",
+        "step_code",
+        "idempotency_key",
+        "status",
+        "evidence",
+        "evidence_sha256",
+        "target_receipt",
+        "error",
+        "started_at",
+        "finished_at",
+    ],
+    key: 2,
+    mutable: &[4, 5, 6, 7, 8, 9, 10],
+};
+
+/// A plan's row; `steps` and `volatile` are its JSON columns, encoded by the caller
+/// ([`plan_json`]).
+pub(crate) fn plan_values<'a>(p: &'a Plan, steps: &'a str, volatile: &'a str) -> [Value<'a>; 8] {
+    [
+        Value::Text(p.id.as_str()),
+        Value::Text(&p.name),
+        Value::Text(p.status.as_str()),
+        Value::Text(p.recovery.as_str()),
+        Value::Text(steps),
+        Value::Text(volatile),
+        Value::Text(&p.fingerprint),
+        Value::ts(p.created_at),
+    ]
+}
+
+/// A plan's JSON columns: its steps and its volatile fields.
+pub(crate) fn plan_json(p: &Plan) -> Result<(String, String), crate::ledger::LedgerError> {
+    use crate::ledger::LedgerError;
+    let steps = serde_json::to_string(&p.steps).map_err(|e| LedgerError::Internal(format!("plan steps: {e}")))?;
+    let volatile = serde_json::to_string(&p.volatile_fields)
+        .map_err(|e| LedgerError::Internal(format!("plan volatile fields: {e}")))?;
+    Ok((steps, volatile))
+}
+
+/// An attempt's row.
+pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 9] {
+    [
+        Value::Text(a.id.as_str()),
+        Value::Text(a.plan_id.as_str()),
+        Value::Int(a.number.into()),
+        Value::Text(a.action.as_str()),
+        Value::Text(a.status.as_str()),
+        Value::ts(a.created_at),
+        Value::opt_ts(a.started_at),
+        Value::opt_ts(a.finished_at),
+        Value::opt_text(a.error.as_deref()),
+    ]
+}
+
+/// A command's row.
+pub(crate) fn command_values(c: &Command) -> [Value<'_>; 11] {
+    [
+        Value::Text(c.id.as_str()),
+        Value::Text(c.attempt_id.as_str()),
+        Value::Text(c.status.as_str()),
+        Value::ts(c.available_at),
+        Value::opt_text(c.lease_owner.as_deref()),
+        Value::opt_text(c.lease_token.as_ref().map(|t| t.expose())),
+        Value::opt_ts(c.lease_until),
+        Value::opt_ts(c.last_heartbeat_at),
+        Value::Int(c.delivery_count.into()),
+        Value::opt_text(c.last_error.as_deref()),
+        Value::opt_ts(c.finished_at),
+    ]
+}
+
+/// A receipt's row.
+pub(crate) fn receipt_values(r: &Receipt) -> [Value<'_>; 11] {
+    [
+        Value::Text(r.attempt_id.as_str()),
+        Value::Int(r.ordinal.into()),
+        Value::Text(&r.step_code),
+        Value::Text(&r.idempotency_key),
+        Value::Text(r.status.as_str()),
+        Value::opt_text(r.evidence.as_deref()),
+        Value::opt_text(r.evidence_sha256.as_deref()),
+        Value::opt_text(r.target_receipt.as_deref()),
+        Value::opt_text(r.error.as_deref()),
+        Value::opt_ts(r.started_at),
+        Value::opt_ts(r.finished_at),
+    ]
+}

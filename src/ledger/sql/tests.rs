@@ -1,0 +1,182 @@
+//! The two interpreters of a guard agree: [`Guard::admits`] on a command row, and the
+//! rendered `WHERE` condition (and guard check) on the same row stored in a real
+//! database — SQLite always, MySQL/MariaDB when `LEASEHOLD_TEST_MYSQL_URL` is set.
+
+use super::table::{command_values, COMMAND};
+use super::write::{guard_check, guard_condition};
+use super::{Dialect, Value, MYSQL, SQLITE};
+use leasehold_engine::{AttemptId, Command, CommandId, CommandStatus, Guard, LeaseToken, Timestamp};
+use proptest::prelude::*;
+
+/// The command columns that hold integers; the rest hold text.
+const INT_COLUMNS: [&str; 5] = [
+    "available_at",
+    "lease_until",
+    "last_heartbeat_at",
+    "delivery_count",
+    "finished_at",
+];
+
+/// `CREATE [TEMPORARY] TABLE command (…)` with the dialect's type names.
+fn create_command_table(d: &Dialect, temporary: bool) -> String {
+    let (int, text) = d.types;
+    let columns: Vec<String> = COMMAND
+        .columns
+        .iter()
+        .map(|c| format!("{c} {}", if INT_COLUMNS.contains(c) { int } else { text }))
+        .collect();
+    let temp = if temporary { "TEMPORARY " } else { "" };
+    format!("CREATE {temp}TABLE command ({}, PRIMARY KEY (id))", columns.join(", "))
+}
+
+fn at(ms: i64) -> Timestamp {
+    Timestamp::from_millis(ms)
+}
+
+fn token() -> impl Strategy<Value = Option<LeaseToken>> {
+    prop_oneof![
+        Just(None),
+        Just(Some(LeaseToken::new("t1"))),
+        Just(Some(LeaseToken::new("t2")))
+    ]
+}
+
+fn status() -> impl Strategy<Value = CommandStatus> {
+    proptest::sample::select(CommandStatus::ALL.to_vec())
+}
+
+/// Rows around the edges the guards test: times within a few milliseconds of each
+/// other, missing deadlines, one of two tokens or none.
+fn command() -> impl Strategy<Value = Command> {
+    (status(), 0i64..6, token(), proptest::option::of(0i64..6)).prop_map(|(status, available, token, until)| Command {
+        id: CommandId::new("c1"),
+        attempt_id: AttemptId::new("a1"),
+        status,
+        available_at: at(available),
+        lease_owner: token.as_ref().map(|_| "w1".to_owned()),
+        lease_token: token,
+        lease_until: until.map(at),
+        last_heartbeat_at: None,
+        delivery_count: 1,
+        last_error: None,
+        finished_at: None,
+    })
+}
+
+fn guard() -> impl Strategy<Value = Guard> {
+    prop_oneof![
+        token().prop_filter_map("a held lease has a token", |t| t.map(Guard::Holds)),
+        (0i64..6).prop_map(|now| Guard::Claimable(at(now))),
+        (status(), token()).prop_map(|(status, lease_token)| Guard::Unchanged { status, lease_token }),
+    ]
+}
+
+/// `SELECT COUNT(*) FROM command WHERE id = ? AND <guard>` for the dialect.
+fn count_sql<'a>(d: &'static Dialect, guard: &'a Guard) -> (String, Vec<Value<'a>>) {
+    let mut sql = super::Sql::new(d);
+    sql.push("SELECT COUNT(*) FROM command WHERE id = ")
+        .bind(Value::Text("c1"));
+    let mut next = 2;
+    sql.push(" AND ");
+    super::write::push_guard_text(d, &mut sql.text, &mut next, guard);
+    let mut values = sql.values;
+    values.extend(super::write::guard_values(guard));
+    (sql.text, values)
+}
+
+mod sqlite {
+    use super::*;
+    use crate::ledger::sqlite::rows::bind;
+    use rusqlite::{params_from_iter, Connection};
+
+    fn store(conn: &Connection, c: &Command) {
+        conn.execute("DELETE FROM command", []).unwrap();
+        let marks = super::super::placeholders(&SQLITE, 1, COMMAND.columns.len());
+        let sql = format!("INSERT INTO command ({}) VALUES ({marks})", COMMAND.column_list(None));
+        conn.execute(&sql, params_from_iter(command_values(c).iter().map(bind)))
+            .unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn the_rendered_guard_agrees_with_guard_admits_on_sqlite(c in command(), g in guard()) {
+            let conn = Connection::open_in_memory().unwrap();
+            conn.execute_batch(&create_command_table(&SQLITE, false)).unwrap();
+            store(&conn, &c);
+            let (sql, values) = count_sql(&SQLITE, &g);
+            let n: i64 = conn.query_row(&sql, params_from_iter(values.iter().map(bind)), |r| r.get(0)).unwrap();
+            prop_assert_eq!(n == 1, g.admits(Some(&c)), "{} on {:?}", sql, c.status);
+            // The check that a write which leaves the command alone makes.
+            let attempt = AttemptId::new("a1");
+            let check = guard_check(&SQLITE, &attempt, &g);
+            let holds: bool = conn
+                .query_row(&check.sql, params_from_iter(check.values.iter().map(bind)), |r| r.get(1))
+                .unwrap();
+            prop_assert_eq!(holds, g.admits(Some(&c)));
+            let (condition, _) = guard_condition(&SQLITE, &g);
+            prop_assert!(!condition.contains("t1") && !condition.contains("t2"), "tokens are bound, never inlined");
+        }
+    }
+}
+
+mod mysql {
+    use super::*;
+    use crate::ledger::mysql::rows::to_mysql;
+    use mysql_async::prelude::Queryable;
+    use mysql_async::{Conn, Opts, Params};
+
+    fn params(values: &[Value<'_>]) -> Params {
+        Params::Positional(values.iter().map(to_mysql).collect())
+    }
+
+    #[test]
+    fn the_rendered_guard_agrees_with_guard_admits_on_mysql() {
+        let Ok(url) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
+            eprintln!("LEASEHOLD_TEST_MYSQL_URL is not set: the MySQL guard property is skipped");
+            return;
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let conn: Conn = rt.block_on(async {
+            let mut conn = Conn::new(Opts::from_url(&url).unwrap()).await.unwrap();
+            // A temporary table: this session's own, shadowing any real `command`.
+            conn.query_drop(create_command_table(&MYSQL, true)).await.unwrap();
+            conn
+        });
+        let conn = tokio::sync::Mutex::new(conn);
+        let config = ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        };
+        proptest::test_runner::TestRunner::new(config)
+            .run(&(command(), guard()), |(c, g)| {
+                let (n, holds) = rt.block_on(async {
+                    let mut conn = conn.lock().await;
+                    conn.query_drop("DELETE FROM command").await.unwrap();
+                    let marks = super::super::placeholders(&MYSQL, 1, COMMAND.columns.len());
+                    let sql = format!("INSERT INTO command ({}) VALUES ({marks})", COMMAND.column_list(None));
+                    conn.exec_drop(sql, params(&command_values(&c))).await.unwrap();
+                    let (sql, values) = count_sql(&MYSQL, &g);
+                    let n: Option<i64> = conn.exec_first(sql, params(&values)).await.unwrap();
+                    let attempt = AttemptId::new("a1");
+                    let check = guard_check(&MYSQL, &attempt, &g);
+                    let row: Option<(String, i64)> = conn.exec_first(&*check.sql, params(&check.values)).await.unwrap();
+                    (n.unwrap_or(0), row.map(|(_, h)| h != 0))
+                });
+                prop_assert_eq!(n == 1, g.admits(Some(&c)), "{:?}", c.status);
+                prop_assert_eq!(holds, Some(g.admits(Some(&c))));
+                Ok(())
+            })
+            .unwrap();
+        let mut conn = conn.into_inner();
+        rt.block_on(async {
+            let _ = conn.query_drop("DROP TEMPORARY TABLE command").await;
+            let _ = conn.disconnect().await;
+        });
+    }
+}
