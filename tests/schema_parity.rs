@@ -62,8 +62,8 @@ const INDEXES: &[(&str, [Option<&str>; 3], &str)] = &[
     ),
     (
         "open attempts: QUEUED and RUNNING",
-        [None, Some("attempt_by_status"), Some("attempt_open")],
-        "SQLite counts open commands through command_pending and command_leased",
+        [Some("attempt_open"), Some("attempt_by_status"), Some("attempt_open")],
+        "MySQL has no partial index: (status)",
     ),
     (
         "listing: attempts newest first",
