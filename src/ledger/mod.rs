@@ -15,7 +15,9 @@ pub mod memory;
 pub mod migrate;
 pub mod mysql;
 pub(crate) mod outbox;
+mod percent;
 pub mod postgres;
+mod scratch;
 pub(crate) mod sql;
 pub mod sqlite;
 

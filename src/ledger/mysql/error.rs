@@ -10,31 +10,9 @@
 //! or a password (tokens are bound as parameters, which no MySQL error echoes).
 
 use crate::ledger::LedgerError;
-use leasehold_engine::Refusal;
 use mysql_async::{DriverError, Error as MyError};
 
-/// What went wrong in one try of a transaction.
-#[derive(Debug)]
-pub(super) enum TxError {
-    /// Nothing was committed; trying the whole transaction again may succeed.
-    Retry(String),
-    /// The connection was lost during `COMMIT`: the outcome is unknown.
-    Ambiguous(String),
-    /// A final answer.
-    Ledger(LedgerError),
-}
-
-impl From<LedgerError> for TxError {
-    fn from(e: LedgerError) -> Self {
-        TxError::Ledger(e)
-    }
-}
-
-impl From<Refusal> for TxError {
-    fn from(r: Refusal) -> Self {
-        TxError::Ledger(LedgerError::Refused(r))
-    }
-}
+pub(crate) use crate::ledger::sql::TxError;
 
 /// Where in a transaction an error happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

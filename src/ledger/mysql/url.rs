@@ -7,6 +7,7 @@
 //! out of range is clamped, never refused. No error, `Debug` or `Display` output ever
 //! contains the password: they show `***` in its place.
 
+use crate::ledger::percent::{percent_decode, percent_encode};
 use crate::ledger::LedgerError;
 use std::fmt;
 use std::time::Duration;
@@ -160,35 +161,6 @@ fn bad(what: &str) -> LedgerError {
     LedgerError::BadInput(format!("--db: mysql URL {what} ({SHAPE})"))
 }
 
-/// Decodes `%XX` escapes; `None` when an escape is malformed or the result is not
-/// UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Encodes every byte but the unreserved ones (RFC 3986) as `%XX`.
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 impl MysqlUrl {
     /// Parses a `mysql://` URL. Errors name the part at fault, never the password.
     pub fn parse(url: &str) -> Result<Self, LedgerError> {
@@ -287,10 +259,10 @@ impl MysqlUrl {
     pub fn expose(&self) -> String {
         let mut out = String::from("mysql://");
         if let Some(user) = &self.user {
-            out.push_str(&percent_encode(user));
+            out.push_str(&percent_encode(user.as_bytes()));
             if let Some(password) = &self.password {
                 out.push(':');
-                out.push_str(&percent_encode(password));
+                out.push_str(&percent_encode(password.as_bytes()));
             }
             out.push('@');
         }
@@ -304,7 +276,7 @@ impl MysqlUrl {
             ":{}/{}?pool_max={}&pool_min={}&connect_timeout_ms={}&lock_wait_timeout_s={}&retry_max={}\
              &idle_timeout_s={}&claim_spread={}&skip_locked={}",
             self.port,
-            percent_encode(&self.database),
+            percent_encode(self.database.as_bytes()),
             o.pool_max,
             o.pool_min,
             o.connect_timeout_ms,

@@ -11,42 +11,9 @@
 //! messages for the errors above quote no parameter).
 
 use crate::ledger::LedgerError;
-use leasehold_engine::Refusal;
 use tokio_postgres::error::SqlState;
 
-/// What went wrong in one try of a transaction.
-#[derive(Debug)]
-pub(super) enum TxError {
-    /// Nothing was committed; trying the whole transaction again may succeed.
-    Retry(String),
-    /// The connection was lost during `COMMIT`: the outcome is unknown.
-    Ambiguous(String),
-    /// A final answer.
-    Ledger(LedgerError),
-}
-
-impl From<LedgerError> for TxError {
-    fn from(e: LedgerError) -> Self {
-        TxError::Ledger(e)
-    }
-}
-
-impl From<Refusal> for TxError {
-    fn from(r: Refusal) -> Self {
-        TxError::Ledger(LedgerError::Refused(r))
-    }
-}
-
-impl From<TxError> for LedgerError {
-    /// The final answer once retries are used up: a retryable error is "unavailable".
-    fn from(e: TxError) -> Self {
-        match e {
-            TxError::Retry(m) => LedgerError::Unavailable(m),
-            TxError::Ambiguous(m) => LedgerError::Ambiguous(m),
-            TxError::Ledger(e) => e,
-        }
-    }
-}
+pub(crate) use crate::ledger::sql::TxError;
 
 /// Where in a transaction an error happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -66,17 +66,6 @@ impl Drop for ScratchDatabase {
     fn drop(&mut self) {
         let admin = self.admin.clone();
         let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.url.database());
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            match runtime {
-                Ok(rt) => rt.block_on(admin_statement(&admin, sql)),
-                Err(e) => Err(LedgerError::Internal(format!("no runtime to drop the database: {e}"))),
-            }
-        })
-        .join();
-        // A leftover scratch database is harmless; say so rather than panic in drop.
-        if let Ok(Err(e)) = dropped {
-            eprintln!("warning: could not drop scratch database {}: {e}", self.url.database());
-        }
+        crate::ledger::scratch::drop_database(self.url.database(), async move { admin_statement(&admin, sql).await });
     }
 }

@@ -10,6 +10,7 @@
 //! parameter; a value out of range is clamped, never refused. No error, `Debug` or
 //! `Display` output ever contains the password: they show `***` in its place.
 
+use crate::ledger::percent::{percent_decode, percent_encode};
 use crate::ledger::LedgerError;
 use std::fmt;
 use std::time::Duration;
@@ -216,36 +217,6 @@ fn bad(what: &str) -> LedgerError {
     LedgerError::BadInput(format!("--db: postgres URL {what} ({SHAPE})"))
 }
 
-/// Encodes every byte but the unreserved ones (RFC 3986) as `%XX`.
-fn percent_encode(s: &[u8]) -> String {
-    s.iter()
-        .map(|&b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// Whether every `%` starts a two-hex-digit escape and the decoded bytes are UTF-8.
-fn well_escaped(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            match s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                Some(b) => out.push(b),
-                None => return false,
-            }
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).is_ok()
-}
-
 impl PostgresUrl {
     /// Parses a `postgres://` or `postgresql://` URL. Errors name the part at fault,
     /// never the password.
@@ -271,7 +242,7 @@ impl PostgresUrl {
         if database.is_empty() {
             return Err(bad("has no database"));
         }
-        if !well_escaped(authority) || !well_escaped(database) {
+        if percent_decode(authority).is_none() || percent_decode(database).is_none() {
             return Err(bad("has a malformed %-escape in its user, password or database"));
         }
         let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);

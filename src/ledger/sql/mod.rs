@@ -25,6 +25,40 @@ pub(crate) mod write;
 #[cfg(test)]
 mod tests;
 
+/// What went wrong in one try of a SQL backend's transaction.
+#[derive(Debug)]
+pub(crate) enum TxError {
+    /// Nothing was committed; trying the whole transaction again may succeed.
+    Retry(String),
+    /// The connection was lost during `COMMIT`: the outcome is unknown.
+    Ambiguous(String),
+    /// A final answer.
+    Ledger(super::LedgerError),
+}
+
+impl From<super::LedgerError> for TxError {
+    fn from(e: super::LedgerError) -> Self {
+        TxError::Ledger(e)
+    }
+}
+
+impl From<leasehold_engine::Refusal> for TxError {
+    fn from(r: leasehold_engine::Refusal) -> Self {
+        TxError::Ledger(super::LedgerError::Refused(r))
+    }
+}
+
+impl From<TxError> for super::LedgerError {
+    /// The final answer once retries are used up: a retryable error is "unavailable".
+    fn from(e: TxError) -> Self {
+        match e {
+            TxError::Retry(m) => super::LedgerError::Unavailable(m),
+            TxError::Ambiguous(m) => super::LedgerError::Ambiguous(m),
+            TxError::Ledger(e) => e,
+        }
+    }
+}
+
 /// How a dialect spells a statement's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Placeholder {
