@@ -265,6 +265,8 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
         let mut stop = std::pin::pin!(stop);
         let mut grace_until: Option<tokio::time::Instant> = None;
         let mut backoff_ms = 0u64;
+        // The ledger's wake-ups, if it has any: a change means "claim now".
+        let mut wake = self.ledger.wake();
         loop {
             let mut wait_ms = self.config.poll_interval_ms;
             let capacity = (self.config.batch_size as usize).saturating_sub(tasks.len());
@@ -326,6 +328,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
                     break;
                 }
                 () = sleep_ms_opt(poll.then_some(wait_ms)) => {}
+                () = woken(&mut wake), if poll && self.config.polling => {}
             }
         }
         report
@@ -370,6 +373,18 @@ fn tally(report: &mut WorkerReport, done: Result<Outcome, tokio::task::JoinError
         Ok(Outcome::Refused(_)) => report.refused += 1,
         Ok(Outcome::Abandoned(_)) | Err(_) => report.abandoned += 1,
     }
+}
+
+/// Resolves when the ledger's wake-up receiver changes; never, without one (or once
+/// its sender is gone).
+async fn woken(wake: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(rx) = wake {
+        if rx.changed().await.is_ok() {
+            return;
+        }
+    }
+    *wake = None;
+    std::future::pending::<()>().await;
 }
 
 async fn sleep_until_opt(at: Option<tokio::time::Instant>) {

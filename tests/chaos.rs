@@ -1,9 +1,10 @@
 //! Real-process chaos: a `leasehold target` process that fails requests (503) and
 //! drops replies after applying them, and three `leasehold worker` processes that
 //! are killed (SIGKILL, then replaced) and paused (SIGSTOP past their lease, then
-//! SIGCONT) at random, deliver attempts of three-step `http:v1` plans — on SQLite
-//! and on MariaDB / MySQL (with `LEASEHOLD_TEST_MYSQL_URL`; skipped, saying so,
-//! without it).
+//! SIGCONT) at random, deliver attempts of three-step `http:v1` plans — on SQLite,
+//! on MariaDB / MySQL (with `LEASEHOLD_TEST_MYSQL_URL`) and on PostgreSQL (with
+//! `LEASEHOLD_TEST_POSTGRES_URL`); a server case without its variable is skipped,
+//! saying so.
 //!
 //! The schedule (which worker, kill or pause, when, for how long) and the target's
 //! fault draws come from one seed, printed at the start and in every failure;
@@ -36,6 +37,7 @@ use leasehold::engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Command
 use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
 use leasehold::ledger::mysql::scratch::ScratchDatabase;
 use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
+use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
 use leasehold::target::Effects;
@@ -101,6 +103,32 @@ fn mysql_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
     // The target keeps its own tables in the same database.
     let url = scratch.url().expose();
     Chaos::new("mysql", &runtime).run(&ledger, &url, &url);
+    drop(ledger);
+}
+
+#[test]
+fn postgres_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
+        println!("skipped: LEASEHOLD_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)");
+        return;
+    };
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let runtime = runtime();
+    let admin = PostgresUrl::parse(&admin).expect("LEASEHOLD_TEST_POSTGRES_URL");
+    let scratch = runtime
+        .block_on(leasehold::ledger::postgres::scratch::ScratchDatabase::create(
+            &admin,
+            "lh_chaos_",
+        ))
+        .expect("a scratch database");
+    let ledger = runtime.block_on(async {
+        let ledger = PostgresLedger::open(scratch.url(), Arc::new(OsEntropy)).unwrap();
+        ledger.migrate().await.unwrap();
+        ledger
+    });
+    // The target keeps its own tables in the same database.
+    let url = scratch.url().expose();
+    Chaos::new("postgres", &runtime).run(&ledger, &url, &url);
     drop(ledger);
 }
 

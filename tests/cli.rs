@@ -356,11 +356,27 @@ fn unknown_ids_and_bad_urls_get_one_line_errors() {
         .unwrap();
     expect_error(&out, 2, "unsupported scheme \"redis\"");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+    // Nothing listens on port 1: the server is unavailable, named without its password.
     let out = Command::new(BIN)
-        .args(["--db", "postgres://u:hunter2@h/db", "plan", "list"])
+        .args([
+            "--db",
+            "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout_ms=2000",
+            "plan",
+            "list",
+        ])
         .output()
         .unwrap();
-    expect_error(&out, 2, "the ledger is not available on PostgreSQL in this release");
+    expect_error(
+        &out,
+        1,
+        "ledger unavailable: postgres at postgres://u:***@127.0.0.1:1/db",
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+    let out = Command::new(BIN)
+        .args(["--db", "postgres://u:hunter2@h/db?pool_size=3", "plan", "list"])
+        .output()
+        .unwrap();
+    expect_error(&out, 2, "unknown postgres URL parameter \"pool_size\"");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
     let out = Command::new(BIN)
         .args(["--db", "not a url", "plan", "list"])

@@ -1,19 +1,20 @@
-//! Four `leasehold worker` processes on one MariaDB / MySQL database deliver 1,000
-//! attempts of a one-step dry-run plan: every attempt ends SUCCEEDED, every command
+//! Four `leasehold worker` processes on one database — MariaDB / MySQL, and
+//! PostgreSQL — deliver 1,000 attempts of a one-step dry-run plan: every attempt ends SUCCEEDED, every command
 //! DELIVERED at delivery 1, none is lost, and no command was ever held by two leases.
 //!
 //! Evidence for the last: each worker logs every claim (`claimed attempt …`); no
 //! attempt appears in two logs (nor twice in one), and every command's
 //! `delivery_count` is 1 — a second lease on a command would have been a second claim
 //! and raised it. The setup goes through the ledger API (enqueueing 1,000 attempts
-//! through the CLI would start 2,000 processes). Runs on both claim paths: `SKIP
-//! LOCKED` (the default, where the server has it) and the portable one
-//! (`skip_locked=0`, as on MySQL 5.7). Needs `LEASEHOLD_TEST_MYSQL_URL`; without it
-//! the test prints why it is skipped and passes.
+//! through the CLI would start 2,000 processes). On MySQL it runs on both claim
+//! paths: `SKIP LOCKED` (the default, where the server has it) and the portable one
+//! (`skip_locked=0`, as on MySQL 5.7). Needs `LEASEHOLD_TEST_MYSQL_URL` or
+//! `LEASEHOLD_TEST_POSTGRES_URL`; without one, its tests print why they are skipped
+//! and pass.
 
 use leasehold::entropy::OsEntropy;
-use leasehold::ledger::mysql::scratch::ScratchDatabase;
 use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
+use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
 use leasehold::ledger::Ledger;
 use leasehold_engine::{Action, AttemptId, AttemptStatus, CommandStatus, PlanSpec};
 use serde_json::json;
@@ -41,7 +42,7 @@ fn spec(n: usize) -> PlanSpec {
 }
 
 /// Registers the plans and enqueues their attempts, eight at a time.
-async fn enqueue_all(ledger: &MysqlLedger) -> BTreeSet<AttemptId> {
+async fn enqueue_all<L: Ledger + Clone>(ledger: &L) -> BTreeSet<AttemptId> {
     let mut tasks = Vec::new();
     for lane in 0..8 {
         let ledger = ledger.clone();
@@ -175,37 +176,58 @@ fn run_workers(url: &str) -> Vec<WorkerRun> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_worker_processes_deliver_1000_attempts_each_exactly_once() {
-    deliver_with_four_processes(true).await;
+    mysql_with_four_processes(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_worker_processes_on_the_portable_claim_path_deliver_1000_attempts_each_exactly_once() {
-    deliver_with_four_processes(false).await;
+    mysql_with_four_processes(false).await;
 }
 
-/// Four worker processes deliver every attempt exactly once; `skip_locked` is the
-/// workers' `skip_locked` URL option.
-async fn deliver_with_four_processes(skip_locked: bool) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_worker_processes_on_postgres_deliver_1000_attempts_each_exactly_once() {
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
+        println!("skipped: LEASEHOLD_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)");
+        return;
+    };
+    let admin = PostgresUrl::parse(&admin).expect("LEASEHOLD_TEST_POSTGRES_URL");
+    let db = leasehold::ledger::postgres::scratch::ScratchDatabase::create(&admin, "lh_mp_")
+        .await
+        .expect("create a test database");
+    let ledger = PostgresLedger::open(db.url(), Arc::new(OsEntropy)).expect("open");
+    ledger.migrate().await.expect("migrate");
+    deliver_with_four_processes(&ledger, db.url().expose(), "postgres").await;
+}
+
+/// Four worker processes on MySQL; `skip_locked` is the workers' `skip_locked` URL
+/// option.
+async fn mysql_with_four_processes(skip_locked: bool) {
     let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
         println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
         return;
     };
     let admin = MysqlUrl::parse(&admin).expect("LEASEHOLD_TEST_MYSQL_URL");
-    let db = ScratchDatabase::create(&admin, "lh_mp_")
+    let db = leasehold::ledger::mysql::scratch::ScratchDatabase::create(&admin, "lh_mp_")
         .await
         .expect("create a test database");
     let url = db.url().clone();
     let ledger = MysqlLedger::open(&url, Arc::new(OsEntropy));
     ledger.migrate().await.expect("migrate");
+    let mut worker_url = url.clone();
+    worker_url.options.skip_locked = skip_locked;
+    let label = format!("mysql, skip_locked={skip_locked}");
+    deliver_with_four_processes(&ledger, worker_url.expose(), &label).await;
+}
+
+/// Four worker processes on the database at `cli_url` (which `ledger`, migrated and
+/// empty, is also on) deliver every attempt exactly once.
+async fn deliver_with_four_processes<L: Ledger + Clone>(ledger: &L, cli_url: String, label: &str) {
     let setup = Instant::now();
-    let attempts = enqueue_all(&ledger).await;
+    let attempts = enqueue_all(ledger).await;
     assert_eq!(attempts.len(), ATTEMPTS);
     assert_eq!(ledger.open_attempts().await.unwrap(), ATTEMPTS as u64);
     println!("enqueued {ATTEMPTS} attempts in {:?}", setup.elapsed());
 
-    let mut worker_url = url.clone();
-    worker_url.options.skip_locked = skip_locked;
-    let cli_url = worker_url.expose();
     let started = Instant::now();
     let runs = tokio::task::spawn_blocking(move || run_workers(&cli_url))
         .await
@@ -229,7 +251,7 @@ async fn deliver_with_four_processes(skip_locked: bool) {
     }
     let per_worker: Vec<(String, usize)> = runs.iter().map(|r| (r.id.clone(), r.claims().len())).collect();
     println!(
-        "{ATTEMPTS} attempts delivered by {WORKERS} processes (skip_locked={skip_locked}) in {elapsed:?}; \
+        "{ATTEMPTS} attempts delivered by {WORKERS} processes ({label}) in {elapsed:?}; \
          claims per worker: {per_worker:?}"
     );
 

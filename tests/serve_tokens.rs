@@ -116,3 +116,26 @@ async fn mysql_tokens() {
     let counts = ledger.count_attempts(10).await.unwrap();
     assert!(counts.states.iter().all(|s| s.count == 0 && !s.capped));
 }
+
+#[tokio::test]
+async fn postgres_tokens() {
+    let Ok(url) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
+        eprintln!("skipped: LEASEHOLD_TEST_POSTGRES_URL is not set");
+        return;
+    };
+    let leasehold::ledger::DbUrl::Postgres(admin) = leasehold::ledger::DbUrl::parse(&url).unwrap() else {
+        panic!("LEASEHOLD_TEST_POSTGRES_URL is not a postgres URL")
+    };
+    let scratch = leasehold::ledger::postgres::scratch::ScratchDatabase::create(&admin, "lh_tokens_")
+        .await
+        .unwrap();
+    let ledger = leasehold::ledger::postgres::PostgresLedger::open(scratch.url(), Arc::new(OsEntropy)).unwrap();
+    let e = ledger.list_tokens().await.unwrap_err();
+    assert!(e.to_string().contains("leasehold migrate"), "{e}");
+    ledger.migrate().await.unwrap();
+    tokens_behave(&ledger).await;
+    let page = ledger.list_attempts(&Default::default()).await.unwrap();
+    assert!(page.records.is_empty() && page.next.is_none());
+    let counts = ledger.count_attempts(10).await.unwrap();
+    assert!(counts.states.iter().all(|s| s.count == 0 && !s.capped));
+}

@@ -35,8 +35,8 @@ const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml"
 #[command(after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked.")]
 struct Cli {
     /// Database URL: sqlite://FILE (relative or absolute path), sqlite::memory:, or
-    /// mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?pool_max=N&connect_timeout_ms=N…] (MySQL, MariaDB);
-    /// `target` also takes postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?…].
+    /// mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?pool_max=N&connect_timeout_ms=N…] (MySQL, MariaDB), or
+    /// postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?pool_max=N&statement_timeout_ms=N&sslmode=…].
     #[arg(
         long,
         global = true,
@@ -431,10 +431,13 @@ async fn dispatch(cli: Cli) -> Outcome {
             }
             run(Arc::new(ledger), cli.command, cli.json).await
         }
-        DbUrl::Postgres(url) => Err(Failure::bad_input(format!(
-            "--db {url}: the ledger is not available on PostgreSQL in this release (sqlite:// and mysql:// are); \
-             `leasehold target` can keep its keys there"
-        ))),
+        DbUrl::Postgres(url) => {
+            let ledger = leasehold::ledger::postgres::PostgresLedger::open(&url, Arc::new(OsEntropy))?;
+            if open_mode(&cli.command) != OpenMode::Create {
+                ledger.check_schema().await?;
+            }
+            run(Arc::new(ledger), cli.command, cli.json).await
+        }
     }
 }
 

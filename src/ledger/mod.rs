@@ -7,8 +7,8 @@
 //! Lease decisions use the ledger's own clock; ids and tokens come from its entropy.
 //!
 //! Implementations: [`memory::MemoryLedger`] (the reference),
-//! [`sqlite::SqliteLedger`] and [`mysql::MysqlLedger`]. [`DbUrl`] parses the URL that
-//! picks one.
+//! [`sqlite::SqliteLedger`], [`mysql::MysqlLedger`] and [`postgres::PostgresLedger`].
+//! [`DbUrl`] parses the URL that picks one.
 
 pub mod listing;
 pub mod memory;
@@ -285,6 +285,15 @@ pub trait Ledger: Send + Sync + 'static {
         query: &listing::AttemptQuery,
     ) -> impl Future<Output = Result<listing::AttemptPage, LedgerError>> + Send {
         listing::list_from_history(self, query)
+    }
+
+    /// Wake-ups for idle workers: a receiver whose value changes whenever work may
+    /// have become claimable (PostgreSQL's `LISTEN`/`NOTIFY`), so that a worker
+    /// claims at once instead of at its next poll; polling stays the fallback, for
+    /// what nothing announces (an expired lease). `None`, the default: this ledger
+    /// announces nothing. Called inside a tokio runtime.
+    fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
     }
 
     /// Attempts per status, each count capped at `cap` ([`listing`]). The default

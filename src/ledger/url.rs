@@ -14,8 +14,7 @@ pub enum DbUrl {
     /// `mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]` (MySQL or MariaDB).
     Mysql(mysql::MysqlUrl),
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?OPTIONS]` (`postgresql://`
-    /// too). The reference target stores its keys there; the ledger is not yet
-    /// available on PostgreSQL.
+    /// too).
     Postgres(postgres::PostgresUrl),
 }
 

@@ -8,14 +8,16 @@
 //! on. Nothing here ever logs, prints or answers a secret or a hash.
 //!
 //! Storage: [`TokenStore`] is implemented by every ledger: the memory ledger keeps
-//! the rows beside its state, SQLite and MySQL in the `api_token` table
-//! (`migrations/sqlite/0004_api_tokens.sql`, `migrations/mysql/0003_api_tokens.sql`):
+//! the rows beside its state, SQLite, MySQL and PostgreSQL in the `api_token` table
+//! (`migrations/sqlite/0004_api_tokens.sql`, `migrations/mysql/0003_api_tokens.sql`,
+//! `migrations/postgres/0001_init.sql`):
 //! `name` (primary key, at most [`NAME_MAX_CHARS`] characters), `role` (`viewer`,
 //! `operator` or `admin`), `sha256` (64 lowercase hex digits, unique), `created_at`
 //! and `revoked_at` (milliseconds since the Unix epoch; `revoked_at` NULL while
 //! active). Every operation is one plain SQL statement.
 
 mod mysql;
+mod postgres;
 mod sqlite;
 
 use crate::ledger::LedgerError;

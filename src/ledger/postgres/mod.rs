@@ -12,10 +12,25 @@
 //! again, up to the URL's `retry_max`; a connection lost during `COMMIT` is reported
 //! as ambiguous ([`error`]).
 //!
-//! The ledger's transitions come through the shared SQL layer; until they do, the CLI
-//! does not accept `postgres://` URLs.
+//! Transitions ([`connection`]): every transition is one transaction that reads its
+//! rows in lock order with `SELECT … FOR UPDATE` (attempt, then command, then receipts
+//! by ordinal), lets the engine ([`leasehold_engine::transition`]) decide at the
+//! database clock's now (read once the rows are held), and writes the engine's row
+//! images through the shared SQL layer ([`crate::ledger::sql`]): the command's
+//! `UPDATE` carries the engine's [`leasehold_engine::Guard`] as its `WHERE` condition,
+//! and zero affected rows is a refusal ([`leasehold_engine::Refusal::StaleToken`])
+//! after which the transaction is rolled back. Claims lock the oldest claimable
+//! commands nobody else holds with `FOR UPDATE SKIP LOCKED` (a CTE picks the
+//! candidates), so concurrent claimers take disjoint commands and never wait on each
+//! other. Enqueues notify idle workers (`LISTEN`/`NOTIFY`, [`notify`]). The semantics
+//! are those of the reference [`super::memory::MemoryLedger`]; tests may inject a
+//! [`Clock`] instead of the database's ([`PostgresLedger::open_with_clock`]).
 
+mod connection;
 mod error;
+mod listing;
+pub mod notify;
+mod rows;
 pub mod schema;
 pub mod scratch;
 mod tls;
@@ -23,20 +38,49 @@ mod url;
 
 pub use url::{PostgresOptions, PostgresUrl, Ssl};
 
+use crate::clock::Clock;
 use crate::entropy::Entropy;
-use crate::ledger::LedgerError;
+use crate::ledger::{Claimed, Ledger, LedgerError};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use error::TxError;
-use std::future::Future;
+use leasehold_engine::transition::{self, Continued, ReconcileOutcome};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// A PostgreSQL ledger: a pool of sessions on one database.
+/// Counters of one ledger (shared by its clones) since it was opened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PostgresStats {
+    /// Commands claimed.
+    pub claims: u64,
+    /// Candidates that were claimable when the claim read them but no longer once it
+    /// held them (another claimer committed first): refused, never a double claim.
+    pub lost_claim_races: u64,
+    /// Transactions tried again after a serialization failure, a deadlock, a lock
+    /// timeout or a connection lost before `COMMIT`.
+    pub retries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    claims: AtomicU64,
+    lost_claim_races: AtomicU64,
+    retries: AtomicU64,
+}
+
+/// A PostgreSQL ledger: a pool of sessions on one database. Clones share the pool
+/// and the counters; any number of ledgers in any number of processes may use one
+/// database at once.
 #[derive(Clone)]
 pub struct PostgresLedger {
     pool: Pool,
     url: Arc<PostgresUrl>,
-    #[allow(dead_code)]
+    clock: Option<Arc<dyn Clock>>,
     entropy: Arc<dyn Entropy>,
+    stats: Arc<Counters>,
+    /// The wake-up listener's receiver, once a worker asked for it ([`notify`]).
+    wake: Arc<std::sync::OnceLock<tokio::sync::watch::Receiver<u64>>>,
 }
 
 impl std::fmt::Debug for PostgresLedger {
@@ -51,6 +95,21 @@ impl PostgresLedger {
     /// A ledger on `url`'s database. Connects lazily: an unreachable server shows on
     /// the first call, as `Unavailable`.
     pub fn open(url: &PostgresUrl, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
+        Self::build(url, None, entropy)
+    }
+
+    /// Like [`PostgresLedger::open`], but deciding leases on `clock` instead of the
+    /// database's clock. For tests only (the conformance suite moves a manual clock);
+    /// production must use the database's clock so that every machine agrees.
+    pub fn open_with_clock(
+        url: &PostgresUrl,
+        clock: Arc<dyn Clock>,
+        entropy: Arc<dyn Entropy>,
+    ) -> Result<Self, LedgerError> {
+        Self::build(url, Some(clock), entropy)
+    }
+
+    fn build(url: &PostgresUrl, clock: Option<Arc<dyn Clock>>, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
         let manager = Manager::from_config(
             url.config().clone(),
             tls::connector(url.options.ssl == Ssl::VerifyFull)?,
@@ -73,8 +132,21 @@ impl PostgresLedger {
         Ok(Self {
             pool,
             url: Arc::new(url.clone()),
+            clock,
             entropy,
+            stats: Arc::new(Counters::default()),
+            wake: Arc::new(std::sync::OnceLock::new()),
         })
+    }
+
+    /// The counters since this ledger was opened.
+    pub fn stats(&self) -> PostgresStats {
+        let c = &self.stats;
+        PostgresStats {
+            claims: c.claims.load(Ordering::Relaxed),
+            lost_claim_races: c.lost_claim_races.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+        }
     }
 
     /// The URL this ledger connects to (its password never prints).
@@ -95,27 +167,6 @@ impl PostgresLedger {
         self.connect().await.map_err(LedgerError::from)
     }
 
-    /// Runs `attempt` until it answers something other than [`TxError::Retry`], at
-    /// most `retry_max` times.
-    async fn retry<T, F, Fut>(&self, mut attempt: F) -> Result<T, LedgerError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, TxError>>,
-    {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match attempt().await {
-                Ok(v) => return Ok(v),
-                Err(TxError::Retry(m)) if tries >= self.url.options.retry_max => {
-                    return Err(LedgerError::Unavailable(format!("{m} (after {tries} tries)")))
-                }
-                Err(TxError::Retry(_)) => tokio::task::yield_now().await,
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
     /// Applies every pending migration; answers the versions applied now.
     pub async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
         self.retry(|| async {
@@ -132,6 +183,173 @@ impl PostgresLedger {
             schema::check_schema(&client, &self.url.to_string()).await
         })
         .await
+    }
+
+    async fn claim_with(
+        &self,
+        owner: &str,
+        batch: u32,
+        lease_ms: u64,
+        begin: bool,
+    ) -> Result<Vec<Claimed>, LedgerError> {
+        if batch == 0 {
+            return Ok(Vec::new());
+        }
+        self.retry(|| self.claim_once(owner, batch, lease_ms, begin)).await
+    }
+
+    async fn worker<X, F>(&self, lease: &Lease, decide: F) -> Result<(X, AttemptRecord), LedgerError>
+    where
+        F: Fn(&AttemptRecord, Timestamp) -> Result<(X, leasehold_engine::Writes), leasehold_engine::Refusal> + Sync,
+        X: Send,
+    {
+        self.retry(|| self.worker_once(lease, &decide)).await
+    }
+}
+
+impl Ledger for PostgresLedger {
+    async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
+        PostgresLedger::migrate(self).await
+    }
+
+    async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
+        self.retry(|| self.register_plan_once(spec.clone(), known_executors))
+            .await
+    }
+
+    async fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        self.retry(|| self.plan_once(id)).await
+    }
+
+    async fn list_plans(&self) -> Result<Vec<Plan>, LedgerError> {
+        self.retry(|| self.list_plans_once()).await
+    }
+
+    async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
+        self.retry(|| self.retire_plan_once(id)).await
+    }
+
+    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+        self.retry(|| self.enqueue_once(plan, action)).await
+    }
+
+    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(owner, batch, lease_ms, false).await
+    }
+
+    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(owner, batch, lease_ms, true).await
+    }
+
+    async fn complete_and_continue(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<Continued, LedgerError> {
+        let (continued, _) = self
+            .worker(lease, |r, now| {
+                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
+            })
+            .await?;
+        Ok(continued)
+    }
+
+    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
+        let ((), record) = self
+            .worker(lease, |r, now| {
+                transition::heartbeat(&r.command, &lease.token, lease_ms, now).map(|w| ((), w))
+            })
+            .await?;
+        record
+            .command
+            .lease_until
+            .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
+    }
+
+    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::begin_step(r, ordinal, &lease.token, lease_ms, now).map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn complete_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
+                .map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::fail(r, ordinal, error, &lease.token, now).map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
+        self.worker(lease, |r, now| {
+            transition::finish(r, &lease.token, now).map(|w| ((), w))
+        })
+        .await
+        .map(drop)
+    }
+
+    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        let decide = |r: &AttemptRecord, plan: &Plan, now| transition::reconcile(r, plan.recovery, now);
+        self.retry(|| self.operator_once(attempt, &decide)).await
+    }
+
+    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
+        let decide = |r: &AttemptRecord, _: &Plan, now| transition::abort(r, reason, now).map(|w| ((), w));
+        let ((), record) = self.retry(|| self.operator_once(attempt, &decide)).await?;
+        Ok(record)
+    }
+
+    async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
+        self.retry(|| self.attempt_once(attempt)).await
+    }
+
+    async fn history(&self, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
+        self.retry(|| self.history_once(plan)).await
+    }
+
+    async fn open_attempts(&self) -> Result<u64, LedgerError> {
+        self.retry(|| self.open_attempts_once()).await
+    }
+
+    async fn list_attempts(
+        &self,
+        query: &crate::ledger::listing::AttemptQuery,
+    ) -> Result<crate::ledger::listing::AttemptPage, LedgerError> {
+        self.retry(|| self.list_attempts_once(query)).await
+    }
+
+    /// The `LISTEN` session's wake-ups ([`notify::listen`], started by the first
+    /// call), unless the URL says `notify=0`.
+    fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        if !self.url.options.notify {
+            return None;
+        }
+        Some(self.wake.get_or_init(|| notify::listen(&self.url)).clone())
+    }
+
+    async fn count_attempts(&self, cap: u64) -> Result<crate::ledger::listing::AttemptCounts, LedgerError> {
+        self.retry(|| self.count_attempts_once(cap)).await
     }
 }
 

@@ -172,3 +172,96 @@ async fn sslmode_means_what_it_means_in_libpq() {
     let e = uses_tls("verify-full").await.unwrap_err();
     assert!(matches!(e, LedgerError::Unavailable(_)), "{e:?}");
 }
+
+/// The dry-run plan the tests below enqueue.
+fn one_step_plan() -> leasehold_engine::PlanSpec {
+    serde_json::from_value(serde_json::json!({
+        "name": "wake",
+        "recovery": "resume",
+        "steps": [{"code": "notify", "executor": "dry-run:v1", "payload": {}}],
+    }))
+    .unwrap()
+}
+
+/// Waits for the next change of a wake-up receiver; failing after 10 s (a bound, not a
+/// synchronisation: a notification arrives in milliseconds).
+async fn next_wake(rx: &mut tokio::sync::watch::Receiver<u64>) -> u64 {
+    tokio::time::timeout(std::time::Duration::from_secs(10), rx.changed())
+        .await
+        .expect("no wake-up within 10 s")
+        .expect("the listener is gone");
+    *rx.borrow_and_update()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_wakes_a_listening_worker_and_notify_0_listens_to_nothing() {
+    use crate::ledger::Ledger;
+    let Some(db) = scratch().await else { return };
+    let ledger = ledger(&db);
+    ledger.migrate().await.unwrap();
+    let plan = ledger.register_plan(one_step_plan(), &["dry-run:v1"]).await.unwrap();
+    let mut rx = Ledger::wake(&ledger).expect("postgres ledgers wake their workers");
+    // The first change: the listening session is up (receivers look once).
+    let listening = next_wake(&mut rx).await;
+    let record = ledger
+        .enqueue(&plan.id, leasehold_engine::Action::Execute)
+        .await
+        .unwrap();
+    let woken = next_wake(&mut rx).await;
+    assert!(woken > listening, "{woken} after {listening}");
+    // What woke the worker is claimable at once.
+    let claimed = ledger.claim("w1", 5, 30_000).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].lease.attempt_id, record.attempt.id);
+    // Another ledger on the same database, the listening turned off.
+    let mut quiet = db.url().clone();
+    quiet.options.notify = false;
+    let quiet = PostgresLedger::open(&quiet, Arc::new(OsEntropy)).unwrap();
+    assert!(Ledger::wake(&quiet).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claimers_take_disjoint_commands_without_waiting() {
+    use crate::ledger::Ledger;
+    let Some(db) = scratch().await else { return };
+    let ledger = ledger(&db);
+    ledger.migrate().await.unwrap();
+    let mut attempts = std::collections::BTreeSet::new();
+    for n in 0..40 {
+        let mut spec = one_step_plan();
+        spec.name = format!("claim-{n}");
+        let plan = ledger.register_plan(spec, &["dry-run:v1"]).await.unwrap();
+        attempts.insert(
+            ledger
+                .enqueue(&plan.id, leasehold_engine::Action::Execute)
+                .await
+                .unwrap()
+                .attempt
+                .id,
+        );
+    }
+    let claimers: Vec<_> = (0..4)
+        .map(|i| {
+            let l = PostgresLedger::open(db.url(), Arc::new(OsEntropy)).unwrap();
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let claimed = l.claim(&format!("w{i}"), 3, 30_000).await.unwrap();
+                    if claimed.is_empty() {
+                        break;
+                    }
+                    mine.extend(claimed.into_iter().map(|c| c.lease.attempt_id));
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut claimed = Vec::new();
+    for c in claimers {
+        claimed.extend(c.await.unwrap());
+    }
+    let unique: std::collections::BTreeSet<_> = claimed.iter().cloned().collect();
+    assert_eq!(unique.len(), claimed.len(), "a command was claimed twice");
+    assert_eq!(unique, attempts, "every command claimed");
+    assert_eq!(ledger.claim("late", 5, 30_000).await.unwrap().len(), 0);
+}

@@ -46,6 +46,10 @@ pub struct PostgresOptions {
     /// `verify-full`; only `verify-full` checks the server's certificate (libpq's
     /// meaning of each).
     pub ssl: Ssl,
+    /// `notify`: `1` (the default) lets idle workers wait for the `NOTIFY` an enqueue
+    /// sends on a session of their own (`LISTEN`) besides polling; `0` makes them
+    /// only poll. Enqueues notify either way.
+    pub notify: bool,
 }
 
 /// The `sslmode` of a URL.
@@ -91,6 +95,7 @@ impl Default for PostgresOptions {
             idle_timeout_s: 60,
             retry_max: 10,
             ssl: Ssl::Prefer,
+            notify: true,
         }
     }
 }
@@ -110,6 +115,7 @@ impl PostgresOptions {
             "idle_timeout_s",
             "retry_max",
             "sslmode",
+            "notify",
         ];
         if !KNOWN.contains(&name) {
             // Only the name: the value could be a secret put in the wrong place.
@@ -128,6 +134,18 @@ impl PostgresOptions {
                     return Err(LedgerError::BadInput(
                         "--db: postgres URL parameter \"sslmode\" must be disable, prefer, require or verify-full"
                             .into(),
+                    ))
+                }
+            };
+            return Ok(());
+        }
+        if name == "notify" {
+            self.notify = match value {
+                "1" => true,
+                "0" => false,
+                _ => {
+                    return Err(LedgerError::BadInput(
+                        "--db: postgres URL parameter \"notify\" must be 0 or 1".into(),
                     ))
                 }
             };
@@ -340,7 +358,7 @@ impl PostgresUrl {
         let o = &self.options;
         out.push_str(&format!(
             ":{}/{}?pool_max={}&connect_timeout_ms={}&statement_timeout_ms={}&lock_timeout_ms={}\
-             &idle_timeout_s={}&retry_max={}&sslmode={}",
+             &idle_timeout_s={}&retry_max={}&sslmode={}&notify={}",
             self.port(),
             percent_encode(self.database().as_bytes()),
             o.pool_max,
@@ -349,7 +367,8 @@ impl PostgresUrl {
             o.lock_timeout_ms,
             o.idle_timeout_s,
             o.retry_max,
-            o.ssl.name()
+            o.ssl.name(),
+            u8::from(o.notify)
         ));
         out
     }
@@ -409,10 +428,16 @@ mod tests {
     fn options_are_parsed_and_clamped() {
         let u = PostgresUrl::parse(
             "postgres://u:pw@h/d?pool_max=1000&connect_timeout_ms=1&statement_timeout_ms=99999999\
-             &lock_timeout_ms=0&retry_max=0&idle_timeout_s=100000&sslmode=require",
+             &lock_timeout_ms=0&retry_max=0&idle_timeout_s=100000&sslmode=require&notify=0",
         )
         .unwrap();
         let o = u.options;
+        assert!(!o.notify);
+        assert!(PostgresUrl::parse("postgres://u@h/d").unwrap().options.notify);
+        let e = PostgresUrl::parse("postgres://u:pw@h/d?notify=yes")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"notify\" must be 0 or 1") && !e.contains("pw"), "{e}");
         assert_eq!(o.pool_max, 256);
         assert_eq!(
             (o.connect_timeout_ms, o.statement_timeout_ms, o.lock_timeout_ms),

@@ -3,6 +3,8 @@
 //! as a `WHERE` condition, one claim rule and one plan of the statements that apply a
 //! transition's [`leasehold_engine::Writes`] — each parameterised by a [`Dialect`].
 //!
+//! Dialects: [`SQLITE`], [`MYSQL`] and [`POSTGRES`].
+//!
 //! Contract:
 //! - [`table`] lists every column of `plan`, `attempt`, `command` and `receipt` once,
 //!   in the order of the `*_values` encoders and of the [`decode`] readers, with the
@@ -67,7 +69,6 @@ pub(crate) enum Placeholder {
     /// `?` each, bound in order (MySQL).
     Anonymous,
     /// `$1`, `$2`, … (PostgreSQL).
-    #[allow(dead_code)]
     Dollar,
 }
 
@@ -119,6 +120,19 @@ pub(crate) static MYSQL: Dialect = Dialect {
     now_ms: "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)",
     plan_order: "seq",
     types: ("BIGINT", "VARCHAR(255)"),
+};
+
+/// PostgreSQL 13+. Every text column uses the "C" collation, so comparisons and
+/// orders are byte-wise, as in the other two.
+pub(crate) static POSTGRES: Dialect = Dialect {
+    id: 2,
+    placeholder: Placeholder::Dollar,
+    row_locks: true,
+    null_safe_eq: "IS NOT DISTINCT FROM",
+    insert_or_nothing: Some("ON CONFLICT DO NOTHING"),
+    now_ms: "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+    plan_order: "seq",
+    types: ("BIGINT", "TEXT"),
 };
 
 impl Dialect {

@@ -7,7 +7,7 @@
 //! the same text where it does not (SQLite's write transaction holds the database).
 
 use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
-use super::{placeholders, Dialect, MYSQL, SQLITE};
+use super::{placeholders, Dialect, MYSQL, POSTGRES, SQLITE};
 use std::sync::LazyLock;
 
 /// The shared statements of one dialect.
@@ -61,7 +61,11 @@ pub(crate) const OPEN_ATTEMPT: &str = "status IN ('QUEUED', 'RUNNING')";
 
 /// The shared statements of `dialect`.
 pub(crate) fn queries(dialect: &'static Dialect) -> &'static Queries {
-    static BY_DIALECT: [LazyLock<Queries>; 2] = [LazyLock::new(|| build(&SQLITE)), LazyLock::new(|| build(&MYSQL))];
+    static BY_DIALECT: [LazyLock<Queries>; 3] = [
+        LazyLock::new(|| build(&SQLITE)),
+        LazyLock::new(|| build(&MYSQL)),
+        LazyLock::new(|| build(&POSTGRES)),
+    ];
     &BY_DIALECT[usize::from(dialect.id)]
 }
 

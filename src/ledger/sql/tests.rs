@@ -1,10 +1,11 @@
 //! The two interpreters of a guard agree: [`Guard::admits`] on a command row, and the
 //! rendered `WHERE` condition (and guard check) on the same row stored in a real
-//! database — SQLite always, MySQL/MariaDB when `LEASEHOLD_TEST_MYSQL_URL` is set.
+//! database — SQLite always, MySQL/MariaDB when `LEASEHOLD_TEST_MYSQL_URL` is set,
+//! PostgreSQL when `LEASEHOLD_TEST_POSTGRES_URL` is set.
 
 use super::table::{command_values, COMMAND};
 use super::write::{guard_check, guard_condition};
-use super::{Dialect, Value, MYSQL, SQLITE};
+use super::{Dialect, Value, MYSQL, POSTGRES, SQLITE};
 use leasehold_engine::{AttemptId, Command, CommandId, CommandStatus, Guard, LeaseToken, Timestamp};
 use proptest::prelude::*;
 
@@ -178,5 +179,87 @@ mod mysql {
             let _ = conn.query_drop("DROP TEMPORARY TABLE command").await;
             let _ = conn.disconnect().await;
         });
+    }
+}
+
+mod postgres {
+    use super::*;
+    use crate::ledger::postgres::PostgresUrl;
+
+    /// A shared [`Value`] as the driver binds it.
+    enum Param<'a> {
+        Int(Option<i64>),
+        Text(Option<&'a str>),
+    }
+
+    /// Runs `sql` with `values`; a NULL is bound as a NULL of the placeholder's type.
+    async fn rows(client: &tokio_postgres::Client, sql: &str, values: &[Value<'_>]) -> Vec<tokio_postgres::Row> {
+        use tokio_postgres::types::{ToSql, Type};
+        let statement = client.prepare(sql).await.unwrap();
+        let params: Vec<Param<'_>> = values
+            .iter()
+            .zip(statement.params())
+            .map(|(v, ty)| match (*v, *ty == Type::INT8) {
+                (Value::Int(i), _) => Param::Int(Some(i)),
+                (Value::Null, true) => Param::Int(None),
+                (Value::Null, false) => Param::Text(None),
+                (Value::Text(t), _) => Param::Text(Some(t)),
+            })
+            .collect();
+        let refs: Vec<&(dyn ToSql + Sync)> = params
+            .iter()
+            .map(|p| match p {
+                Param::Int(v) => v as &(dyn ToSql + Sync),
+                Param::Text(v) => v,
+            })
+            .collect();
+        client.query(&statement, &refs).await.unwrap()
+    }
+
+    #[test]
+    fn the_rendered_guard_agrees_with_guard_admits_on_postgres() {
+        let Ok(url) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
+            eprintln!("LEASEHOLD_TEST_POSTGRES_URL is not set: the PostgreSQL guard property is skipped");
+            return;
+        };
+        let url = PostgresUrl::parse(&url).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt.block_on(async {
+            let (client, connection) = url.config().connect(tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            // A temporary table: this session's own, shadowing any real `command`.
+            client
+                .batch_execute(&create_command_table(&POSTGRES, true))
+                .await
+                .unwrap();
+            client
+        });
+        let config = ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        };
+        proptest::test_runner::TestRunner::new(config)
+            .run(&(command(), guard()), |(c, g)| {
+                let (n, holds) = rt.block_on(async {
+                    client.batch_execute("DELETE FROM command").await.unwrap();
+                    let marks = super::super::placeholders(&POSTGRES, 1, COMMAND.columns.len());
+                    let sql = format!("INSERT INTO command ({}) VALUES ({marks})", COMMAND.column_list(None));
+                    rows(&client, &sql, &command_values(&c)).await;
+                    let (sql, values) = count_sql(&POSTGRES, &g);
+                    let n: i64 = rows(&client, &sql, &values).await[0].get(0);
+                    let attempt = AttemptId::new("a1");
+                    let check = guard_check(&POSTGRES, &attempt, &g);
+                    let row = rows(&client, &check.sql, &check.values).await;
+                    (n, row.first().map(|r| r.get::<_, i32>(1) != 0))
+                });
+                prop_assert_eq!(n == 1, g.admits(Some(&c)), "{:?}", c.status);
+                prop_assert_eq!(holds, Some(g.admits(Some(&c))));
+                Ok(())
+            })
+            .unwrap();
     }
 }

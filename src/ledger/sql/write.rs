@@ -251,10 +251,12 @@ pub(crate) fn guard_check<'a>(d: &'static Dialect, attempt: &'a AttemptId, guard
     let mut values = guard_values(guard);
     values.push(Value::Text(attempt.as_str()));
     let sql = statement(d, &COMMAND, guard_kind(guard), 0, || {
-        let mut text = String::from("SELECT id, COALESCE((");
+        // `CASE`, not `COALESCE(condition, 0)`: PostgreSQL has no implicit cast
+        // between a boolean and an integer. A NULL condition does not hold.
+        let mut text = String::from("SELECT id, CASE WHEN (");
         let mut next = 1;
         push_guard_text(d, &mut text, &mut next, guard);
-        text.push_str("), 0) FROM command WHERE attempt_id = ");
+        text.push_str(") THEN 1 ELSE 0 END FROM command WHERE attempt_id = ");
         push_placeholder(d, &mut text, next);
         text
     });

@@ -1,0 +1,94 @@
+//! The `leasehold` binary on a PostgreSQL ledger: the demo delivers and its gate
+//! passes on a fresh database, and an unmigrated database is refused by every
+//! command that reads or writes it. Needs `LEASEHOLD_TEST_POSTGRES_URL` (e.g.
+//! `postgres://postgres@127.0.0.1:5432/test`); without it each test says it is
+//! skipped and passes. Each test runs in a scratch database of its own.
+
+use leasehold::ledger::postgres::scratch::ScratchDatabase;
+use leasehold::ledger::postgres::PostgresUrl;
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+fn leasehold(url: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--db")
+        .arg(url)
+        .args(args)
+        .env_remove("LEASEHOLD_DB")
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A scratch database on the test server, and its CLI URL (the test server's
+/// credentials have no password, so the printable URL is the URL).
+fn scratch(prefix: &str) -> Option<(ScratchDatabase, String)> {
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
+        println!("skipped: LEASEHOLD_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)");
+        return None;
+    };
+    let admin = PostgresUrl::parse(&admin).expect("LEASEHOLD_TEST_POSTGRES_URL");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let db = rt
+        .block_on(ScratchDatabase::create(&admin, prefix))
+        .expect("create a test database");
+    let url = db.url().to_string();
+    Some((db, url))
+}
+
+#[test]
+fn demo_delivers_and_passes_on_a_fresh_postgres_database() {
+    let Some((_db, url)) = scratch("lh_demo_") else { return };
+    let out = leasehold(&url, &["demo"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", text(&out.stderr));
+    assert!(stdout.contains("step 6/6 verify-integrity: succeeded"), "{stdout}");
+    assert!(stdout.contains("PASS"), "the demo ends with a passing gate:\n{stdout}");
+    let attempts: Vec<String> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("enqueued attempt "))
+        .map(|l| l.split_whitespace().next().unwrap().to_owned())
+        .collect();
+    assert_eq!(attempts.len(), 2, "{stdout}");
+    for id in &attempts {
+        let out = leasehold(&url, &["--json", "status", id]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(status["attempt"]["status"], "SUCCEEDED");
+        assert_eq!(status["command"]["status"], "DELIVERED");
+        assert_eq!(status["receipts"].as_array().unwrap().len(), 6);
+    }
+}
+
+#[test]
+fn an_unmigrated_postgres_ledger_is_refused_until_migrated() {
+    let Some((_db, url)) = scratch("lh_cli_") else { return };
+    for args in [
+        vec!["plan", "list"],
+        vec!["enqueue", "p"],
+        vec!["worker", "--until-idle"],
+    ] {
+        let out = leasehold(&url, &args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("holds no leasehold schema: run `leasehold migrate`"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let out = leasehold(&url, &["migrate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "applied migrations: 1");
+    let out = leasehold(&url, &["migrate"]);
+    assert_eq!(text(&out.stdout).trim(), "schema is up to date");
+    let out = leasehold(&url, &["--json", "plan", "list"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "[]");
+}
