@@ -26,13 +26,11 @@ use crate::ledger::{Claimed, Ledger, LedgerError};
 use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
 use leasehold_engine::driver::Outcome;
 use leasehold_engine::lease::WorkerConfig;
-use leasehold_engine::transition::{Continued, ReconcileOutcome};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Lease, Plan, PlanId, PlanSpec, ReceiptStatus, Step,
-    Timestamp,
+    Action, AttemptId, AttemptRecord, AttemptStatus, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
+    PlanSpec, ReceiptStatus, Reply, Step, WorkerRequest,
 };
 use serde::Serialize;
-use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -178,75 +176,27 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         self.inner.enqueue(plan, action).await
     }
 
-    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        let result = self.inner.claim(owner, batch, lease_ms).await;
+    async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        let result = self.inner.claim_batch(request).await;
         self.counts.claim(&result);
         result
     }
 
-    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        let result = self.inner.claim_and_begin(owner, batch, lease_ms).await;
-        self.counts.claim(&result);
-        result
+    async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
+        Counts::bump(&self.counts.step_writes);
+        if matches!(request, WorkerRequest::Heartbeat { .. }) {
+            Counts::bump(&self.counts.heartbeats);
+        }
+        self.inner.worker(lease, request).await
     }
 
-    async fn complete_and_continue(
+    async fn operator(
         &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<Continued, LedgerError> {
-        Counts::bump(&self.counts.step_writes);
-        self.inner
-            .complete_and_continue(lease, ordinal, evidence, target_receipt, lease_ms)
-            .await
-    }
-
-    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        Counts::bump(&self.counts.step_writes);
-        Counts::bump(&self.counts.heartbeats);
-        self.inner.heartbeat(lease, lease_ms).await
-    }
-
-    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        Counts::bump(&self.counts.step_writes);
-        self.inner.begin_step(lease, ordinal, lease_ms).await
-    }
-
-    async fn complete_step(
-        &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<(), LedgerError> {
-        Counts::bump(&self.counts.step_writes);
-        self.inner
-            .complete_step(lease, ordinal, evidence, target_receipt, lease_ms)
-            .await
-    }
-
-    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        Counts::bump(&self.counts.step_writes);
-        self.inner.fail(lease, ordinal, error).await
-    }
-
-    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        Counts::bump(&self.counts.step_writes);
-        self.inner.finish(lease).await
-    }
-
-    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), LedgerError> {
         Counts::bump(&self.counts.other_writes);
-        self.inner.reconcile(attempt).await
-    }
-
-    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        Counts::bump(&self.counts.other_writes);
-        self.inner.abort(attempt, reason).await
+        self.inner.operator(attempt, request).await
     }
 
     async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
@@ -696,6 +646,7 @@ mod tests {
     use crate::clock::SystemClock;
     use crate::entropy::SeededEntropy;
     use crate::ledger::memory::MemoryLedger;
+    use leasehold_engine::Timestamp;
 
     #[test]
     fn percentiles_use_the_nearest_rank() {

@@ -2,7 +2,8 @@
 //!
 //! Plain data in, plain data out: the model ([`model`]), plan validation and
 //! fingerprints ([`plan`], [`canonical`]), every transition of the design's table as
-//! a guard plus writes ([`transition`]), lease math and the configuration clamp
+//! a guard plus writes ([`transition`]), the request vocabulary that names them all
+//! as data with its one entry point ([`request::decide`]), lease math and the configuration clamp
 //! ([`lease`]), and the worker driver ([`driver`]). Time, ids and lease tokens are
 //! arguments; nothing here reads a clock, draws a random number or does I/O.
 
@@ -14,6 +15,7 @@ pub mod ids;
 pub mod lease;
 pub mod model;
 pub mod plan;
+pub mod request;
 pub mod transition;
 
 pub use ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
@@ -22,4 +24,5 @@ pub use model::{
     ReceiptStatus, Recovery, Step,
 };
 pub use plan::{PlanError, PlanSpec};
+pub use request::{decide, ClaimRequest, Decision, OperatorRequest, Reply, Request, WorkerRequest};
 pub use transition::{Guard, Refusal, Writes};

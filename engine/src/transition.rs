@@ -16,8 +16,10 @@ use crate::model::{
 use crate::plan::{idempotency_key, verify_fingerprint};
 use serde_json::Value;
 
-/// Why a transition was refused. Nothing was written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a transition was refused. Nothing was written. Serde data: a refusal crosses
+/// the simulator's wire as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Refusal {
     /// The command is not PROCESSING under the presented token.
@@ -592,7 +594,8 @@ pub fn finish(record: &AttemptRecord, token: &LeaseToken, now: Timestamp) -> Res
 }
 
 /// What reconcile did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum ReconcileOutcome {
     /// The expired lease was cleared and the command is PENDING again.
     Requeued,
@@ -742,7 +745,8 @@ pub fn claim_and_begin(
 }
 
 /// What [`complete_and_continue`] did after completing the step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Continued {
     /// Began the step at this ordinal.
     Began(u32),

@@ -23,9 +23,7 @@
 
 use crate::bugs::Bug;
 use crate::clock::{elapsed_ms, DbClock};
-use crate::protocol::{
-    read_frame, requeued, write_frame, DbEnvelope, DbReply, DbRequest, DbResponse, WireClaimed, WireError,
-};
+use crate::protocol::{read_frame, write_frame, DbEnvelope, DbReply, DbRequest, DbResponse, WireClaimed, WireError};
 use crate::rng::Rng;
 use crate::trace::Trace;
 use leasehold::clock::Clock;
@@ -35,10 +33,10 @@ use leasehold::ledger::sqlite::SqliteCore;
 use leasehold::ledger::WritesHook;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
-use leasehold_engine::transition::{next_step, Continued, ReconcileOutcome};
+use leasehold_engine::transition::next_step;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandStatus, Guard, Lease, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery,
-    Refusal, Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, CommandStatus, Decision, Guard, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
+    ReceiptStatus, Recovery, Refusal, Reply, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::cell::RefCell;
@@ -221,16 +219,17 @@ fn rebegin(record: &AttemptRecord, writes: &mut Writes, begin: bool) {
 
 /// The decision seam: replaces the engine's decision as the planted bugs would have
 /// decided.
-fn decide(seam: &Seam, record: &AttemptRecord, decided: Result<Writes, Refusal>) -> Result<Writes, Refusal> {
+fn decide(seam: &Seam, record: &AttemptRecord, decided: Decision) -> Decision {
     match decided {
         // `heartbeat` without its token check renews whatever lease the row holds,
         // under a guard that only asks for the row as read.
         Err(Refusal::StaleToken { .. }) if seam.op == "heartbeat" && seam.planted(Bug::HeartbeatIgnoresToken) => {
             let c = &record.command;
+            let until = seam.now.plus_ms(seam.lease_ms);
             let mut renewed = c.clone();
-            renewed.lease_until = Some(seam.now.plus_ms(seam.lease_ms));
+            renewed.lease_until = Some(until);
             renewed.last_heartbeat_at = Some(seam.now);
-            Ok(Writes {
+            let writes = Writes {
                 guard: Guard::Unchanged {
                     status: c.status,
                     lease_token: c.lease_token.clone(),
@@ -238,11 +237,12 @@ fn decide(seam: &Seam, record: &AttemptRecord, decided: Result<Writes, Refusal>)
                 attempt: None,
                 command: Some(renewed),
                 receipts: Vec::new(),
-            })
+            };
+            Ok((writes, Reply::Renewed { until }))
         }
-        Ok(mut writes) => {
+        Ok((mut writes, reply)) => {
             rewrite(seam, record, &mut writes);
-            Ok(writes)
+            Ok((writes, reply))
         }
         refused => refused,
     }
@@ -453,7 +453,11 @@ impl DbState {
         if self.bugs.contains(&Bug::LeaseOnWorkerClock) && env.from.starts_with('w') {
             self.clock.decide_at(env.sent_at);
         }
-        if let DbRequest::Reconcile { attempt } = &env.request {
+        if let DbRequest::Operator {
+            attempt,
+            request: OperatorRequest::Reconcile,
+        } = &env.request
+        {
             // Planted: decide a reconcile of a live lease just after the lease's end.
             let live_until = self
                 .latest
@@ -469,7 +473,10 @@ impl DbState {
             seam.op = env.request.op();
             seam.now = self.clock.now();
             seam.lease_ms = match &env.request {
-                DbRequest::Heartbeat { lease_ms, .. } => *lease_ms,
+                DbRequest::Worker {
+                    request: WorkerRequest::Heartbeat { lease_ms },
+                    ..
+                } => *lease_ms,
                 _ => 0,
             };
         }
@@ -630,83 +637,16 @@ impl DbState {
             DbRequest::ListPlans => call!(&self.backend, list_plans()).map(DbReply::Plans),
             DbRequest::RetirePlan { id } => call!(&self.backend, retire_plan(id)).map(DbReply::Plan),
             DbRequest::Enqueue { plan, action } => self.enqueue(env, times, plan, *action),
-            DbRequest::Claim { owner, batch, lease_ms } => {
-                self.claim(env, times, |b| call!(b, claim(owner, *batch, *lease_ms)))
-            }
-            DbRequest::ClaimAndBegin { owner, batch, lease_ms } => {
-                self.claim(env, times, |b| call!(b, claim_and_begin(owner, *batch, *lease_ms)))
-            }
-            DbRequest::CompleteAndContinue {
-                lease,
-                ordinal,
-                evidence,
-                target_receipt,
-                lease_ms,
-            } => {
+            DbRequest::Claim(request) => self.claim(env, times, |b| call!(b, claim_batch(request.clone()))),
+            DbRequest::Worker { lease, request } => {
                 let lease = lease.to_lease();
-                self.worker_op(env, times, &lease, Some(*ordinal), |b, l| {
-                    let continued: Result<Continued, LedgerError> = call!(
-                        b,
-                        complete_and_continue(l, *ordinal, evidence, target_receipt, *lease_ms)
-                    );
-                    continued
+                self.worker_op(env, times, &lease, request.ordinal(), |b, l| {
+                    call!(b, worker(l, request.clone()))
                 })
-                .map(|c| {
-                    DbReply::Continued(match c {
-                        Continued::Began(next) => Some(next),
-                        _ => None,
-                    })
-                })
+                .map(DbReply::Worker)
             }
-            DbRequest::Heartbeat { lease, lease_ms } => {
-                let lease = lease.to_lease();
-                self.worker_op(env, times, &lease, None, |b, l| call!(b, heartbeat(l, *lease_ms)))
-                    .map(DbReply::Until)
-            }
-            DbRequest::BeginStep {
-                lease,
-                ordinal,
-                lease_ms,
-            } => {
-                let lease = lease.to_lease();
-                self.worker_op(env, times, &lease, Some(*ordinal), |b, l| {
-                    call!(b, begin_step(l, *ordinal, *lease_ms))
-                })
-                .map(|()| DbReply::Done)
-            }
-            DbRequest::CompleteStep {
-                lease,
-                ordinal,
-                evidence,
-                target_receipt,
-                lease_ms,
-            } => {
-                let lease = lease.to_lease();
-                self.worker_op(env, times, &lease, Some(*ordinal), |b, l| {
-                    complete(b, l, *ordinal, evidence, target_receipt, *lease_ms)
-                })
-                .map(|()| DbReply::Done)
-            }
-            DbRequest::Fail { lease, ordinal, error } => {
-                let lease = lease.to_lease();
-                self.worker_op(env, times, &lease, *ordinal, |b, l| call!(b, fail(l, *ordinal, error)))
-                    .map(|()| DbReply::Done)
-            }
-            DbRequest::Finish { lease } => {
-                let lease = lease.to_lease();
-                self.worker_op(env, times, &lease, None, |b, l| call!(b, finish(l)))
-                    .map(|()| DbReply::Done)
-            }
-            DbRequest::Reconcile { attempt } => self.operator_op(env, times, attempt, |b| {
-                call!(b, reconcile(attempt)).map(|(outcome, record): (ReconcileOutcome, AttemptRecord)| {
-                    DbReply::Reconciled {
-                        requeued: requeued(outcome),
-                        record,
-                    }
-                })
-            }),
-            DbRequest::Abort { attempt, reason } => self.operator_op(env, times, attempt, |b| {
-                call!(b, abort(attempt, reason)).map(DbReply::Record)
+            DbRequest::Operator { attempt, request } => self.operator_op(env, times, attempt, |b| {
+                call!(b, operator(attempt, request.clone())).map(|(reply, record)| DbReply::Operator { reply, record })
             }),
             DbRequest::Attempt { attempt } => call!(&self.backend, attempt(attempt)).map(DbReply::Record),
             DbRequest::History { plan } => call!(&self.backend, history(plan)).map(DbReply::Records),
@@ -835,20 +775,6 @@ impl DbState {
     }
 }
 
-fn complete(
-    backend: &Backend,
-    lease: &Lease,
-    ordinal: u32,
-    evidence: &Value,
-    target_receipt: &Value,
-    lease_ms: u64,
-) -> Result<(), LedgerError> {
-    call!(
-        backend,
-        complete_step(lease, ordinal, evidence, target_receipt, lease_ms)
-    )
-}
-
 /// Replies carry rows, never tokens (the claim's own token travels in its lease).
 fn strip_tokens(reply: DbReply) -> DbReply {
     fn strip(mut r: AttemptRecord) -> AttemptRecord {
@@ -858,8 +784,8 @@ fn strip_tokens(reply: DbReply) -> DbReply {
     match reply {
         DbReply::Record(r) => DbReply::Record(strip(r)),
         DbReply::Records(rs) => DbReply::Records(rs.into_iter().map(strip).collect()),
-        DbReply::Reconciled { requeued, record } => DbReply::Reconciled {
-            requeued,
+        DbReply::Operator { reply, record } => DbReply::Operator {
+            reply,
             record: strip(record),
         },
         DbReply::Claimed(cs) => DbReply::Claimed(

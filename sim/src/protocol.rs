@@ -5,15 +5,16 @@
 //! JSON (serde_json). A client opens a connection, writes one request frame and reads
 //! one reply frame. Every ledger request carries its sender's host name and its
 //! sender's clock reading (`sent_at`), which only the planted bug
-//! `lease-on-worker-clock` ever uses. Lease tokens travel as text inside
-//! [`WireLease`] (the db host must check them) but its `Debug` never shows the text,
-//! and nothing here prints a frame.
+//! `lease-on-worker-clock` ever uses. Transitions travel as the engine's own
+//! requests ([`leasehold_engine::request`]), their replies as its [`Reply`] and
+//! refusals as its [`Refusal`]. Lease tokens travel as text inside [`WireLease`],
+//! beside a worker request (the db host must check them), but its `Debug` never
+//! shows the text, and nothing here prints a frame.
 
 use leasehold::ledger::{Claimed, LedgerError};
-use leasehold_engine::transition::ReconcileOutcome;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, AttemptStatus, CommandId, Lease, LeaseToken, Plan, PlanId, PlanSpec, Refusal,
-    Timestamp,
+    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, LeaseToken, OperatorRequest, Plan, PlanId,
+    PlanSpec, Refusal, Reply, Timestamp, WorkerRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -181,7 +182,8 @@ impl WireLease {
     }
 }
 
-/// One operation of the ledger, as the db host serves it.
+/// One operation of the ledger, as the db host serves it: the reads and plan
+/// operations by name, and every transition as the engine's own request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum DbRequest {
     /// `Ledger::migrate`.
@@ -212,91 +214,21 @@ pub enum DbRequest {
         /// What the attempt does.
         action: Action,
     },
-    /// `Ledger::claim`.
-    Claim {
-        /// Lease owner.
-        owner: String,
-        /// Most commands to claim.
-        batch: u32,
-        /// Lease length.
-        lease_ms: u64,
-    },
-    /// `Ledger::claim_and_begin` (one transaction in the db host).
-    ClaimAndBegin {
-        /// Lease owner.
-        owner: String,
-        /// Most commands to claim.
-        batch: u32,
-        /// Lease length.
-        lease_ms: u64,
-    },
-    /// `Ledger::complete_and_continue` (one transaction in the db host).
-    CompleteAndContinue {
+    /// `Ledger::claim_batch` (one transaction in the db host).
+    Claim(ClaimRequest),
+    /// `Ledger::worker`: a request of the worker holding `lease`.
+    Worker {
         /// The lease.
         lease: WireLease,
-        /// The receipt.
-        ordinal: u32,
-        /// Executor evidence.
-        evidence: Value,
-        /// Target receipt.
-        target_receipt: Value,
-        /// Lease length.
-        lease_ms: u64,
+        /// The request.
+        request: WorkerRequest,
     },
-    /// `Ledger::heartbeat`.
-    Heartbeat {
-        /// The lease.
-        lease: WireLease,
-        /// Lease length.
-        lease_ms: u64,
-    },
-    /// `Ledger::begin_step`.
-    BeginStep {
-        /// The lease.
-        lease: WireLease,
-        /// The receipt.
-        ordinal: u32,
-        /// Lease length.
-        lease_ms: u64,
-    },
-    /// `Ledger::complete_step`.
-    CompleteStep {
-        /// The lease.
-        lease: WireLease,
-        /// The receipt.
-        ordinal: u32,
-        /// Executor evidence.
-        evidence: Value,
-        /// Target receipt.
-        target_receipt: Value,
-        /// Lease length.
-        lease_ms: u64,
-    },
-    /// `Ledger::fail`.
-    Fail {
-        /// The lease.
-        lease: WireLease,
-        /// The failing step.
-        ordinal: Option<u32>,
-        /// Why.
-        error: String,
-    },
-    /// `Ledger::finish`.
-    Finish {
-        /// The lease.
-        lease: WireLease,
-    },
-    /// `Ledger::reconcile`.
-    Reconcile {
+    /// `Ledger::operator`: an operator request on an attempt.
+    Operator {
         /// The attempt.
         attempt: AttemptId,
-    },
-    /// `Ledger::abort`.
-    Abort {
-        /// The attempt.
-        attempt: AttemptId,
-        /// Why.
-        reason: String,
+        /// The request.
+        request: OperatorRequest,
     },
     /// `Ledger::attempt`.
     Attempt {
@@ -313,7 +245,7 @@ pub enum DbRequest {
 }
 
 impl DbRequest {
-    /// The operation's short name, for traces.
+    /// The operation's short name, for traces (a transition's is its request's).
     pub fn op(&self) -> &'static str {
         match self {
             DbRequest::Migrate => "migrate",
@@ -322,16 +254,10 @@ impl DbRequest {
             DbRequest::ListPlans => "list-plans",
             DbRequest::RetirePlan { .. } => "retire-plan",
             DbRequest::Enqueue { .. } => "enqueue",
-            DbRequest::Claim { .. } => "claim",
-            DbRequest::ClaimAndBegin { .. } => "claim-and-begin",
-            DbRequest::CompleteAndContinue { .. } => "complete-and-continue",
-            DbRequest::Heartbeat { .. } => "heartbeat",
-            DbRequest::BeginStep { .. } => "begin-step",
-            DbRequest::CompleteStep { .. } => "complete-step",
-            DbRequest::Fail { .. } => "fail",
-            DbRequest::Finish { .. } => "finish",
-            DbRequest::Reconcile { .. } => "reconcile",
-            DbRequest::Abort { .. } => "abort",
+            DbRequest::Claim(c) if c.begin => "claim-and-begin",
+            DbRequest::Claim(_) => "claim",
+            DbRequest::Worker { request, .. } => request.op(),
+            DbRequest::Operator { request, .. } => request.op(),
             DbRequest::Attempt { .. } => "attempt",
             DbRequest::History { .. } => "history",
             DbRequest::OpenAttempts => "open-attempts",
@@ -387,8 +313,6 @@ impl WireClaimed {
 /// A successful ledger reply.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum DbReply {
-    /// Nothing to answer.
-    Done,
     /// Migration versions applied.
     Versions(Vec<u32>),
     /// One plan.
@@ -397,14 +321,14 @@ pub enum DbReply {
     Plans(Vec<Plan>),
     /// Claimed commands.
     Claimed(Vec<WireClaimed>),
-    /// A renewed lease's deadline.
-    Until(Timestamp),
     /// One attempt's rows.
     Record(AttemptRecord),
-    /// Reconcile's outcome.
-    Reconciled {
-        /// Whether the command went back to PENDING.
-        requeued: bool,
+    /// A worker request's reply.
+    Worker(Reply),
+    /// An operator request's reply, with the attempt's rows after it.
+    Operator {
+        /// The reply.
+        reply: Reply,
         /// The attempt's rows after it.
         record: AttemptRecord,
     },
@@ -412,110 +336,13 @@ pub enum DbReply {
     Records(Vec<AttemptRecord>),
     /// A count.
     Count(u64),
-    /// What complete-and-continue did: began this step, or finished (`None`).
-    Continued(Option<u32>),
-}
-
-/// A refusal on the wire, variant for variant.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum WireRefusal {
-    /// [`Refusal::StaleToken`].
-    StaleToken {
-        /// The command.
-        command: CommandId,
-    },
-    /// [`Refusal::LiveLease`].
-    LiveLease {
-        /// The command.
-        command: CommandId,
-        /// Its holder.
-        owner: String,
-        /// Its deadline.
-        until: Timestamp,
-    },
-    /// [`Refusal::NotClaimable`].
-    NotClaimable {
-        /// The command.
-        command: CommandId,
-        /// Why.
-        reason: String,
-    },
-    /// [`Refusal::Terminal`].
-    Terminal {
-        /// The attempt.
-        attempt: AttemptId,
-        /// Its status.
-        status: AttemptStatus,
-    },
-    /// [`Refusal::OutOfOrder`].
-    OutOfOrder {
-        /// The attempt.
-        attempt: AttemptId,
-        /// The receipt.
-        ordinal: u32,
-        /// Why.
-        reason: String,
-    },
-    /// [`Refusal::Guard`].
-    Guard {
-        /// The action.
-        action: Action,
-        /// Why.
-        reason: String,
-    },
-    /// A refusal this protocol does not know yet, by its message.
-    Other(String),
-}
-
-impl WireRefusal {
-    /// The wire form of a refusal.
-    pub fn of(r: &Refusal) -> Self {
-        match r.clone() {
-            Refusal::StaleToken { command } => WireRefusal::StaleToken { command },
-            Refusal::LiveLease { command, owner, until } => WireRefusal::LiveLease { command, owner, until },
-            Refusal::NotClaimable { command, reason } => WireRefusal::NotClaimable { command, reason },
-            Refusal::Terminal { attempt, status } => WireRefusal::Terminal { attempt, status },
-            Refusal::OutOfOrder {
-                attempt,
-                ordinal,
-                reason,
-            } => WireRefusal::OutOfOrder {
-                attempt,
-                ordinal,
-                reason,
-            },
-            Refusal::Guard { action, reason } => WireRefusal::Guard { action, reason },
-            other => WireRefusal::Other(other.to_string()),
-        }
-    }
-
-    /// The refusal again (`Other` becomes an internal ledger error).
-    pub fn into_error(self) -> LedgerError {
-        LedgerError::Refused(match self {
-            WireRefusal::StaleToken { command } => Refusal::StaleToken { command },
-            WireRefusal::LiveLease { command, owner, until } => Refusal::LiveLease { command, owner, until },
-            WireRefusal::NotClaimable { command, reason } => Refusal::NotClaimable { command, reason },
-            WireRefusal::Terminal { attempt, status } => Refusal::Terminal { attempt, status },
-            WireRefusal::OutOfOrder {
-                attempt,
-                ordinal,
-                reason,
-            } => Refusal::OutOfOrder {
-                attempt,
-                ordinal,
-                reason,
-            },
-            WireRefusal::Guard { action, reason } => Refusal::Guard { action, reason },
-            WireRefusal::Other(message) => return LedgerError::Internal(format!("unknown refusal: {message}")),
-        })
-    }
 }
 
 /// A ledger error on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum WireError {
-    /// [`LedgerError::Refused`].
-    Refused(WireRefusal),
+    /// [`LedgerError::Refused`]: the engine's refusal as it is.
+    Refused(Refusal),
     /// [`LedgerError::NotFound`].
     NotFound {
         /// `plan`, `attempt` or `command`.
@@ -539,7 +366,7 @@ impl WireError {
     /// The wire form of a ledger error.
     pub fn of(e: &LedgerError) -> Self {
         match e {
-            LedgerError::Refused(r) => WireError::Refused(WireRefusal::of(r)),
+            LedgerError::Refused(r) => WireError::Refused(r.clone()),
             LedgerError::NotFound { kind, id } => WireError::NotFound {
                 kind: (*kind).to_owned(),
                 id: id.clone(),
@@ -556,7 +383,7 @@ impl WireError {
     /// The ledger error again.
     pub fn into_error(self) -> LedgerError {
         match self {
-            WireError::Refused(r) => r.into_error(),
+            WireError::Refused(r) => LedgerError::Refused(r),
             WireError::NotFound { kind, id } => LedgerError::NotFound {
                 kind: match kind.as_str() {
                     "plan" => "plan",
@@ -577,11 +404,6 @@ impl WireError {
 
 /// What the db host answers to one request.
 pub type DbResponse = Result<DbReply, WireError>;
-
-/// Reconcile's outcome as a flag.
-pub fn requeued(outcome: ReconcileOutcome) -> bool {
-    matches!(outcome, ReconcileOutcome::Requeued)
-}
 
 /// One effect the target host is asked to apply.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -644,7 +466,8 @@ mod tests {
         let r = Refusal::StaleToken {
             command: CommandId::new("c1"),
         };
-        let back = WireRefusal::of(&r).into_error();
+        let text = serde_json::to_string(&WireError::of(&LedgerError::Refused(r.clone()))).unwrap();
+        let back = serde_json::from_str::<WireError>(&text).unwrap().into_error();
         assert_eq!(back, LedgerError::Refused(r));
     }
 }

@@ -14,9 +14,10 @@ use crate::db::DB_PORT;
 use crate::protocol::{CallError, DbEnvelope, DbReply, DbRequest, DbResponse, Pool, WireLease};
 use leasehold::clock::Clock;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
-use leasehold_engine::transition::{Continued, ReconcileOutcome};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
-use serde_json::Value;
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply,
+    WorkerRequest,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,17 +65,15 @@ fn unexpected(op: &str, reply: &DbReply) -> LedgerError {
 
 fn reply_kind(reply: &DbReply) -> &'static str {
     match reply {
-        DbReply::Done => "done",
         DbReply::Versions(_) => "versions",
         DbReply::Plan(_) => "plan",
         DbReply::Plans(_) => "plans",
         DbReply::Claimed(_) => "claimed",
-        DbReply::Until(_) => "until",
         DbReply::Record(_) => "record",
-        DbReply::Reconciled { .. } => "reconciled",
+        DbReply::Worker(_) => "worker",
+        DbReply::Operator { .. } => "operator",
         DbReply::Records(_) => "records",
         DbReply::Count(_) => "count",
-        DbReply::Continued(_) => "continued",
     }
 }
 
@@ -115,82 +114,22 @@ impl Ledger for RpcLedger {
         expect!(self, DbRequest::Enqueue { plan: plan.clone(), action }, DbReply::Record(r) => r)
     }
 
-    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        expect!(self, DbRequest::Claim { owner: owner.to_owned(), batch, lease_ms },
+    async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        expect!(self, DbRequest::Claim(request),
             DbReply::Claimed(c) => c.into_iter().map(|c| c.into_claimed()).collect())
     }
 
-    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        expect!(self, DbRequest::ClaimAndBegin { owner: owner.to_owned(), batch, lease_ms },
-            DbReply::Claimed(c) => c.into_iter().map(|c| c.into_claimed()).collect())
+    async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
+        expect!(self, DbRequest::Worker { lease: WireLease::of(lease), request }, DbReply::Worker(reply) => reply)
     }
 
-    async fn complete_and_continue(
+    async fn operator(
         &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<Continued, LedgerError> {
-        let request = DbRequest::CompleteAndContinue {
-            lease: WireLease::of(lease),
-            ordinal,
-            evidence: evidence.clone(),
-            target_receipt: target_receipt.clone(),
-            lease_ms,
-        };
-        expect!(self, request, DbReply::Continued(began) => began.map_or(Continued::Finished, Continued::Began))
-    }
-
-    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        expect!(self, DbRequest::Heartbeat { lease: WireLease::of(lease), lease_ms }, DbReply::Until(t) => t)
-    }
-
-    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        expect!(self, DbRequest::BeginStep { lease: WireLease::of(lease), ordinal, lease_ms }, DbReply::Done => ())
-    }
-
-    async fn complete_step(
-        &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<(), LedgerError> {
-        let request = DbRequest::CompleteStep {
-            lease: WireLease::of(lease),
-            ordinal,
-            evidence: evidence.clone(),
-            target_receipt: target_receipt.clone(),
-            lease_ms,
-        };
-        expect!(self, request, DbReply::Done => ())
-    }
-
-    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        let request = DbRequest::Fail {
-            lease: WireLease::of(lease),
-            ordinal,
-            error: error.to_owned(),
-        };
-        expect!(self, request, DbReply::Done => ())
-    }
-
-    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        expect!(self, DbRequest::Finish { lease: WireLease::of(lease) }, DbReply::Done => ())
-    }
-
-    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
-        expect!(self, DbRequest::Reconcile { attempt: attempt.clone() },
-        DbReply::Reconciled { requeued, record } => {
-            (if requeued { ReconcileOutcome::Requeued } else { ReconcileOutcome::Unchanged }, record)
-        })
-    }
-
-    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        expect!(self, DbRequest::Abort { attempt: attempt.clone(), reason: reason.to_owned() }, DbReply::Record(r) => r)
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), LedgerError> {
+        expect!(self, DbRequest::Operator { attempt: attempt.clone(), request },
+            DbReply::Operator { reply, record } => (reply, record))
     }
 
     async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {

@@ -13,12 +13,11 @@
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
-use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
+use leasehold_engine::transition::{self, NewIds};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, CommandStatus, Lease, Plan, PlanId, PlanSpec, PlanStatus, Timestamp,
-    Writes,
+    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
+    PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
-use serde_json::Value;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasherDefault;
@@ -255,56 +254,39 @@ impl MemoryLedger {
         state.plans.get(id).cloned().ok_or_else(|| Self::not_found("plan", id))
     }
 
-    /// Decides a transition on the stored record at `at` (or, if `None`, at the
-    /// clock's reading under the lock) and applies it; answers `answer` of the
-    /// record as it left it. The record is looked up once and not copied.
-    fn transition<T>(
+    /// The one write path of every worker and operator request: looks the record up
+    /// once (not copying it), decides `request` on it at the clock's reading under
+    /// the lock, applies the writes under their guard, and answers the reply with
+    /// `answer` of the record as it left it. `command`, if given, must be the
+    /// attempt's command.
+    fn apply<'r, T>(
         &self,
         attempt: &AttemptId,
-        at: Option<Timestamp>,
-        decide: impl FnOnce(&Lookup<PlanId, Plan>, &AttemptRecord, Timestamp) -> Result<Writes, LedgerError>,
-        answer: impl FnOnce(&AttemptRecord) -> T,
+        command: Option<&CommandId>,
+        request: impl FnOnce(&Lookup<PlanId, Plan>, &AttemptRecord) -> Result<Request<'r>, LedgerError>,
+        answer: impl FnOnce(Reply, &AttemptRecord) -> T,
     ) -> Result<T, LedgerError> {
         let mut guard = self.lock();
-        let now = at.unwrap_or_else(|| self.clock.now());
+        let now = self.clock.now();
         let state = &mut *guard;
         let record = state
             .attempts
             .get_mut(attempt)
             .ok_or_else(|| Self::not_found("attempt", attempt))?;
-        let writes = match (decide(&state.plans, record, now), self.writes_hook.as_ref()) {
-            (Ok(w), hook) => super::run_hook(hook, record, Ok(w))?,
-            (Err(LedgerError::Refused(r)), Some(hook)) => hook(record, Err(r))?,
-            (Err(e), _) => return Err(e),
-        };
+        if let Some(command) = command.filter(|c| **c != record.command.id) {
+            return Err(Self::not_found("command", command));
+        }
+        let request = request(&state.plans, record)?;
+        let (writes, reply) = super::decide(self.writes_hook.as_ref(), record, request, now)?;
         state.index.apply(record, writes)?;
-        Ok(answer(record))
+        Ok(answer(reply, record))
     }
 
-    fn worker_transition<T>(
-        &self,
-        lease: &Lease,
-        decide: impl FnOnce(&AttemptRecord, Timestamp) -> Result<Writes, leasehold_engine::Refusal>,
-        answer: impl FnOnce(&AttemptRecord) -> T,
-    ) -> Result<T, LedgerError> {
-        self.transition(
-            &lease.attempt_id,
-            None,
-            |_, record, now| {
-                if record.command.id != lease.command_id {
-                    return Err(Self::not_found("command", &lease.command_id));
-                }
-                Ok(decide(record, now)?)
-            },
-            answer,
-        )
-    }
-
-    fn claim_with(&self, owner: &str, batch: u32, lease_ms: u64, begin: bool) -> Result<Vec<Claimed>, LedgerError> {
+    fn claim_with(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
         let now = self.clock.now();
         let mut guard = self.lock();
         let state = &mut *guard;
-        let candidates = state.index.claimable(&state.attempts, now, batch as usize);
+        let candidates = state.index.claimable(&state.attempts, now, request.batch as usize);
         let mut claimed = Vec::with_capacity(candidates.len());
         for (_, command_id, attempt_id) in candidates {
             let record = state
@@ -316,10 +298,9 @@ impl MemoryLedger {
                 .get(&record.attempt.plan_id)
                 .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
             let token = self.entropy.token();
-            let decided = super::claim_transition(begin)(record, plan.recovery, owner, token.clone(), lease_ms, now);
-            let writes = match super::run_hook(self.writes_hook.as_ref(), record, decided) {
-                Ok(w) => w,
-                Err(_) => continue,
+            let claim = Request::Claim(request, &token, plan.recovery);
+            let Ok((writes, _)) = super::decide(self.writes_hook.as_ref(), record, claim, now) else {
+                continue;
             };
             state.index.apply(record, writes)?;
             claimed.push(Claimed {
@@ -403,114 +384,34 @@ impl Ledger for MemoryLedger {
         Ok(record)
     }
 
-    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_with(owner, batch, lease_ms, false)
+    async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(&request)
     }
 
-    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_with(owner, batch, lease_ms, true)
+    async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
+        self.apply(
+            &lease.attempt_id,
+            Some(&lease.command_id),
+            |_, _| Ok(Request::Worker(&request, &lease.token)),
+            |reply, _| reply,
+        )
     }
 
-    async fn complete_and_continue(
+    async fn operator(
         &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<Continued, LedgerError> {
-        let mut continued = Continued::Finished;
-        self.worker_transition(
-            lease,
-            |r, now| {
-                let (c, writes) = transition::complete_and_continue(
-                    r,
-                    ordinal,
-                    evidence,
-                    target_receipt,
-                    &lease.token,
-                    lease_ms,
-                    now,
-                )?;
-                continued = c;
-                Ok(writes)
-            },
-            |_| (),
-        )?;
-        Ok(continued)
-    }
-
-    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        self.worker_transition(
-            lease,
-            |r, now| transition::heartbeat(&r.command, &lease.token, lease_ms, now),
-            |r| r.command.lease_until,
-        )?
-        .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
-    }
-
-    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        self.worker_transition(
-            lease,
-            |r, now| transition::begin_step(r, ordinal, &lease.token, lease_ms, now),
-            |_| (),
-        )
-    }
-
-    async fn complete_step(
-        &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<(), LedgerError> {
-        self.worker_transition(
-            lease,
-            |r, now| transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now),
-            |_| (),
-        )
-    }
-
-    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        self.worker_transition(
-            lease,
-            |r, now| transition::fail(r, ordinal, error, &lease.token, now),
-            |_| (),
-        )
-    }
-
-    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::finish(r, &lease.token, now), |_| ())
-    }
-
-    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
-        let now = self.clock.now();
-        let mut outcome = None;
-        let record = self.transition(
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), LedgerError> {
+        self.apply(
             attempt,
-            Some(now),
-            |plans, record, now| {
+            None,
+            |plans, record| {
                 let plan = plans
                     .get(&record.attempt.plan_id)
                     .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
-                let (o, writes) = transition::reconcile(record, plan.recovery, now)?;
-                outcome = Some(o);
-                Ok(writes)
+                Ok(Request::Operator(&request, plan.recovery))
             },
-            AttemptRecord::clone,
-        )?;
-        let outcome = outcome.ok_or_else(|| LedgerError::Internal("reconcile decided nothing".into()))?;
-        Ok((outcome, record))
-    }
-
-    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        let now = self.clock.now();
-        self.transition(
-            attempt,
-            Some(now),
-            |_, record, now| Ok(transition::abort(record, reason, now)?),
-            AttemptRecord::clone,
+            |reply, record| (reply, record.clone()),
         )
     }
 

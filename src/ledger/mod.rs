@@ -1,9 +1,13 @@
 //! Ledgers: where plans, attempts, receipts and commands live.
 //!
-//! Every implementation applies the engine's transitions ([`leasehold_engine::transition`])
-//! one transaction per transition: it reads the rows in lock order (attempt, command,
-//! receipts), lets the engine decide, and writes the new images under the engine's
-//! [`leasehold_engine::Guard`], treating a guard that no longer holds as a refusal.
+//! Every implementation applies the engine's request vocabulary
+//! ([`leasehold_engine::request`]) one transaction per request: it reads the rows in
+//! lock order (attempt, command, receipts), lets the engine decide
+//! ([`leasehold_engine::decide`], through the [`WritesHook`] if one is set), and
+//! writes the new images under the engine's [`leasehold_engine::Guard`], treating a
+//! guard that no longer holds as a refusal. One method applies every worker request
+//! ([`Ledger::worker`]), one every operator request ([`Ledger::operator`]), one the
+//! claims ([`Ledger::claim_batch`]); the named transitions are provided on top.
 //! Lease decisions use the ledger's own clock; ids and tokens come from its entropy.
 //!
 //! Implementations: [`memory::MemoryLedger`] (the reference),
@@ -25,9 +29,10 @@ mod url;
 pub use url::DbUrl;
 
 use leasehold_engine::plan::PlanError;
-use leasehold_engine::transition::{self, next_step, Continued, ReconcileOutcome};
+use leasehold_engine::transition::{Continued, ReconcileOutcome};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, Lease, LeaseToken, Plan, PlanId, PlanSpec, Recovery, Refusal, Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, ClaimRequest, Decision, Lease, LeaseToken, OperatorRequest, Plan, PlanId,
+    PlanSpec, Refusal, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::future::Future;
@@ -74,20 +79,23 @@ impl LedgerError {
     }
 }
 
-/// A seam on a ledger's write path: it sees the rows a transition was decided on and
-/// the engine's decision for them (its writes or its refusal), and may replace that
-/// decision before it is applied. Production ledgers have none; the simulator plants
-/// its bugs through it (`leasehold-sim`'s `bugs` module), so the engine needs no bug
-/// switches.
-pub type WritesHook =
-    std::sync::Arc<dyn Fn(&AttemptRecord, Result<Writes, Refusal>) -> Result<Writes, Refusal> + Send + Sync>;
+/// A seam on a ledger's write path: it sees the rows a request was decided on and
+/// the engine's decision for them (its writes and reply, or its refusal), and may
+/// replace that decision before it is applied. Production ledgers have none; the
+/// simulator plants its bugs through it (`leasehold-sim`'s `bugs` module), so the
+/// engine needs no bug switches.
+pub type WritesHook = std::sync::Arc<dyn Fn(&AttemptRecord, Decision) -> Decision + Send + Sync>;
 
-/// Runs `hook`, if there is one, on a transition's decision.
-pub(crate) fn run_hook(
+/// Decides `request` on `record` at `now` with the engine's one entry point
+/// ([`leasehold_engine::decide`]), through `hook` if there is one: every ledger's
+/// write path decides here.
+pub(crate) fn decide(
     hook: Option<&WritesHook>,
     record: &AttemptRecord,
-    decided: Result<Writes, Refusal>,
-) -> Result<Writes, Refusal> {
+    request: Request<'_>,
+    now: Timestamp,
+) -> Decision {
+    let decided = leasehold_engine::decide(record, request, now);
     match hook {
         Some(hook) => hook(record, decided),
         None => decided,
@@ -103,20 +111,6 @@ pub struct Claimed {
     pub plan: Plan,
     /// The attempt's rows as the claim left them.
     pub record: AttemptRecord,
-}
-
-/// A claim transition: [`transition::claim`] or [`transition::claim_and_begin`].
-pub(crate) type ClaimTransition =
-    fn(&AttemptRecord, Recovery, &str, LeaseToken, u64, Timestamp) -> Result<Writes, Refusal>;
-
-/// The transition a claim runs on each candidate: with `begin`, it also begins the
-/// attempt's next step.
-pub(crate) fn claim_transition(begin: bool) -> ClaimTransition {
-    if begin {
-        transition::claim_and_begin
-    } else {
-        transition::claim
-    }
 }
 
 impl Claimed {
@@ -136,8 +130,20 @@ impl Claimed {
     }
 }
 
+/// A reply that does not fit the request it answers: a ledger bug.
+fn unexpected(op: &str, reply: Reply) -> LedgerError {
+    LedgerError::Internal(format!("{op}: unexpected reply {reply:?}"))
+}
+
 /// The operations of a ledger. Each transition is atomic; reads are consistent
-/// snapshots. Worker transitions take the lease and the lease length to grant.
+/// snapshots.
+///
+/// Transitions arrive as the engine's request vocabulary ([`leasehold_engine::request`]):
+/// an implementation provides [`Ledger::claim_batch`] (claims, on their own candidate
+/// path), [`Ledger::worker`] (every request of a lease holder) and
+/// [`Ledger::operator`] (every operator request), each deciding with
+/// [`leasehold_engine::decide`]; the named transition methods
+/// ([`Ledger::heartbeat`], [`Ledger::abort`], …) are provided on top of them.
 pub trait Ledger: Send + Sync + 'static {
     /// Applies pending schema migrations; answers the versions applied now (empty
     /// when up to date).
@@ -164,41 +170,59 @@ pub trait Ledger: Send + Sync + 'static {
     fn enqueue(&self, plan: &PlanId, action: Action)
         -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
 
+    /// Claims up to `request.batch` claimable commands for `request.owner` under
+    /// fresh leases of `request.lease_ms`, oldest `available_at` first, each decided
+    /// as [`leasehold_engine::Request::Claim`] (with `begin`, also beginning its next
+    /// step), in one transaction where the ledger can.
+    fn claim_batch(&self, request: ClaimRequest) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send;
+
+    /// Applies a request of the worker holding `lease`, in one transaction: reads
+    /// the attempt's rows in lock order, decides with the ledger's clock, writes
+    /// under the engine's guard. A lease whose command is not the attempt's is
+    /// [`LedgerError::NotFound`].
+    fn worker(&self, lease: &Lease, request: WorkerRequest) -> impl Future<Output = Result<Reply, LedgerError>> + Send;
+
+    /// Applies an operator request to an attempt, in one transaction; answers the
+    /// reply and the attempt's rows as the request left them.
+    fn operator(
+        &self,
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> impl Future<Output = Result<(Reply, AttemptRecord), LedgerError>> + Send;
+
     /// Claims up to `batch` claimable commands for `owner` with a lease of `lease_ms`.
     fn claim(
         &self,
         owner: &str,
         batch: u32,
         lease_ms: u64,
-    ) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send {
+        self.claim_batch(ClaimRequest {
+            owner: owner.to_owned(),
+            batch,
+            lease_ms,
+            begin: false,
+        })
+    }
 
     /// Claims like [`Ledger::claim`] and begins each claimed attempt's next step (the
-    /// first that has not SUCCEEDED), in the same transaction where the ledger can.
-    /// The default runs the two separately: correct, one round trip more.
+    /// first that has not SUCCEEDED) in the same transaction.
     fn claim_and_begin(
         &self,
         owner: &str,
         batch: u32,
         lease_ms: u64,
     ) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send {
-        async move {
-            let mut claimed = self.claim(owner, batch, lease_ms).await?;
-            for c in &mut claimed {
-                let Some(ordinal) = next_step(&c.record) else { continue };
-                // A failed begin leaves the step PENDING: the worker begins it itself.
-                if self.begin_step(&c.lease, ordinal, lease_ms).await.is_ok() {
-                    if let Ok(record) = self.attempt(&c.lease.attempt_id).await {
-                        c.record = record;
-                    }
-                }
-            }
-            Ok(claimed)
-        }
+        self.claim_batch(ClaimRequest {
+            owner: owner.to_owned(),
+            batch,
+            lease_ms,
+            begin: true,
+        })
     }
 
     /// Completes a step and begins the next one, or finishes the attempt after the
-    /// last, in the same transaction where the ledger can. The default runs them
-    /// separately: correct (each is idempotent on retry), more round trips.
+    /// last, in the same transaction.
     fn complete_and_continue(
         &self,
         lease: &Lease,
@@ -207,25 +231,29 @@ pub trait Ledger: Send + Sync + 'static {
         target_receipt: &Value,
         lease_ms: u64,
     ) -> impl Future<Output = Result<Continued, LedgerError>> + Send {
+        let request = WorkerRequest::CompleteAndContinue {
+            ordinal,
+            evidence: evidence.clone(),
+            target_receipt: target_receipt.clone(),
+            lease_ms,
+        };
         async move {
-            self.complete_step(lease, ordinal, evidence, target_receipt, lease_ms)
-                .await?;
-            let record = self.attempt(&lease.attempt_id).await?;
-            match next_step(&record) {
-                Some(next) => {
-                    self.begin_step(lease, next, lease_ms).await?;
-                    Ok(Continued::Began(next))
-                }
-                None => {
-                    self.finish(lease).await?;
-                    Ok(Continued::Finished)
-                }
+            match self.worker(lease, request).await? {
+                Reply::Continued(continued) => Ok(continued),
+                other => Err(unexpected("complete-and-continue", other)),
             }
         }
     }
 
     /// Renews a lease; answers the new deadline (ledger clock).
-    fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> impl Future<Output = Result<Timestamp, LedgerError>> + Send;
+    fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> impl Future<Output = Result<Timestamp, LedgerError>> + Send {
+        async move {
+            match self.worker(lease, WorkerRequest::Heartbeat { lease_ms }).await? {
+                Reply::Renewed { until } => Ok(until),
+                other => Err(unexpected("heartbeat", other)),
+            }
+        }
+    }
 
     /// Begins a step.
     fn begin_step(
@@ -233,7 +261,10 @@ pub trait Ledger: Send + Sync + 'static {
         lease: &Lease,
         ordinal: u32,
         lease_ms: u64,
-    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let request = WorkerRequest::BeginStep { ordinal, lease_ms };
+        async move { self.worker(lease, request).await.map(drop) }
+    }
 
     /// Completes a step with its evidence and target receipt.
     fn complete_step(
@@ -243,7 +274,15 @@ pub trait Ledger: Send + Sync + 'static {
         evidence: &Value,
         target_receipt: &Value,
         lease_ms: u64,
-    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let request = WorkerRequest::CompleteStep {
+            ordinal,
+            evidence: evidence.clone(),
+            target_receipt: target_receipt.clone(),
+            lease_ms,
+        };
+        async move { self.worker(lease, request).await.map(drop) }
+    }
 
     /// Fails the attempt (at a step, if given).
     fn fail(
@@ -251,23 +290,43 @@ pub trait Ledger: Send + Sync + 'static {
         lease: &Lease,
         ordinal: Option<u32>,
         error: &str,
-    ) -> impl Future<Output = Result<(), LedgerError>> + Send;
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let request = WorkerRequest::Fail {
+            ordinal,
+            error: error.to_owned(),
+        };
+        async move { self.worker(lease, request).await.map(drop) }
+    }
 
     /// Finishes the attempt: SUCCEEDED and DELIVERED.
-    fn finish(&self, lease: &Lease) -> impl Future<Output = Result<(), LedgerError>> + Send;
+    fn finish(&self, lease: &Lease) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        async move { self.worker(lease, WorkerRequest::Finish).await.map(drop) }
+    }
 
     /// Requeues an attempt whose lease expired; refuses a live lease.
     fn reconcile(
         &self,
         attempt: &AttemptId,
-    ) -> impl Future<Output = Result<(ReconcileOutcome, AttemptRecord), LedgerError>> + Send;
+    ) -> impl Future<Output = Result<(ReconcileOutcome, AttemptRecord), LedgerError>> + Send {
+        async move {
+            match self.operator(attempt, OperatorRequest::Reconcile).await? {
+                (Reply::Reconciled(outcome), record) => Ok((outcome, record)),
+                (other, _) => Err(unexpected("reconcile", other)),
+            }
+        }
+    }
 
     /// Aborts a QUEUED or RUNNING attempt, fencing its worker.
     fn abort(
         &self,
         attempt: &AttemptId,
         reason: &str,
-    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
+        let request = OperatorRequest::Abort {
+            reason: reason.to_owned(),
+        };
+        async move { self.operator(attempt, request).await.map(|(_, record)| record) }
+    }
 
     /// An attempt with its command and receipts.
     fn attempt(&self, attempt: &AttemptId) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;

@@ -10,10 +10,11 @@ use super::error::{classify, DbResult, Phase, TxError};
 use super::rows::{self, not_found, Candidate};
 use super::{schema, MysqlLedger};
 use crate::entropy::IdKind;
-use crate::ledger::{claim_transition, Claimed, LedgerError};
+use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::{self, is_claimable, NewIds};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
+    PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use mysql_async::{Conn, IsolationLevel, Transaction, TxOpts};
 use std::collections::BTreeMap;
@@ -363,10 +364,8 @@ impl MysqlLedger {
     pub(super) async fn claim_batch_once(
         &self,
         candidates: &[Candidate],
-        owner: &str,
+        request: &ClaimRequest,
         want: usize,
-        lease_ms: u64,
-        begin_next: bool,
     ) -> Result<ClaimBatch, TxError> {
         let mut conn = self.connect().await?;
         // Plans are immutable but for their status, which a claim does not look at:
@@ -416,9 +415,7 @@ impl MysqlLedger {
                     lost,
                 });
             };
-            let mut batch = self
-                .write_claims(&mut tx, held, owner, lease_ms, now, begin_next)
-                .await?;
+            let mut batch = self.write_claims(&mut tx, held, request, now).await?;
             batch.lost += lost;
             Ok(batch)
         }
@@ -443,18 +440,15 @@ impl MysqlLedger {
         &self,
         tx: &mut Transaction<'_>,
         held: Vec<(AttemptRecord, Plan)>,
-        owner: &str,
-        lease_ms: u64,
+        request: &ClaimRequest,
         now: Timestamp,
-        begin_next: bool,
     ) -> Result<ClaimBatch, TxError> {
         let mut lost = 0u64;
         let mut decided = Vec::with_capacity(held.len());
         for (record, plan) in held {
             let token = self.shared.entropy.token();
-            let writes = claim_transition(begin_next)(&record, plan.recovery, owner, token.clone(), lease_ms, now);
-            match writes {
-                Ok(writes) => decided.push((record, plan, token, writes)),
+            match decide(None, &record, Request::Claim(request, &token, plan.recovery), now) {
+                Ok((writes, _)) => decided.push((record, plan, token, writes)),
                 Err(_) => lost += 1,
             }
         }
@@ -512,13 +506,8 @@ impl MysqlLedger {
     /// later statement touches only rows of attempts it already holds, which every
     /// other transaction locks only after their attempt (the lock order), so it cannot
     /// take part in a deadlock.
-    pub(super) async fn claim_skip_locked_once(
-        &self,
-        owner: &str,
-        batch: u32,
-        lease_ms: u64,
-        begin_next: bool,
-    ) -> Result<ClaimBatch, TxError> {
+    pub(super) async fn claim_skip_locked_once(&self, request: &ClaimRequest) -> Result<ClaimBatch, TxError> {
+        let batch = request.batch;
         let spread = self.shared.url.options.claim_spread.max(1);
         let window_max = CLAIM_WINDOW_MAX.max(batch);
         let base_window = batch.saturating_mul(spread).clamp(batch, window_max);
@@ -604,9 +593,7 @@ impl MysqlLedger {
                 };
                 held.push((record, plan));
             }
-            let mut batch = self
-                .write_claims(&mut tx, held, owner, lease_ms, now, begin_next)
-                .await?;
+            let mut batch = self.write_claims(&mut tx, held, request, now).await?;
             batch.lost += lost;
             Ok(batch)
         }
@@ -621,78 +608,73 @@ impl MysqlLedger {
         }
     }
 
-    /// One worker transition: lock the attempt, its command and its receipts (the
-    /// lock order), let the engine decide at the ledger's now, and write under the
-    /// engine's guard; answers what `decide` answered beside the writes, and the
-    /// record as written.
-    pub(super) async fn worker_once<X, F>(&self, lease: &Lease, decide: &F) -> Result<(X, AttemptRecord), TxError>
-    where
-        F: Fn(&AttemptRecord, Timestamp) -> Result<(X, Writes), Refusal> + Sync,
-        X: Send,
-    {
+    /// One try of a request of the worker holding `lease`: lock the attempt, its
+    /// command and its receipts (the lock order), let the engine decide at the
+    /// ledger's now, and write under the engine's guard.
+    pub(super) async fn worker_once(&self, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
         let mut conn = self.connect().await?;
         let mut tx = begin(&mut conn).await?;
         let result: Result<_, TxError> = async {
-            let (attempt, command, db_now) = rows::lock_head(&mut tx, &lease.attempt_id)
-                .await?
-                .ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
-            if command.id != lease.command_id {
+            let (record, db_now) = self.lock_record(&mut tx, &lease.attempt_id).await?;
+            if record.command.id != lease.command_id {
                 return Err(not_found("command", &lease.command_id).into());
             }
-            let receipts = rows::read_receipts(&mut tx, &attempt.id, true).await?;
             #[cfg(test)]
             self.test_kill(KillPoint::AfterReads, tx.id()).await?;
             #[cfg(test)]
             self.test_stall().await;
-            let mut record = AttemptRecord {
-                attempt,
-                command,
-                receipts,
-            };
-            let (answer, writes) = decide(&record, self.decide_at(db_now))?;
+            let request = Request::Worker(request, &lease.token);
+            let (writes, reply) = decide(None, &record, request, self.decide_at(db_now))?;
             rows::apply_writes(&mut tx, Some(&record), &writes).await?;
-            writes.apply_to(&mut record);
             #[cfg(test)]
             self.test_kill(KillPoint::BeforeCommit, tx.id()).await?;
-            Ok((answer, record))
+            Ok(reply)
         }
         .await;
         end(tx, result, true).await
     }
 
-    /// One operator transition (reconcile, abort): the same reads in lock order, with
-    /// the plan for its recovery mode.
-    pub(super) async fn operator_once<X, F>(
+    /// One try of an operator request: the same reads in lock order, with the plan
+    /// for its recovery mode; answers the reply and the record as written.
+    pub(super) async fn operator_once(
         &self,
         attempt: &AttemptId,
-        decide: &F,
-    ) -> Result<(X, AttemptRecord), TxError>
-    where
-        F: Fn(&AttemptRecord, &Plan, Timestamp) -> Result<(X, Writes), Refusal> + Sync,
-        X: Send,
-    {
+        request: &OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), TxError> {
         let mut conn = self.connect().await?;
         let mut tx = begin(&mut conn).await?;
         let result: Result<_, TxError> = async {
-            let (a, command, db_now) = rows::lock_head(&mut tx, attempt)
+            let (mut record, db_now) = self.lock_record(&mut tx, attempt).await?;
+            let plan = rows::read_plan(&mut tx, &record.attempt.plan_id, false)
                 .await?
-                .ok_or_else(|| not_found("attempt", attempt))?;
-            let receipts = rows::read_receipts(&mut tx, &a.id, true).await?;
-            let plan = rows::read_plan(&mut tx, &a.plan_id, false)
-                .await?
-                .ok_or_else(|| not_found("plan", &a.plan_id))?;
-            let mut record = AttemptRecord {
-                attempt: a,
-                command,
-                receipts,
-            };
-            let (answer, writes) = decide(&record, &plan, self.decide_at(db_now))?;
+                .ok_or_else(|| not_found("plan", &record.attempt.plan_id))?;
+            let request = Request::Operator(request, plan.recovery);
+            let (writes, reply) = decide(None, &record, request, self.decide_at(db_now))?;
             rows::apply_writes(&mut tx, Some(&record), &writes).await?;
             writes.apply_to(&mut record);
-            Ok((answer, record))
+            Ok((reply, record))
         }
         .await;
         end(tx, result, true).await
+    }
+
+    /// Locks an attempt's rows in lock order (attempt, command, then receipts) and
+    /// answers them with the database's now as the locking read saw it.
+    async fn lock_record(
+        &self,
+        tx: &mut Transaction<'_>,
+        attempt: &AttemptId,
+    ) -> Result<(AttemptRecord, Timestamp), TxError> {
+        let (a, command, db_now) = rows::lock_head(tx, attempt)
+            .await?
+            .ok_or_else(|| not_found("attempt", attempt))?;
+        let receipts = rows::read_receipts(tx, &a.id, true).await?;
+        let record = AttemptRecord {
+            attempt: a,
+            command,
+            receipts,
+        };
+        Ok((record, db_now))
     }
 
     /// An attempt with its command and receipts, from one snapshot.

@@ -77,10 +77,11 @@ pub use url::{MysqlOptions, MysqlUrl};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
-use leasehold_engine::transition::{self, Continued, ReconcileOutcome};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply,
+    WorkerRequest,
+};
 use mysql_async::{OptsBuilder, Pool, PoolConstraints, PoolOpts};
-use serde_json::Value;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -307,20 +308,13 @@ impl MysqlLedger {
         (reached_rx, resume_tx)
     }
 
-    async fn claim_with(
-        &self,
-        owner: &str,
-        batch: u32,
-        lease_ms: u64,
-        begin: bool,
-    ) -> Result<Vec<Claimed>, LedgerError> {
+    async fn claim_with(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        let batch = request.batch;
         if batch == 0 {
             return Ok(Vec::new());
         }
         if self.skip_locked().await? {
-            let b = self
-                .retry(|| self.claim_skip_locked_once(owner, batch, lease_ms, begin))
-                .await?;
+            let b = self.retry(|| self.claim_skip_locked_once(request)).await?;
             let counters = &self.shared.stats;
             counters.claims.fetch_add(b.claimed.len() as u64, Ordering::Relaxed);
             counters.lost_claim_races.fetch_add(b.lost, Ordering::Relaxed);
@@ -347,10 +341,7 @@ impl MysqlLedger {
             if want == 0 || part.is_empty() {
                 continue;
             }
-            match self
-                .retry(|| self.claim_batch_once(part, owner, want, lease_ms, begin))
-                .await
-            {
+            match self.retry(|| self.claim_batch_once(part, request, want)).await {
                 Ok(b) => {
                     counters.claims.fetch_add(b.claimed.len() as u64, Ordering::Relaxed);
                     counters.lost_claim_races.fetch_add(b.lost, Ordering::Relaxed);
@@ -362,14 +353,6 @@ impl MysqlLedger {
             }
         }
         Ok(claimed)
-    }
-
-    async fn worker<X, F>(&self, lease: &Lease, decide: F) -> Result<(X, AttemptRecord), LedgerError>
-    where
-        F: Fn(&AttemptRecord, Timestamp) -> Result<(X, leasehold_engine::Writes), leasehold_engine::Refusal> + Sync,
-        X: Send,
-    {
-        self.retry(|| self.worker_once(lease, &decide)).await
     }
 }
 
@@ -399,91 +382,20 @@ impl Ledger for MysqlLedger {
         self.retry(|| self.enqueue_once(plan, action)).await
     }
 
-    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_with(owner, batch, lease_ms, false).await
+    async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_with(&request).await
     }
 
-    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_with(owner, batch, lease_ms, true).await
+    async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
+        self.retry(|| self.worker_once(lease, &request)).await
     }
 
-    async fn complete_and_continue(
+    async fn operator(
         &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<Continued, LedgerError> {
-        let (continued, _) = self
-            .worker(lease, |r, now| {
-                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
-            })
-            .await?;
-        Ok(continued)
-    }
-
-    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        let ((), record) = self
-            .worker(lease, |r, now| {
-                transition::heartbeat(&r.command, &lease.token, lease_ms, now).map(|w| ((), w))
-            })
-            .await?;
-        record
-            .command
-            .lease_until
-            .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
-    }
-
-    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::begin_step(r, ordinal, &lease.token, lease_ms, now).map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn complete_step(
-        &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
-                .map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::fail(r, ordinal, error, &lease.token, now).map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::finish(r, &lease.token, now).map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
-        let decide = |r: &AttemptRecord, plan: &Plan, now| transition::reconcile(r, plan.recovery, now);
-        self.retry(|| self.operator_once(attempt, &decide)).await
-    }
-
-    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        let decide = |r: &AttemptRecord, _: &Plan, now| transition::abort(r, reason, now).map(|w| ((), w));
-        let ((), record) = self.retry(|| self.operator_once(attempt, &decide)).await?;
-        Ok(record)
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), LedgerError> {
+        self.retry(|| self.operator_once(attempt, &request)).await
     }
 
     async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {

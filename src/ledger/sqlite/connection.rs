@@ -4,13 +4,13 @@ use super::rows::{self, not_found, SqlResult};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use crate::ledger::migrate::{self, SQLITE};
-use crate::ledger::{claim_transition, Claimed, LedgerError};
-use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome};
+use crate::ledger::{decide, Claimed, LedgerError};
+use leasehold_engine::transition::{self, NewIds};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
+    PlanStatus, Reply, Request, WorkerRequest, Writes,
 };
 use rusqlite::Connection;
-use serde_json::Value;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +27,8 @@ pub(super) fn is_private(path: &str) -> bool {
 
 /// A synchronous ledger over one SQLite connection.
 ///
-/// It has a method for every method of [`crate::ledger::Ledger`], with the same
-/// arguments and results, run on the calling thread: the simulator calls it from
+/// It has a method for every core method of [`crate::ledger::Ledger`] (and the two
+/// named claims), with the same arguments and results, run on the calling thread: the simulator calls it from
 /// inside a single-threaded host, and [`super::SqliteLedger`] calls it from
 /// `spawn_blocking`. Every transition is one `BEGIN IMMEDIATE` transaction; reads are
 /// one deferred transaction each, so they see a consistent snapshot.
@@ -37,20 +37,6 @@ pub struct SqliteCore {
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     writes_hook: Option<crate::ledger::WritesHook>,
-}
-
-/// One claim of a [`SqliteCore::claim_many`]: what [`SqliteCore::claim`] (or, with
-/// `begin`, [`SqliteCore::claim_and_begin`]) takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRequest {
-    /// The worker that will hold the leases.
-    pub owner: String,
-    /// The most commands to claim.
-    pub batch: u32,
-    /// The lease length to grant.
-    pub lease_ms: u64,
-    /// Whether to begin each claimed attempt's next step in the same transaction.
-    pub begin: bool,
 }
 
 /// One call of a [`SqliteCore::group`].
@@ -362,6 +348,11 @@ impl SqliteCore {
             lease_ms,
             begin,
         };
+        self.claim_batch(request)
+    }
+
+    /// One claim ([`crate::ledger::Ledger::claim_batch`]), in one transaction.
+    pub fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
         Ok(self
             .claim_many(std::slice::from_ref(&request))?
             .pop()
@@ -399,15 +390,8 @@ impl SqliteCore {
             for i in window {
                 let Some((record, plan)) = &candidates[i] else { continue };
                 let token = self.entropy.token();
-                let decision = claim_transition(request.begin)(
-                    record,
-                    plan.recovery,
-                    &request.owner,
-                    token.clone(),
-                    request.lease_ms,
-                    now,
-                );
-                if let Ok(writes) = crate::ledger::run_hook(self.writes_hook.as_ref(), record, decision) {
+                let claim = Request::Claim(request, &token, plan.recovery);
+                if let Ok((writes, _)) = decide(self.writes_hook.as_ref(), record, claim, now) {
                     if let Some((record, plan)) = candidates[i].take() {
                         decided.push((k, record, plan, token, writes));
                     }
@@ -431,101 +415,51 @@ impl SqliteCore {
         Ok(claimed)
     }
 
-    /// Renews a lease; answers the new deadline (ledger clock).
-    pub fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        let writes = self.worker_transition(lease, |r, now| {
-            transition::heartbeat(&r.command, &lease.token, lease_ms, now)
-        })?;
-        writes
-            .command
-            .and_then(|c| c.lease_until)
-            .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
+    /// Applies a request of the worker holding `lease` ([`crate::ledger::Ledger::worker`]):
+    /// one `BEGIN IMMEDIATE` transaction that reads the record in lock order, lets the
+    /// engine decide at the ledger's `now` and writes under the engine's guard.
+    pub fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
+        let tx = self.write_tx()?;
+        let now = self.clock.now();
+        let record =
+            rows::read_record(&tx, &lease.attempt_id)?.ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
+        if record.command.id != lease.command_id {
+            return Err(not_found("command", &lease.command_id));
+        }
+        let (writes, reply) = decide(
+            self.writes_hook.as_ref(),
+            &record,
+            Request::Worker(&request, &lease.token),
+            now,
+        )?;
+        rows::update_writes(&tx, &record, &writes)?;
+        tx.commit()?;
+        Ok(reply)
     }
 
-    /// Begins a step.
-    pub fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| {
-            transition::begin_step(r, ordinal, &lease.token, lease_ms, now)
-        })
-        .map(drop)
-    }
-
-    /// Completes a step with its evidence and target receipt.
-    pub fn complete_step(
+    /// Applies an operator request to an attempt ([`crate::ledger::Ledger::operator`]):
+    /// the same reads, with the plan for its recovery mode; answers the reply and the
+    /// record as written.
+    pub fn operator(
         &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| {
-            transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
-        })
-        .map(drop)
-    }
-
-    /// Completes a step and, in the same transaction, begins the next one or
-    /// finishes the attempt after the last.
-    pub fn complete_and_continue(
-        &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<Continued, LedgerError> {
-        let mut continued = Continued::Finished;
-        self.worker_transition(lease, |r, now| {
-            let (c, writes) =
-                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)?;
-            continued = c;
-            Ok(writes)
-        })?;
-        Ok(continued)
-    }
-
-    /// Fails the attempt (at a step, if given).
-    pub fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::fail(r, ordinal, error, &lease.token, now))
-            .map(drop)
-    }
-
-    /// Finishes the attempt: SUCCEEDED and DELIVERED.
-    pub fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        self.worker_transition(lease, |r, now| transition::finish(r, &lease.token, now))
-            .map(drop)
-    }
-
-    /// Requeues an attempt whose lease expired; refuses a live lease.
-    pub fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), LedgerError> {
         let tx = self.write_tx()?;
         let now = self.clock.now();
         let mut record = rows::read_record(&tx, attempt)?.ok_or_else(|| not_found("attempt", attempt))?;
         let plan =
             rows::read_plan(&tx, &record.attempt.plan_id)?.ok_or_else(|| not_found("plan", &record.attempt.plan_id))?;
-        let (outcome, writes) = transition::reconcile(&record, plan.recovery, now)?;
-        let writes = crate::ledger::run_hook(self.writes_hook.as_ref(), &record, Ok(writes))?;
-        rows::update_writes(&tx, &record, &writes)?;
-        writes.apply_to(&mut record);
-        tx.commit()?;
-        Ok((outcome, record))
-    }
-
-    /// Aborts a QUEUED or RUNNING attempt, fencing its worker.
-    pub fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        let tx = self.write_tx()?;
-        let now = self.clock.now();
-        let mut record = rows::read_record(&tx, attempt)?.ok_or_else(|| not_found("attempt", attempt))?;
-        let writes = crate::ledger::run_hook(
+        let (writes, reply) = decide(
             self.writes_hook.as_ref(),
             &record,
-            transition::abort(&record, reason, now),
+            Request::Operator(&request, plan.recovery),
+            now,
         )?;
         rows::update_writes(&tx, &record, &writes)?;
         writes.apply_to(&mut record);
         tx.commit()?;
-        Ok(record)
+        Ok((reply, record))
     }
 
     /// An attempt with its command and receipts.
@@ -545,26 +479,5 @@ impl SqliteCore {
     pub fn open_attempts(&self) -> Result<u64, LedgerError> {
         let tx = self.read_tx()?;
         rows::count_open_attempts(&tx)
-    }
-
-    /// One worker transition: read the record in lock order, let the engine decide at
-    /// the ledger's `now`, write under the engine's guard; answers the engine's writes
-    /// (the rows as written, where they changed).
-    fn worker_transition(
-        &self,
-        lease: &Lease,
-        decide: impl FnOnce(&AttemptRecord, Timestamp) -> Result<Writes, Refusal>,
-    ) -> Result<Writes, LedgerError> {
-        let tx = self.write_tx()?;
-        let now = self.clock.now();
-        let record =
-            rows::read_record(&tx, &lease.attempt_id)?.ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
-        if record.command.id != lease.command_id {
-            return Err(not_found("command", &lease.command_id));
-        }
-        let writes = crate::ledger::run_hook(self.writes_hook.as_ref(), &record, decide(&record, now))?;
-        rows::update_writes(&tx, &record, &writes)?;
-        tx.commit()?;
-        Ok(writes)
     }
 }

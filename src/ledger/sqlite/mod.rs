@@ -57,16 +57,17 @@ pub(in crate::ledger) mod rows;
 #[cfg(test)]
 mod tests;
 
-pub use connection::{ClaimRequest, GroupCall, SqliteCore, BUSY_TIMEOUT};
+pub use connection::{GroupCall, SqliteCore, BUSY_TIMEOUT};
+pub use leasehold_engine::ClaimRequest;
 pub use open::OpenMode;
 
 use super::listing::{AttemptCounts, AttemptPage, AttemptQuery};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
-use leasehold_engine::transition::{Continued, ReconcileOutcome};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
-use serde_json::Value;
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, Lease, OperatorRequest, Plan, PlanId, PlanSpec, WorkerRequest,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -501,23 +502,11 @@ impl SqliteLedger {
     }
 
     /// Runs a claim on the writer thread, merged with the claims waiting with it.
-    async fn claim_on_writer(
-        &self,
-        owner: &str,
-        batch: u32,
-        lease_ms: u64,
-        begin: bool,
-    ) -> Result<Vec<Claimed>, LedgerError> {
-        if batch == 0 {
+    async fn claim_on_writer(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        if request.batch == 0 {
             return Ok(Vec::new());
         }
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let request = ClaimRequest {
-            owner: owner.to_owned(),
-            batch,
-            lease_ms,
-            begin,
-        };
         self.send(Job::Claim(request, reply), answer).await
     }
 
@@ -604,68 +593,22 @@ impl Ledger for SqliteLedger {
         self.write(move |core| core.enqueue(&plan, action)).await
     }
 
-    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_on_writer(owner, batch, lease_ms, false).await
+    async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        self.claim_on_writer(request).await
     }
 
-    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_on_writer(owner, batch, lease_ms, true).await
+    async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<leasehold_engine::Reply, LedgerError> {
+        let lease = lease.clone();
+        self.write(move |core| core.worker(&lease, request)).await
     }
 
-    async fn complete_and_continue(
+    async fn operator(
         &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<Continued, LedgerError> {
-        let (lease, evidence, target_receipt) = (lease.clone(), evidence.clone(), target_receipt.clone());
-        self.write(move |core| core.complete_and_continue(&lease, ordinal, &evidence, &target_receipt, lease_ms))
-            .await
-    }
-
-    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        let lease = lease.clone();
-        self.write(move |core| core.heartbeat(&lease, lease_ms)).await
-    }
-
-    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        let lease = lease.clone();
-        self.write(move |core| core.begin_step(&lease, ordinal, lease_ms)).await
-    }
-
-    async fn complete_step(
-        &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<(), LedgerError> {
-        let (lease, evidence, target_receipt) = (lease.clone(), evidence.clone(), target_receipt.clone());
-        self.write(move |core| core.complete_step(&lease, ordinal, &evidence, &target_receipt, lease_ms))
-            .await
-    }
-
-    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        let (lease, error) = (lease.clone(), error.to_owned());
-        self.write(move |core| core.fail(&lease, ordinal, &error)).await
-    }
-
-    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        let lease = lease.clone();
-        self.write(move |core| core.finish(&lease)).await
-    }
-
-    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> Result<(leasehold_engine::Reply, AttemptRecord), LedgerError> {
         let attempt = attempt.clone();
-        self.write(move |core| core.reconcile(&attempt)).await
-    }
-
-    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        let (attempt, reason) = (attempt.clone(), reason.to_owned());
-        self.write(move |core| core.abort(&attempt, &reason)).await
+        self.write(move |core| core.operator(&attempt, request)).await
     }
 
     async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {

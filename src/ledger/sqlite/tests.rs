@@ -11,8 +11,8 @@ use crate::ledger::{Ledger, LedgerError};
 use leasehold_engine::canonical::sha256_hex;
 use leasehold_engine::transition::{self, ReconcileOutcome};
 use leasehold_engine::{
-    Action, AttemptStatus, CommandStatus, Guard, Lease, LeaseToken, PlanId, PlanSpec, ReceiptStatus, Refusal,
-    Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Guard, Lease, LeaseToken, OperatorRequest, PlanId,
+    PlanSpec, ReceiptStatus, Refusal, Reply, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -21,6 +21,82 @@ use std::sync::Arc;
 const KNOWN: &[&str] = &["dry-run:v1"];
 const LEASE_MS: u64 = 1_000;
 const T0: i64 = 1_796_000_000_000;
+
+/// The named transitions on a core, as the [`Ledger`] trait provides them on its core
+/// methods ([`SqliteCore::worker`], [`SqliteCore::operator`]).
+trait Named {
+    fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError>;
+    fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError>;
+    fn complete_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<(), LedgerError>;
+    fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError>;
+    fn finish(&self, lease: &Lease) -> Result<(), LedgerError>;
+    fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError>;
+    fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError>;
+}
+
+impl Named for SqliteCore {
+    fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
+        match self.worker(lease, WorkerRequest::Heartbeat { lease_ms })? {
+            Reply::Renewed { until } => Ok(until),
+            other => panic!("heartbeat answered {other:?}"),
+        }
+    }
+
+    fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
+        self.worker(lease, WorkerRequest::BeginStep { ordinal, lease_ms })
+            .map(drop)
+    }
+
+    fn complete_step(
+        &self,
+        lease: &Lease,
+        ordinal: u32,
+        evidence: &Value,
+        target_receipt: &Value,
+        lease_ms: u64,
+    ) -> Result<(), LedgerError> {
+        let request = WorkerRequest::CompleteStep {
+            ordinal,
+            evidence: evidence.clone(),
+            target_receipt: target_receipt.clone(),
+            lease_ms,
+        };
+        self.worker(lease, request).map(drop)
+    }
+
+    fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
+        let request = WorkerRequest::Fail {
+            ordinal,
+            error: error.to_owned(),
+        };
+        self.worker(lease, request).map(drop)
+    }
+
+    fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
+        self.worker(lease, WorkerRequest::Finish).map(drop)
+    }
+
+    fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
+        match self.operator(attempt, OperatorRequest::Reconcile)? {
+            (Reply::Reconciled(outcome), record) => Ok((outcome, record)),
+            (other, _) => panic!("reconcile answered {other:?}"),
+        }
+    }
+
+    fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
+        let request = OperatorRequest::Abort {
+            reason: reason.to_owned(),
+        };
+        self.operator(attempt, request).map(|(_, record)| record)
+    }
+}
 
 fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
     let steps: Vec<Value> = (1..=steps)

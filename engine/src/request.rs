@@ -1,0 +1,249 @@
+//! The request vocabulary: every worker and operator transition as data, and the one
+//! entry point that decides any of them.
+//!
+//! Contract: a ledger reads an attempt's rows in lock order (attempt, command,
+//! receipts), hands them to [`decide`] with the request, the instant (its own clock)
+//! and what only it knows (the lease token a request presents or a claim grants, the
+//! plan's recovery mode), and applies the answered [`Writes`] under their guard; the
+//! [`Reply`] is what the caller is told once they are applied. [`decide`] calls the
+//! named transitions of [`crate::transition`] and nothing else, so a request decides
+//! exactly what its transition decides. The requests, the replies and [`Refusal`]
+//! are serde data (the simulator sends them over its wire as they are); lease tokens
+//! never are: they travel beside a request, never inside one.
+//!
+//! Adding a transition: a variant here, its arm in [`decide`] (and its transition
+//! function); the ledgers apply every request through the same path.
+
+use crate::ids::{LeaseToken, Timestamp};
+use crate::model::{AttemptRecord, Recovery};
+use crate::transition::{self, Continued, ReconcileOutcome, Refusal, Writes};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A claim: up to `batch` claimable commands for `owner` under fresh leases of
+/// `lease_ms`. Each candidate is decided on its own ([`Request::Claim`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    /// The worker that will hold the leases.
+    pub owner: String,
+    /// The most commands to claim.
+    pub batch: u32,
+    /// The lease length to grant.
+    pub lease_ms: u64,
+    /// Whether to begin each claimed attempt's next step in the same transaction
+    /// ([`transition::claim_and_begin`]).
+    pub begin: bool,
+}
+
+/// A request of a worker that holds a lease (the lease travels beside it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkerRequest {
+    /// Renew the lease ([`transition::heartbeat`]).
+    Heartbeat {
+        /// Lease length to grant from now.
+        lease_ms: u64,
+    },
+    /// Begin a step ([`transition::begin_step`]).
+    BeginStep {
+        /// The receipt.
+        ordinal: u32,
+        /// Lease length to grant from now.
+        lease_ms: u64,
+    },
+    /// Complete a step with its evidence ([`transition::complete_step`]).
+    CompleteStep {
+        /// The receipt.
+        ordinal: u32,
+        /// The executor's evidence.
+        evidence: Value,
+        /// The target's receipt.
+        target_receipt: Value,
+        /// Lease length to grant from now.
+        lease_ms: u64,
+    },
+    /// Complete a step and begin the next one, or finish after the last
+    /// ([`transition::complete_and_continue`]).
+    CompleteAndContinue {
+        /// The receipt.
+        ordinal: u32,
+        /// The executor's evidence.
+        evidence: Value,
+        /// The target's receipt.
+        target_receipt: Value,
+        /// Lease length to grant from now.
+        lease_ms: u64,
+    },
+    /// Fail the attempt, at a step if given ([`transition::fail`]).
+    Fail {
+        /// The failing step.
+        ordinal: Option<u32>,
+        /// Why.
+        error: String,
+    },
+    /// Finish the attempt: SUCCEEDED and DELIVERED ([`transition::finish`]).
+    Finish,
+}
+
+impl WorkerRequest {
+    /// The request's short name (traces, logs, the simulator's seams).
+    pub fn op(&self) -> &'static str {
+        match self {
+            WorkerRequest::Heartbeat { .. } => "heartbeat",
+            WorkerRequest::BeginStep { .. } => "begin-step",
+            WorkerRequest::CompleteStep { .. } => "complete-step",
+            WorkerRequest::CompleteAndContinue { .. } => "complete-and-continue",
+            WorkerRequest::Fail { .. } => "fail",
+            WorkerRequest::Finish => "finish",
+        }
+    }
+
+    /// The receipt the request is about, if it names one.
+    pub fn ordinal(&self) -> Option<u32> {
+        match self {
+            WorkerRequest::BeginStep { ordinal, .. }
+            | WorkerRequest::CompleteStep { ordinal, .. }
+            | WorkerRequest::CompleteAndContinue { ordinal, .. } => Some(*ordinal),
+            WorkerRequest::Fail { ordinal, .. } => *ordinal,
+            WorkerRequest::Heartbeat { .. } | WorkerRequest::Finish => None,
+        }
+    }
+
+    /// The lease length the request grants, if it renews the lease.
+    pub fn lease_ms(&self) -> Option<u64> {
+        match self {
+            WorkerRequest::Heartbeat { lease_ms }
+            | WorkerRequest::BeginStep { lease_ms, .. }
+            | WorkerRequest::CompleteStep { lease_ms, .. }
+            | WorkerRequest::CompleteAndContinue { lease_ms, .. } => Some(*lease_ms),
+            WorkerRequest::Fail { .. } | WorkerRequest::Finish => None,
+        }
+    }
+}
+
+/// A request of an operator, on one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OperatorRequest {
+    /// Requeue an expired lease; refuse a live one ([`transition::reconcile`]).
+    Reconcile,
+    /// Abort a QUEUED or RUNNING attempt, fencing its worker ([`transition::abort`]).
+    Abort {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl OperatorRequest {
+    /// The request's short name (traces, logs, the simulator's seams).
+    pub fn op(&self) -> &'static str {
+        match self {
+            OperatorRequest::Reconcile => "reconcile",
+            OperatorRequest::Abort { .. } => "abort",
+        }
+    }
+}
+
+/// What a decided request tells its caller once its writes are applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reply {
+    /// Applied; nothing more to tell (a claim, begin, complete, fail, finish, abort).
+    Applied,
+    /// The lease was renewed until this instant (ledger clock).
+    Renewed {
+        /// The new deadline.
+        until: Timestamp,
+    },
+    /// What complete-and-continue did after completing the step.
+    Continued(Continued),
+    /// What reconcile did.
+    Reconciled(ReconcileOutcome),
+}
+
+/// A request with what the ledger supplies beside the rows.
+#[derive(Debug, Clone, Copy)]
+pub enum Request<'a> {
+    /// The claim of one candidate, granting `token`; `recovery` is its plan's.
+    Claim(&'a ClaimRequest, &'a LeaseToken, Recovery),
+    /// A worker request presenting the lease `token`.
+    Worker(&'a WorkerRequest, &'a LeaseToken),
+    /// An operator request; `recovery` is the attempt's plan's.
+    Operator(&'a OperatorRequest, Recovery),
+}
+
+impl Request<'_> {
+    /// The request's short name.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Request::Claim(c, _, _) if c.begin => "claim-and-begin",
+            Request::Claim(..) => "claim",
+            Request::Worker(w, _) => w.op(),
+            Request::Operator(o, _) => o.op(),
+        }
+    }
+}
+
+/// A decision: the writes to apply and the reply once they are, or a refusal
+/// (nothing is written).
+pub type Decision = Result<(Writes, Reply), Refusal>;
+
+/// Decides `request` on `record` (the attempt's rows as read, in lock order) at
+/// `now` (ledger clock), by the request's transition.
+pub fn decide(record: &AttemptRecord, request: Request<'_>, now: Timestamp) -> Decision {
+    match request {
+        Request::Claim(claim, token, recovery) => {
+            let transition = if claim.begin {
+                transition::claim_and_begin
+            } else {
+                transition::claim
+            };
+            let writes = transition(record, recovery, &claim.owner, token.clone(), claim.lease_ms, now)?;
+            Ok((writes, Reply::Applied))
+        }
+        Request::Worker(worker, token) => decide_worker(record, worker, token, now),
+        Request::Operator(OperatorRequest::Reconcile, recovery) => {
+            let (outcome, writes) = transition::reconcile(record, recovery, now)?;
+            Ok((writes, Reply::Reconciled(outcome)))
+        }
+        Request::Operator(OperatorRequest::Abort { reason }, _) => {
+            Ok((transition::abort(record, reason, now)?, Reply::Applied))
+        }
+    }
+}
+
+fn decide_worker(record: &AttemptRecord, request: &WorkerRequest, token: &LeaseToken, now: Timestamp) -> Decision {
+    let applied = |writes: Writes| (writes, Reply::Applied);
+    match request {
+        WorkerRequest::Heartbeat { lease_ms } => {
+            let writes = transition::heartbeat(&record.command, token, *lease_ms, now)?;
+            let until = writes
+                .command
+                .as_ref()
+                .and_then(|c| c.lease_until)
+                .unwrap_or_else(|| now.plus_ms(*lease_ms));
+            Ok((writes, Reply::Renewed { until }))
+        }
+        WorkerRequest::BeginStep { ordinal, lease_ms } => {
+            transition::begin_step(record, *ordinal, token, *lease_ms, now).map(applied)
+        }
+        WorkerRequest::CompleteStep {
+            ordinal,
+            evidence,
+            target_receipt,
+            lease_ms,
+        } => transition::complete_step(record, *ordinal, evidence, target_receipt, token, *lease_ms, now).map(applied),
+        WorkerRequest::CompleteAndContinue {
+            ordinal,
+            evidence,
+            target_receipt,
+            lease_ms,
+        } => {
+            let (continued, writes) =
+                transition::complete_and_continue(record, *ordinal, evidence, target_receipt, token, *lease_ms, now)?;
+            Ok((writes, Reply::Continued(continued)))
+        }
+        WorkerRequest::Fail { ordinal, error } => transition::fail(record, *ordinal, error, token, now).map(applied),
+        WorkerRequest::Finish => transition::finish(record, token, now).map(applied),
+    }
+}
