@@ -1,4 +1,4 @@
-//! Transactions and retries, and every transition of the PostgreSQL ledger.
+//! Transactions and retries, and every request of the PostgreSQL ledger.
 //!
 //! Each `*_once` method is one try: it takes a pooled session, runs one transaction
 //! and ends it (commit on success, rollback on any error, so row locks are released
@@ -15,11 +15,12 @@ use super::error::{classify, Phase, TxError};
 use super::rows::{self, not_found};
 use super::PostgresLedger;
 use crate::entropy::IdKind;
-use crate::ledger::{claim_transition, Claimed, LedgerError};
+use crate::ledger::{decide, Claimed, LedgerError};
 use deadpool_postgres::{Client, Transaction};
 use leasehold_engine::transition::{self, is_claimable, NewIds};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, Lease, Plan, PlanId, PlanSpec, PlanStatus, Refusal, Timestamp, Writes,
+    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
+    PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -211,13 +212,8 @@ impl PostgresLedger {
     /// its `Claimable(now)` guard. A candidate that is no longer claimable once locked
     /// is a lost race (counted, never a claim). The rows are locked, so a guard cannot
     /// fail; if one ever does, the whole transaction is undone and tried again.
-    pub(super) async fn claim_once(
-        &self,
-        owner: &str,
-        batch: u32,
-        lease_ms: u64,
-        begin_next: bool,
-    ) -> Result<Vec<Claimed>, TxError> {
+    pub(super) async fn claim_once(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, TxError> {
+        let batch = request.batch;
         let window = batch
             .saturating_mul(CLAIM_SPREAD)
             .clamp(CLAIM_WINDOW_MIN, CLAIM_WINDOW_MAX)
@@ -258,9 +254,7 @@ impl PostgresLedger {
                     command,
                 };
                 let token = self.entropy.token();
-                let Ok(writes) =
-                    claim_transition(begin_next)(&record, plan.recovery, owner, token.clone(), lease_ms, now)
-                else {
+                let Ok((writes, _)) = decide(None, &record, Request::Claim(request, &token, plan.recovery), now) else {
                     // A terminal attempt whose command is claimable: passed over.
                     self.stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -293,45 +287,37 @@ impl PostgresLedger {
         }
     }
 
-    /// One worker transition: lock the attempt, its command and its receipts (the
-    /// lock order), let the engine decide at the ledger's now, and write under the
-    /// engine's guard; answers what `decide` answered beside the writes, and the
-    /// record as written.
-    pub(super) async fn worker_once<X, F>(&self, lease: &Lease, decide: &F) -> Result<(X, AttemptRecord), TxError>
-    where
-        F: Fn(&AttemptRecord, Timestamp) -> Result<(X, Writes), Refusal> + Sync,
-        X: Send,
-    {
+    /// One try of a request of the worker holding `lease`: lock the attempt, its
+    /// command and its receipts (the lock order), let the engine decide at the
+    /// ledger's now, and write under the engine's guard.
+    pub(super) async fn worker_once(&self, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
         let mut client = self.connect().await?;
         let tx = begin(&mut client).await?;
         let result: Result<_, TxError> = async {
-            let (mut record, db_now) = rows::lock_record(&tx, &lease.attempt_id, self.clock.is_none())
+            let (record, db_now) = rows::lock_record(&tx, &lease.attempt_id, self.clock.is_none())
                 .await?
                 .ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
             if record.command.id != lease.command_id {
                 return Err(not_found("command", &lease.command_id).into());
             }
-            let (answer, writes) = decide(&record, self.decide_at(db_now)?)?;
+            let request = Request::Worker(request, &lease.token);
+            let (writes, reply) = decide(None, &record, request, self.decide_at(db_now)?)?;
             rows::apply_writes(&tx, Some(&record), &writes).await?;
-            writes.apply_to(&mut record);
-            Ok((answer, record))
+            Ok(reply)
         }
         .await;
         end(tx, result, true).await
     }
 
-    /// One operator transition (reconcile, abort): the same reads in lock order, with
-    /// the plan for its recovery mode. A reconcile that makes work claimable again
+    /// One try of an operator request (reconcile, abort): the same reads in lock
+    /// order, with the plan for its recovery mode; answers the reply and the record
+    /// as written. A request that makes work claimable again (a reconcile's requeue)
     /// notifies idle workers.
-    pub(super) async fn operator_once<X, F>(
+    pub(super) async fn operator_once(
         &self,
         attempt: &AttemptId,
-        decide: &F,
-    ) -> Result<(X, AttemptRecord), TxError>
-    where
-        F: Fn(&AttemptRecord, &Plan, Timestamp) -> Result<(X, Writes), Refusal> + Sync,
-        X: Send,
-    {
+        request: &OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), TxError> {
         let mut client = self.connect().await?;
         let tx = begin(&mut client).await?;
         let result: Result<_, TxError> = async {
@@ -341,7 +327,8 @@ impl PostgresLedger {
             let plan = rows::read_plan(&tx, &record.attempt.plan_id, false)
                 .await?
                 .ok_or_else(|| not_found("plan", &record.attempt.plan_id))?;
-            let (answer, writes) = decide(&record, &plan, self.decide_at(db_now)?)?;
+            let request = Request::Operator(request, plan.recovery);
+            let (writes, reply) = decide(None, &record, request, self.decide_at(db_now)?)?;
             let requeued = writes
                 .command
                 .as_ref()
@@ -352,7 +339,7 @@ impl PostgresLedger {
                 super::notify::send(&tx).await?;
             }
             writes.apply_to(&mut record);
-            Ok((answer, record))
+            Ok((reply, record))
         }
         .await;
         end(tx, result, true).await

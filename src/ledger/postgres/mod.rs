@@ -12,17 +12,20 @@
 //! again, up to the URL's `retry_max`; a connection lost during `COMMIT` is reported
 //! as ambiguous ([`error`]).
 //!
-//! Transitions ([`connection`]): every transition is one transaction that reads its
-//! rows in lock order with `SELECT … FOR UPDATE` (attempt, then command, then receipts
-//! by ordinal), lets the engine ([`leasehold_engine::transition`]) decide at the
-//! database clock's now (read once the rows are held), and writes the engine's row
+//! Requests ([`connection`]): every request of the engine's vocabulary
+//! ([`leasehold_engine::request`]) is one transaction — a claim batch, a worker
+//! request ([`Ledger::worker`]) or an operator request ([`Ledger::operator`]) — that
+//! reads its rows in lock order with `SELECT … FOR UPDATE` (attempt, then command,
+//! then receipts by ordinal), lets the engine decide ([`leasehold_engine::decide`]) at
+//! the database clock's now (read once the rows are held), and writes the engine's row
 //! images through the shared SQL layer ([`crate::ledger::sql`]): the command's
 //! `UPDATE` carries the engine's [`leasehold_engine::Guard`] as its `WHERE` condition,
 //! and zero affected rows is a refusal ([`leasehold_engine::Refusal::StaleToken`])
 //! after which the transaction is rolled back. Claims lock the oldest claimable
 //! commands nobody else holds with `FOR UPDATE SKIP LOCKED` (a CTE picks the
 //! candidates), so concurrent claimers take disjoint commands and never wait on each
-//! other. Enqueues notify idle workers (`LISTEN`/`NOTIFY`, [`notify`]). The semantics
+//! other. Enqueues, and operator requests that make a command claimable again (a
+//! reconcile's requeue), notify idle workers (`LISTEN`/`NOTIFY`, [`notify`]). The semantics
 //! are those of the reference [`super::memory::MemoryLedger`]; tests may inject a
 //! [`Clock`] instead of the database's ([`PostgresLedger::open_with_clock`]).
 
@@ -43,9 +46,10 @@ use crate::entropy::Entropy;
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use error::TxError;
-use leasehold_engine::transition::{self, Continued, ReconcileOutcome};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, Lease, Plan, PlanId, PlanSpec, Timestamp};
-use serde_json::Value;
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply,
+    WorkerRequest,
+};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -184,27 +188,6 @@ impl PostgresLedger {
         })
         .await
     }
-
-    async fn claim_with(
-        &self,
-        owner: &str,
-        batch: u32,
-        lease_ms: u64,
-        begin: bool,
-    ) -> Result<Vec<Claimed>, LedgerError> {
-        if batch == 0 {
-            return Ok(Vec::new());
-        }
-        self.retry(|| self.claim_once(owner, batch, lease_ms, begin)).await
-    }
-
-    async fn worker<X, F>(&self, lease: &Lease, decide: F) -> Result<(X, AttemptRecord), LedgerError>
-    where
-        F: Fn(&AttemptRecord, Timestamp) -> Result<(X, leasehold_engine::Writes), leasehold_engine::Refusal> + Sync,
-        X: Send,
-    {
-        self.retry(|| self.worker_once(lease, &decide)).await
-    }
 }
 
 impl Ledger for PostgresLedger {
@@ -233,91 +216,23 @@ impl Ledger for PostgresLedger {
         self.retry(|| self.enqueue_once(plan, action)).await
     }
 
-    async fn claim(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_with(owner, batch, lease_ms, false).await
+    async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        if request.batch == 0 {
+            return Ok(Vec::new());
+        }
+        self.retry(|| self.claim_once(&request)).await
     }
 
-    async fn claim_and_begin(&self, owner: &str, batch: u32, lease_ms: u64) -> Result<Vec<Claimed>, LedgerError> {
-        self.claim_with(owner, batch, lease_ms, true).await
+    async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
+        self.retry(|| self.worker_once(lease, &request)).await
     }
 
-    async fn complete_and_continue(
+    async fn operator(
         &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<Continued, LedgerError> {
-        let (continued, _) = self
-            .worker(lease, |r, now| {
-                transition::complete_and_continue(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
-            })
-            .await?;
-        Ok(continued)
-    }
-
-    async fn heartbeat(&self, lease: &Lease, lease_ms: u64) -> Result<Timestamp, LedgerError> {
-        let ((), record) = self
-            .worker(lease, |r, now| {
-                transition::heartbeat(&r.command, &lease.token, lease_ms, now).map(|w| ((), w))
-            })
-            .await?;
-        record
-            .command
-            .lease_until
-            .ok_or_else(|| LedgerError::Internal("renewed lease has no deadline".into()))
-    }
-
-    async fn begin_step(&self, lease: &Lease, ordinal: u32, lease_ms: u64) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::begin_step(r, ordinal, &lease.token, lease_ms, now).map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn complete_step(
-        &self,
-        lease: &Lease,
-        ordinal: u32,
-        evidence: &Value,
-        target_receipt: &Value,
-        lease_ms: u64,
-    ) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::complete_step(r, ordinal, evidence, target_receipt, &lease.token, lease_ms, now)
-                .map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn fail(&self, lease: &Lease, ordinal: Option<u32>, error: &str) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::fail(r, ordinal, error, &lease.token, now).map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn finish(&self, lease: &Lease) -> Result<(), LedgerError> {
-        self.worker(lease, |r, now| {
-            transition::finish(r, &lease.token, now).map(|w| ((), w))
-        })
-        .await
-        .map(drop)
-    }
-
-    async fn reconcile(&self, attempt: &AttemptId) -> Result<(ReconcileOutcome, AttemptRecord), LedgerError> {
-        let decide = |r: &AttemptRecord, plan: &Plan, now| transition::reconcile(r, plan.recovery, now);
-        self.retry(|| self.operator_once(attempt, &decide)).await
-    }
-
-    async fn abort(&self, attempt: &AttemptId, reason: &str) -> Result<AttemptRecord, LedgerError> {
-        let decide = |r: &AttemptRecord, _: &Plan, now| transition::abort(r, reason, now).map(|w| ((), w));
-        let ((), record) = self.retry(|| self.operator_once(attempt, &decide)).await?;
-        Ok(record)
+        attempt: &AttemptId,
+        request: OperatorRequest,
+    ) -> Result<(Reply, AttemptRecord), LedgerError> {
+        self.retry(|| self.operator_once(attempt, &request)).await
     }
 
     async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
