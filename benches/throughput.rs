@@ -28,18 +28,18 @@
 //! as a test (`cargo test --benches`) each benchmark runs once on a tiny queue.
 
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
+use leasehold::bench::raw::{RawKind, SqliteRaw};
 use leasehold::bench::{self, CountingLedger, Prepared, Progress};
 use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
 use leasehold::ledger::memory::MemoryLedger;
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
-use rusqlite::Connection;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 
@@ -129,164 +129,24 @@ fn group<'a>(c: &'a mut Criterion, name: &str, jobs: u64) -> BenchmarkGroup<'a, 
 }
 
 // ---------------------------------------------------------------------------------
-// Raw SQL baselines (plain rusqlite).
-
-/// A connection as every baseline thread opens it: `synchronous=NORMAL`, a 5 s busy
-/// timeout (the database is already in WAL mode: [`raw_queue`] set it).
-fn open_raw(path: &Path) -> Connection {
-    let conn = Connection::open(path).expect("open the baseline database");
-    conn.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
-    conn.pragma_update(None, "synchronous", "NORMAL").expect("synchronous");
-    conn
-}
-
-/// A fresh file database in WAL mode with `jobs` PENDING jobs, and the connection
-/// that made it (kept open during the run, as a ledger's pool keeps one).
-fn raw_queue(dir: &Path, jobs: u64) -> (PathBuf, Connection) {
-    let path = dir.join("baseline.db");
-    let mut conn = open_raw(&path);
-    let _: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .expect("WAL");
-    conn.execute_batch(
-        "CREATE TABLE job (id INTEGER PRIMARY KEY, status TEXT NOT NULL, available_at INTEGER NOT NULL, \
-         lease_token TEXT, lease_until INTEGER, attempts INTEGER NOT NULL DEFAULT 0, finished_at INTEGER);
-         CREATE INDEX job_claimable ON job (status, available_at);",
-    )
-    .expect("baseline schema");
-    let tx = conn.transaction().expect("fill transaction");
-    {
-        let mut insert = tx
-            .prepare("INSERT INTO job (status, available_at) VALUES ('PENDING', ?1)")
-            .expect("insert");
-        for i in 0..jobs {
-            insert.execute([i as i64]).expect("insert a job");
-        }
-    }
-    tx.commit().expect("fill commit");
-    (path, conn)
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Raw {
-    /// One conditional claim per transaction.
-    ClaimOne,
-    /// 32 claims per transaction (one conditional `UPDATE`).
-    Claim32,
-    /// Claim one, then complete it with a token-checked `UPDATE`: two transactions.
-    ClaimComplete,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// `BEGIN IMMEDIATE`, tried again while SQLite answers busy at once (as it may in WAL
-/// mode without calling the busy handler), as a ledger's caller retries `Unavailable`.
-fn begin_immediate(conn: &Connection) {
-    loop {
-        match conn.prepare_cached("BEGIN IMMEDIATE").and_then(|mut s| s.execute([])) {
-            Ok(_) => return,
-            Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::DatabaseBusy => {
-                std::thread::yield_now();
-            }
-            Err(e) => panic!("BEGIN IMMEDIATE: {e}"),
-        }
-    }
-}
-
-fn commit(conn: &Connection) {
-    conn.prepare_cached("COMMIT")
-        .and_then(|mut s| s.execute([]))
-        .expect("COMMIT");
-}
-
-/// One baseline thread: claims (and completes) until nothing is PENDING; answers the
-/// jobs it claimed.
-fn raw_worker(path: &Path, kind: Raw, thread: u32, start: &Barrier) -> u64 {
-    let conn = open_raw(path);
-    let mut claimed = 0u64;
-    let mut serial = 0u64;
-    let limit = if kind == Raw::Claim32 { 32 } else { 1 };
-    // `+status` keeps the planner on the primary key for the outer `UPDATE`: on the
-    // status index it would scan every PENDING job per claim.
-    let claim_sql = "UPDATE job SET status = 'PROCESSING', lease_token = ?1 || '-' || id, lease_until = ?2, \
-                     attempts = attempts + 1 \
-                     WHERE id IN (SELECT id FROM job WHERE status = 'PENDING' AND available_at <= ?3 \
-                                  ORDER BY available_at, id LIMIT ?4) AND +status = 'PENDING' \
-                     RETURNING id, lease_token";
-    let complete_sql = "UPDATE job SET status = 'DONE', lease_token = NULL, finished_at = ?3 \
-                        WHERE id = ?1 AND status = 'PROCESSING' AND lease_token = ?2";
-    start.wait();
-    loop {
-        serial += 1;
-        let token = format!("{thread:08x}{serial:024x}");
-        let now = now_ms();
-        begin_immediate(&conn);
-        let got: Vec<(i64, String)> = {
-            let mut claim = conn.prepare_cached(claim_sql).expect("claim statement");
-            let rows = claim
-                .query_map(rusqlite::params![token, now + 60_000, now, limit], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .expect("claim");
-            rows.collect::<Result<_, _>>().expect("claimed rows")
-        };
-        commit(&conn);
-        if got.is_empty() {
-            return claimed;
-        }
-        claimed += got.len() as u64;
-        if kind == Raw::ClaimComplete {
-            for (id, token) in got {
-                begin_immediate(&conn);
-                let n = conn
-                    .prepare_cached(complete_sql)
-                    .expect("complete statement")
-                    .execute(rusqlite::params![id, token, now_ms()])
-                    .expect("complete");
-                assert_eq!(n, 1, "the token-checked complete must match its job");
-                commit(&conn);
-            }
-        }
-    }
-}
-
-fn raw_run(kind: Raw, jobs: u64) -> Duration {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let (path, _keep) = raw_queue(dir.path(), jobs);
-    let start = Arc::new(Barrier::new(BASELINE_THREADS as usize + 1));
-    let threads: Vec<_> = (0..BASELINE_THREADS)
-        .map(|t| {
-            let (path, start) = (path.clone(), Arc::clone(&start));
-            std::thread::spawn(move || raw_worker(&path, kind, t, &start))
-        })
-        .collect();
-    start.wait();
-    let began = Instant::now();
-    let claimed: u64 = threads.into_iter().map(|t| t.join().expect("baseline thread")).sum();
-    let elapsed = began.elapsed();
-    assert_eq!(claimed, jobs, "every job claimed exactly once");
-    elapsed
-}
+// Raw SQL baselines: plain rusqlite, the definition `leasehold bench --baseline`
+// shares ([`leasehold::bench::raw`]).
 
 fn baselines(c: &mut Criterion, scale: Scale) {
+    let raw = SqliteRaw::new(std::env::temp_dir());
     let mut g = group(c, "baseline", scale.jobs);
-    for (name, kind) in [
-        ("claim-1-per-tx", Raw::ClaimOne),
-        ("claim-32-per-tx", Raw::Claim32),
-        ("claim-then-complete", Raw::ClaimComplete),
-    ] {
+    for kind in [RawKind::ClaimOne, RawKind::ClaimBatch, RawKind::ClaimThenComplete] {
+        let name = kind.name();
         let id = format!("baseline/{name}/{BASELINE_THREADS}");
         g.bench_function(BenchmarkId::new(name, BASELINE_THREADS), |b| {
             b.iter_custom(|iters| {
                 (0..iters)
                     .map(|_| {
-                        let elapsed = raw_run(kind, scale.jobs);
-                        record(&id, scale.jobs, elapsed, None);
-                        elapsed
+                        let run = raw
+                            .run_blocking(kind, BASELINE_THREADS, scale.jobs)
+                            .expect("raw baseline");
+                        record(&id, scale.jobs, run.elapsed, None);
+                        run.elapsed
                     })
                     .sum()
             })

@@ -18,6 +18,8 @@
 //! Every attempt is enqueued before the workers start, so it measures how long a
 //! backlog of `attempts` takes to drain, not the latency of a lone attempt.
 
+pub mod raw;
+
 use crate::clock::{Clock, SystemClock};
 use crate::executor::Executors;
 use crate::ledger::{Claimed, Ledger, LedgerError};
@@ -522,6 +524,37 @@ pub struct BenchReport {
     pub latency_p99_ms: Option<u64>,
     /// The exactly-once check.
     pub verified: Verified,
+    /// The raw baseline run beside it, when one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Baseline>,
+}
+
+/// A raw baseline run beside a bench: before and after it, so that a drift of the
+/// machine during the run shows (see [`raw`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Baseline {
+    /// The database kind.
+    pub backend: &'static str,
+    /// The run before the bench.
+    pub before: raw::RawRun,
+    /// The run after it.
+    pub after: raw::RawRun,
+    /// The bench's deliveries per second over the mean of the two runs' jobs per
+    /// second.
+    pub ratio: f64,
+}
+
+impl Baseline {
+    /// The baseline of `report` from the raw runs before and after it.
+    pub fn new(backend: &'static str, before: raw::RawRun, after: raw::RawRun, report: &BenchReport) -> Self {
+        let mean = (before.per_s() + after.per_s()) / 2.0;
+        Self {
+            backend,
+            ratio: report.deliveries_per_s / mean.max(f64::MIN_POSITIVE),
+            before,
+            after,
+        }
+    }
 }
 
 impl BenchReport {
@@ -543,6 +576,7 @@ impl BenchReport {
             latency_p99_ms: percentile(&verified.latencies_ms, 99.0),
             measured,
             verified,
+            baseline: None,
         }
     }
 

@@ -3,7 +3,14 @@
 //! A [`Worker`] polls its ledger for up to `batch_size` commands at a time, drives
 //! one [`Driver`] per claimed command in its own task, sends heartbeats on the
 //! driver's deadlines, and calls the executor between two ledger requests, never
-//! inside a transaction. When the ledger is unreachable it backs off (doubling up to
+//! inside a transaction.
+//!
+//! Each delivery only performs its driver's actions and reports how they ended: a
+//! ledger result becomes a [`Reply`] by a fixed mapping (a refusal, not found,
+//! unavailable, and every other error ambiguous), and nothing here judges it. Lost
+//! replies, refusals, the ledger's continuation and the lease estimate are the
+//! driver's delivery rules ([`leasehold_engine::driver`]), tested there on a virtual
+//! clock. When the ledger is unreachable it backs off (doubling up to
 //! the poll interval). When told to stop it claims nothing more and lets in-flight
 //! deliveries finish within a grace period; deliveries still running then are
 //! dropped, and their leases expire for another worker to take over.
@@ -21,9 +28,10 @@
 use crate::clock::Clock;
 use crate::executor::{ExecRequest, Executor, ExecutorResult};
 use crate::ledger::{Claimed, Ledger, LedgerError};
-use leasehold_engine::driver::{Driver, DriverAction, Outcome};
+use leasehold_engine::driver::{Driver, DriverAction, LedgerRequest, Outcome, Reply};
 use leasehold_engine::lease::WorkerConfig;
-use leasehold_engine::{AttemptId, Refusal, Timestamp};
+use leasehold_engine::transition::Continued;
+use leasehold_engine::{AttemptId, AttemptRecord, Timestamp};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -390,16 +398,37 @@ fn emit(observer: &Observer, event: impl FnOnce() -> WorkerEvent) {
 /// which outlives it: no reference count or lease is copied per request.
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The ledger request in flight, as far as its reply's handling needs it (the
-/// request itself, evidence included, moved into its future).
+/// What a ledger request in flight was, as far as the events it reports need it
+/// (the request itself, evidence included, moved into its future).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sent {
     Begin(u32),
-    Complete(u32),
     CompleteAndContinue(u32),
     Fail,
     Finish,
     Heartbeat,
+    Read,
+}
+
+/// What a ledger request answered when it succeeded.
+enum Answer {
+    Done,
+    Continued(Continued),
+    Read(Box<AttemptRecord>),
+}
+
+/// The driver's [`Reply`] for a ledger call's result: a mapping, no judgement.
+fn reply(result: Result<Answer, LedgerError>) -> Reply {
+    match result {
+        Ok(Answer::Done) => Reply::Committed,
+        Ok(Answer::Continued(continued)) => Reply::Continued(continued),
+        Ok(Answer::Read(record)) => Reply::Read(record),
+        Err(LedgerError::Refused(refusal)) => Reply::Refused(refusal),
+        Err(LedgerError::NotFound { .. }) => Reply::NotFound,
+        Err(LedgerError::Unavailable(_)) => Reply::Unavailable,
+        // Whatever else went wrong, the request may have been applied.
+        Err(_) => Reply::Ambiguous,
+    }
 }
 
 struct Delivery<L, E, C> {
@@ -421,32 +450,31 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         let attempt = &record.attempt.id;
         let steps = record.receipts.len() as u32;
         let delivery = record.command.delivery_count;
-        let mut driver = {
-            let statuses: Vec<_> = record.receipts.iter().map(|r| (r.ordinal, r.status)).collect();
-            emit(&self.observer, || WorkerEvent::Claimed {
-                attempt: attempt.clone(),
-                plan: self.claimed.plan.name.clone(),
-                command: record.command.id.clone(),
-                delivery,
-                steps,
-                skipped: statuses
-                    .iter()
-                    .filter(|(_, s)| *s == leasehold_engine::ReceiptStatus::Succeeded)
-                    .count() as u32,
-                queued_ms: (delivery == 1).then(|| self.claimed_at.millis_since(record.attempt.created_at)),
-            });
-            for (ordinal, status) in &statuses {
-                if *status == leasehold_engine::ReceiptStatus::Running {
-                    self.step_event(true, *ordinal, steps);
-                }
+        emit(&self.observer, || WorkerEvent::Claimed {
+            attempt: attempt.clone(),
+            plan: self.claimed.plan.name.clone(),
+            command: record.command.id.clone(),
+            delivery,
+            steps,
+            skipped: record
+                .receipts
+                .iter()
+                .filter(|r| r.status == leasehold_engine::ReceiptStatus::Succeeded)
+                .count() as u32,
+            queued_ms: (delivery == 1).then(|| self.claimed_at.millis_since(record.attempt.created_at)),
+        });
+        for r in &record.receipts {
+            if r.status == leasehold_engine::ReceiptStatus::Running {
+                self.step_event(true, r.ordinal, steps);
             }
-            // Boxed, like the claim: it keeps the delivery's task small.
-            Box::new(Driver::fused(&statuses, self.lease_ms, self.claimed_at))
-        };
-        let mut ledger_call: Option<(Sent, Boxed<'_, Result<(), LedgerError>>)> = None;
+        }
+        // Boxed, like the claim: it keeps the delivery's task small.
+        let mut driver = Box::new(Driver::fused(record, self.lease_ms, self.claimed_at));
+        let mut ledger_call: Option<(Sent, Boxed<'_, Result<Answer, LedgerError>>)> = None;
         let mut executor_call: Option<(u32, Boxed<'_, ExecutorResult>)> = None;
-        // Whether the request now in flight repeats one whose outcome was unknown.
-        let mut retried = false;
+        // The last write that may end the attempt, for the event a read-back that
+        // finds it committed reports.
+        let mut last_write = Sent::Heartbeat;
         let outcome = loop {
             // One reading for the whole turn: the actions drained now are sent now.
             let now = self.clock.now();
@@ -455,7 +483,13 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                     DriverAction::Execute { ordinal } => {
                         executor_call = Some((ordinal, self.execute(ordinal)));
                     }
-                    other => ledger_call = Some(self.ledger_request(other)),
+                    DriverAction::Ledger(request) => {
+                        let (sent, call) = self.ledger_request(request);
+                        if !matches!(sent, Sent::Heartbeat | Sent::Read) {
+                            last_write = sent;
+                        }
+                        ledger_call = Some((sent, call));
+                    }
                 }
             }
             if let Some(outcome) = driver.outcome() {
@@ -466,36 +500,12 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                 biased;
                 result = maybe(ledger_call.as_mut().map(|(_, f)| f)) => {
                     let (sent, _) = ledger_call.take().expect("a ledger call was in flight");
-                    let now = self.clock.now();
-                    match result {
-                        Ok(()) => {
-                            retried = false;
-                            self.report_commit(sent, steps);
-                            driver.handle_committed(now);
-                        }
-                        Err(LedgerError::Refused(refusal)) => {
-                            // (Boxed: a rare path, kept out of the delivery's task.)
-                            if std::mem::take(&mut retried) && Box::pin(self.ended_by_us(sent)).await {
-                                // The first try committed and only its reply was lost.
-                                self.report_commit(sent, steps);
-                                driver.handle_committed(now);
-                            } else {
-                                driver.handle_refused(now, refusal);
-                            }
-                        }
-                        Err(LedgerError::NotFound { .. }) => driver.handle_refused(
-                            now,
-                            Refusal::StaleToken { command: self.claimed.lease.command_id.clone() },
-                        ),
-                        Err(e) => {
-                            if sent == Sent::Heartbeat {
-                                emit(&self.observer, || WorkerEvent::HeartbeatFailed {
-                                    attempt: attempt.clone(),
-                                    error: e.to_string(),
-                                });
-                            }
-                            retried = true;
-                            driver.handle_ledger_error(now);
+                    self.report_reply(sent, &result, steps);
+                    driver.handle_reply(self.clock.now(), reply(result));
+                    if sent == Sent::Read && driver.outcome() == Some(&Outcome::Delivered) {
+                        // The read-back found the lost completion committed.
+                        if let Sent::CompleteAndContinue(ordinal) = last_write {
+                            self.step_event(false, ordinal, steps);
                         }
                     }
                 }
@@ -512,31 +522,6 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             outcome: outcome.clone(),
         });
         outcome
-    }
-
-    /// After a retried request that ends an attempt (finish, fail, the last
-    /// complete-and-continue) is refused: whether the first try had in fact ended it
-    /// under this very lease (same owner and delivery), its reply lost.
-    async fn ended_by_us(&self, sent: Sent) -> bool {
-        let ends = match sent {
-            Sent::Finish | Sent::Fail => true,
-            Sent::CompleteAndContinue(ordinal) => self.claimed.record.receipts.iter().all(|r| r.ordinal <= ordinal),
-            _ => false,
-        };
-        if !ends {
-            return false;
-        }
-        let Ok(now) = self.ledger.attempt(&self.claimed.lease.attempt_id).await else {
-            return false;
-        };
-        let mine = &self.claimed.record.command;
-        let expected = match sent {
-            Sent::Fail => leasehold_engine::CommandStatus::Failed,
-            _ => leasehold_engine::CommandStatus::Delivered,
-        };
-        now.command.status == expected
-            && now.command.lease_owner == mine.lease_owner
-            && now.command.delivery_count == mine.delivery_count
     }
 
     /// Emits a step's begun (or succeeded) event.
@@ -567,49 +552,35 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         });
     }
 
-    fn report_commit(&self, sent: Sent, steps: u32) {
-        match sent {
-            Sent::Begin(ordinal) => self.step_event(true, ordinal, steps),
-            Sent::Complete(ordinal) => self.step_event(false, ordinal, steps),
-            Sent::CompleteAndContinue(ordinal) => {
+    /// Emits the events a ledger reply stands for: committed steps, failed heartbeats.
+    fn report_reply(&self, sent: Sent, result: &Result<Answer, LedgerError>, steps: u32) {
+        match (sent, result) {
+            (Sent::Begin(ordinal), Ok(_)) => self.step_event(true, ordinal, steps),
+            (Sent::CompleteAndContinue(ordinal), Ok(Answer::Continued(continued))) => {
                 self.step_event(false, ordinal, steps);
-                let next = self
-                    .claimed
-                    .record
-                    .receipts
-                    .iter()
-                    .map(|r| r.ordinal)
-                    .filter(|o| *o > ordinal)
-                    .min();
-                if let Some(next) = next {
-                    self.step_event(true, next, steps);
+                if let Continued::Began(next) = continued {
+                    self.step_event(true, *next, steps);
                 }
             }
-            Sent::Fail | Sent::Finish | Sent::Heartbeat => {}
+            (Sent::Heartbeat, Err(e)) if !matches!(e, LedgerError::Refused(_) | LedgerError::NotFound { .. }) => {
+                emit(&self.observer, || WorkerEvent::HeartbeatFailed {
+                    attempt: self.claimed.record.attempt.id.clone(),
+                    error: e.to_string(),
+                });
+            }
+            _ => {}
         }
     }
 
-    /// Sends a ledger request; the action (and its evidence) moves into the future.
-    fn ledger_request(&self, action: DriverAction) -> (Sent, Boxed<'_, Result<(), LedgerError>>) {
+    /// Sends a ledger request; the request (and its evidence) moves into the future.
+    fn ledger_request(&self, request: LedgerRequest) -> (Sent, Boxed<'_, Result<Answer, LedgerError>>) {
         let (ledger, lease, lease_ms) = (&*self.ledger, &self.claimed.lease, self.lease_ms);
-        match action {
-            DriverAction::BeginStep { ordinal } => (
+        match request {
+            LedgerRequest::BeginStep { ordinal } => (
                 Sent::Begin(ordinal),
-                Box::pin(ledger.begin_step(lease, ordinal, lease_ms)),
+                Box::pin(async move { ledger.begin_step(lease, ordinal, lease_ms).await.map(|()| Answer::Done) }),
             ),
-            DriverAction::CompleteStep {
-                ordinal,
-                evidence,
-                target_receipt,
-            } => (
-                Sent::Complete(ordinal),
-                Box::pin(async move {
-                    ledger
-                        .complete_step(lease, ordinal, &evidence, &target_receipt, lease_ms)
-                        .await
-                }),
-            ),
-            DriverAction::CompleteAndContinue {
+            LedgerRequest::CompleteAndContinue {
                 ordinal,
                 evidence,
                 target_receipt,
@@ -619,17 +590,29 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                     ledger
                         .complete_and_continue(lease, ordinal, &evidence, &target_receipt, lease_ms)
                         .await
-                        .map(drop)
+                        .map(Answer::Continued)
                 }),
             ),
-            DriverAction::Fail { ordinal, error } => (
+            LedgerRequest::Fail { ordinal, error } => (
                 Sent::Fail,
-                Box::pin(async move { ledger.fail(lease, ordinal, &error).await }),
+                Box::pin(async move { ledger.fail(lease, ordinal, &error).await.map(|()| Answer::Done) }),
             ),
-            DriverAction::Finish => (Sent::Finish, Box::pin(ledger.finish(lease))),
-            DriverAction::Heartbeat | DriverAction::Execute { .. } => (
+            LedgerRequest::Finish => (
+                Sent::Finish,
+                Box::pin(async move { ledger.finish(lease).await.map(|()| Answer::Done) }),
+            ),
+            LedgerRequest::Heartbeat => (
                 Sent::Heartbeat,
-                Box::pin(async move { ledger.heartbeat(lease, lease_ms).await.map(drop) }),
+                Box::pin(async move { ledger.heartbeat(lease, lease_ms).await.map(|_| Answer::Done) }),
+            ),
+            LedgerRequest::ReadAttempt => (
+                Sent::Read,
+                Box::pin(async move {
+                    ledger
+                        .attempt(&lease.attempt_id)
+                        .await
+                        .map(|record| Answer::Read(Box::new(record)))
+                }),
             ),
         }
     }

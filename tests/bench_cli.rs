@@ -117,9 +117,62 @@ fn bench_json_reports_the_exactly_once_check_and_a_second_run_uses_new_plans() {
         assert_eq!(report["verified"]["problem_count"], 0);
         assert!(report["deliveries_per_s"].as_f64().unwrap() > 0.0);
         assert!(report["latency_p99_ms"].as_u64() >= report["latency_p50_ms"].as_u64());
+        assert!(report.get("baseline").is_none(), "no baseline unless asked for");
     }
     let plans: Value = serde_json::from_str(&db.ok(&["plan", "list", "--json"])).unwrap();
     assert_eq!(plans.as_array().unwrap().len(), 24);
+}
+
+#[test]
+fn bench_baseline_runs_the_raw_two_transaction_loop_before_and_after_and_reports_the_ratio() {
+    let db = Db::new();
+    let out = db.ok(&[
+        "bench",
+        "--attempts",
+        "40",
+        "--workers",
+        "2",
+        "--batch",
+        "1",
+        "--baseline",
+    ]);
+    let raw = figure(&out, "raw baseline");
+    let rates: Vec<f64> = raw
+        .split(" jobs/s")
+        .next()
+        .unwrap()
+        .split(" / ")
+        .map(|v| v.parse().unwrap_or_else(|e| panic!("{v:?}: {e}\n{out}")))
+        .collect();
+    assert_eq!(rates.len(), 2, "{out}");
+    assert!(rates.iter().all(|r| *r > 0.0), "{out}");
+    assert!(
+        raw.contains("(2 plain-SQL workers on sqlite: claim, then token-checked complete)"),
+        "{out}"
+    );
+    let ratio: f64 = figure(&out, "deliveries / raw")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ratio > 0.0, "{out}");
+    assert!(out.contains("exactly once              ok: 40 attempts"), "{out}");
+
+    let report: Value =
+        serde_json::from_str(&db.ok(&["bench", "--attempts", "12", "--workers", "3", "--baseline", "--json"])).unwrap();
+    let baseline = &report["baseline"];
+    assert_eq!(baseline["backend"], "sqlite");
+    let mut per_s = Vec::new();
+    for run in [&baseline["before"], &baseline["after"]] {
+        assert_eq!(run["kind"], "claim-then-complete");
+        assert_eq!(run["workers"], 3);
+        assert_eq!(run["jobs"], 12);
+        per_s.push(12.0 / (run["elapsed_ms"].as_f64().unwrap() / 1_000.0));
+    }
+    let expected = report["deliveries_per_s"].as_f64().unwrap() / ((per_s[0] + per_s[1]) / 2.0);
+    let ratio = baseline["ratio"].as_f64().unwrap();
+    assert!((ratio - expected).abs() <= 1e-6 * expected, "{ratio} vs {expected}");
 }
 
 #[test]

@@ -7,8 +7,10 @@
 //! capped at the heartbeat interval; an executor retry waits a quarter of the
 //! heartbeat interval, doubled after each further failure.
 
-use leasehold_engine::driver::{Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult};
-use leasehold_engine::{ReceiptStatus, Timestamp};
+mod common;
+
+use leasehold_engine::driver::{Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult, LedgerRequest, Reply};
+use leasehold_engine::Timestamp;
 
 const LEASE_MS: u64 = 60_000;
 
@@ -16,12 +18,14 @@ fn t(ms: i64) -> Timestamp {
     Timestamp::from_millis(ms)
 }
 
+/// A driver for a two-step attempt whose claim began nothing, claimed at 0.
 fn driver() -> Driver {
-    Driver::new(
-        &[(1, ReceiptStatus::Pending), (2, ReceiptStatus::Pending)],
-        LEASE_MS,
-        t(0),
-    )
+    let plan = common::plan(leasehold_engine::Recovery::Resume, &["one", "two"]);
+    Driver::fused(&common::claimed(&plan), LEASE_MS, t(0))
+}
+
+fn begin(ordinal: u32) -> Option<DriverAction> {
+    Some(DriverAction::Ledger(LedgerRequest::BeginStep { ordinal }))
 }
 
 fn deadline(d: &Driver) -> Deadline {
@@ -31,8 +35,8 @@ fn deadline(d: &Driver) -> Deadline {
 #[test]
 fn a_ledger_error_is_retried_after_the_first_backoff_then_twice_as_long_up_to_the_heartbeat_interval() {
     let mut d = driver();
-    assert_eq!(d.poll_action(t(0)), Some(DriverAction::BeginStep { ordinal: 1 }));
-    d.handle_ledger_error(t(10));
+    assert_eq!(d.poll_action(t(0)), begin(1));
+    d.handle_reply(t(10), Reply::Unavailable);
     assert_eq!(
         deadline(&d),
         Deadline {
@@ -44,8 +48,8 @@ fn a_ledger_error_is_retried_after_the_first_backoff_then_twice_as_long_up_to_th
     let mut expected_wait = 2_500;
     for _ in 0..4 {
         d.handle_timeout(t(now));
-        assert_eq!(d.poll_action(t(now)), Some(DriverAction::BeginStep { ordinal: 1 }));
-        d.handle_ledger_error(t(now));
+        assert_eq!(d.poll_action(t(now)), begin(1));
+        d.handle_reply(t(now), Reply::Unavailable);
         expected_wait = (expected_wait * 2).min(20_000);
         let next = deadline(&d);
         // The heartbeat (due 20 s after the claim) may come first once the wait grows.
@@ -62,8 +66,8 @@ fn a_ledger_error_is_retried_after_the_first_backoff_then_twice_as_long_up_to_th
 #[test]
 fn a_transient_executor_failure_is_retried_after_a_quarter_of_the_heartbeat_interval_then_doubled() {
     let mut d = driver();
-    assert_eq!(d.poll_action(t(0)), Some(DriverAction::BeginStep { ordinal: 1 }));
-    d.handle_committed(t(5));
+    assert_eq!(d.poll_action(t(0)), begin(1));
+    d.handle_reply(t(5), Reply::Committed);
     assert_eq!(d.poll_action(t(5)), Some(DriverAction::Execute { ordinal: 1 }));
     d.handle_executed(t(100), 1, ExecutorResult::Transient("busy".into()));
     assert_eq!(

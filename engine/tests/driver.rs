@@ -1,15 +1,20 @@
 //! The worker driver on a virtual clock: scripted inputs, exact outputs.
 //!
 //! Times are plain [`Timestamp`]s in milliseconds. The lease is 3 s, so heartbeats
-//! are due every second after the last renewal.
+//! are due every second after the last renewal. The driver is the fused one: the
+//! claim began the first step (unless a test says the claim left it PENDING), and
+//! each completion begins the next step or finishes the attempt, as the ledger's
+//! [`Continued`] answer says.
 
 mod common;
 
 use leasehold_engine::driver::{
-    Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult, Outcome, EXECUTOR_ATTEMPTS_MAX,
+    Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult, LedgerRequest, Outcome, Reply,
+    EXECUTOR_ATTEMPTS_MAX,
 };
 use leasehold_engine::lease::heartbeat_ms;
-use leasehold_engine::{CommandId, ReceiptStatus, Refusal, Timestamp};
+use leasehold_engine::transition::Continued;
+use leasehold_engine::{AttemptRecord, CommandId, CommandStatus, ReceiptStatus, Recovery, Refusal, Timestamp};
 use serde_json::{json, Value};
 
 const LEASE_MS: u64 = 3_000;
@@ -19,8 +24,46 @@ fn t(ms: i64) -> Timestamp {
     Timestamp::from_millis(ms)
 }
 
+/// `steps` receipts, all PENDING: a claim that began nothing.
 fn pending(steps: u32) -> Vec<(u32, ReceiptStatus)> {
     (1..=steps).map(|o| (o, ReceiptStatus::Pending)).collect()
+}
+
+/// `steps` receipts as a claim-and-begin leaves a fresh attempt: step 1 RUNNING.
+fn running(steps: u32) -> Vec<(u32, ReceiptStatus)> {
+    let mut receipts = pending(steps);
+    receipts[0].1 = ReceiptStatus::Running;
+    receipts
+}
+
+/// The claimed attempt (worker A's first delivery) with these receipt statuses, in
+/// this order.
+fn claimed(receipts: &[(u32, ReceiptStatus)]) -> AttemptRecord {
+    let steps = receipts.iter().map(|(o, _)| *o).max().unwrap_or(0);
+    let codes: Vec<String> = (1..=steps).map(|o| format!("step-{o}")).collect();
+    let codes: Vec<&str> = codes.iter().map(String::as_str).collect();
+    let mut record = common::claimed(&common::plan(Recovery::Resume, &codes));
+    let all = std::mem::take(&mut record.receipts);
+    record.receipts = receipts
+        .iter()
+        .map(|(ordinal, status)| {
+            let mut r = all[*ordinal as usize - 1].clone();
+            r.status = *status;
+            r
+        })
+        .collect();
+    record
+}
+
+/// The attempt as a read-back finds it: ended with `status`, last held by `owner`
+/// in delivery `delivery`.
+fn read_back(status: CommandStatus, owner: &str, delivery: u32) -> Reply {
+    let mut record = claimed(&running(2));
+    record.command.status = status;
+    record.command.lease_owner = Some(owner.to_owned());
+    record.command.lease_token = None;
+    record.command.delivery_count = delivery;
+    Reply::Read(Box::new(record))
 }
 
 fn evidence(ordinal: u32) -> Value {
@@ -39,7 +82,7 @@ fn done(ordinal: u32) -> ExecutorResult {
 }
 
 fn begin(ordinal: u32) -> DriverAction {
-    DriverAction::BeginStep { ordinal }
+    DriverAction::Ledger(LedgerRequest::BeginStep { ordinal })
 }
 
 fn execute(ordinal: u32) -> DriverAction {
@@ -47,11 +90,23 @@ fn execute(ordinal: u32) -> DriverAction {
 }
 
 fn complete(ordinal: u32) -> DriverAction {
-    DriverAction::CompleteStep {
+    DriverAction::Ledger(LedgerRequest::CompleteAndContinue {
         ordinal,
         evidence: evidence(ordinal),
         target_receipt: target_receipt(ordinal),
-    }
+    })
+}
+
+fn heartbeat() -> DriverAction {
+    DriverAction::Ledger(LedgerRequest::Heartbeat)
+}
+
+fn finish() -> DriverAction {
+    DriverAction::Ledger(LedgerRequest::Finish)
+}
+
+fn read() -> DriverAction {
+    DriverAction::Ledger(LedgerRequest::ReadAttempt)
 }
 
 fn stale() -> Refusal {
@@ -70,7 +125,7 @@ struct Harness {
 impl Harness {
     fn new(receipts: &[(u32, ReceiptStatus)], now: i64) -> Self {
         Self {
-            driver: Driver::new(receipts, LEASE_MS, t(now)),
+            driver: Driver::fused(&claimed(receipts), LEASE_MS, t(now)),
             now,
             log: Vec::new(),
         }
@@ -97,16 +152,35 @@ impl Harness {
         self.at(self.now + ms)
     }
 
+    fn reply(&mut self, reply: Reply) {
+        self.driver.handle_reply(t(self.now), reply);
+    }
+
+    /// A begin, fail, finish or heartbeat committed.
     fn commit(&mut self) {
-        self.driver.handle_committed(t(self.now));
+        self.reply(Reply::Committed);
+    }
+
+    /// A completion committed and the ledger began step `next`.
+    fn began(&mut self, next: u32) {
+        self.reply(Reply::Continued(Continued::Began(next)));
+    }
+
+    /// The last completion committed and the ledger finished the attempt.
+    fn finished(&mut self) {
+        self.reply(Reply::Continued(Continued::Finished));
     }
 
     fn ledger_error(&mut self) {
-        self.driver.handle_ledger_error(t(self.now));
+        self.reply(Reply::Unavailable);
+    }
+
+    fn reply_lost(&mut self) {
+        self.reply(Reply::Ambiguous);
     }
 
     fn refuse(&mut self) {
-        self.driver.handle_refused(t(self.now), stale());
+        self.reply(Reply::Refused(stale()));
     }
 
     fn executed(&mut self, ordinal: u32, result: ExecutorResult) {
@@ -131,11 +205,9 @@ impl Harness {
         self.driver.outcome()
     }
 
-    /// Runs one step: begin (committed after 5 ms), execute (answered with `result`
-    /// after 100 ms), and returns what the driver asked for next.
+    /// Runs one begun step: execute (answered with `result` after 100 ms), and
+    /// returns what the driver asked for next.
     fn run_step(&mut self, ordinal: u32, result: ExecutorResult) -> Vec<DriverAction> {
-        assert_eq!(self.poll(), [begin(ordinal)]);
-        self.later(5).commit();
         assert_eq!(self.poll(), [execute(ordinal)]);
         self.later(100).executed(ordinal, result);
         self.poll()
@@ -151,51 +223,54 @@ impl Harness {
 }
 
 #[test]
-fn the_happy_path_begins_executes_and_completes_each_step_then_finishes() {
-    let mut h = Harness::new(&pending(3), 0);
+fn the_happy_path_executes_each_step_and_each_completion_continues_until_the_last_delivers() {
+    let mut h = Harness::new(&running(3), 0);
     assert_eq!(h.outcome(), None);
-    assert_eq!(h.poll(), [begin(1)]);
-    assert!(h.driver.awaiting_ledger());
-    h.at(5).commit();
+    assert_eq!(h.poll(), [execute(1)], "the claim began step 1");
     assert!(!h.driver.awaiting_ledger());
-    assert_eq!(h.poll(), [execute(1)]);
     assert_eq!(h.driver.executing(), Some(1));
     h.at(100).executed(1, done(1));
     assert_eq!(h.driver.executing(), None);
     assert_eq!(h.poll(), [complete(1)]);
-    h.at(110).commit();
-    for ordinal in 2..=3 {
-        assert_eq!(h.run_step(ordinal, done(ordinal)), [complete(ordinal)]);
-        h.later(5).commit();
-    }
-    assert_eq!(h.poll(), [DriverAction::Finish]);
-    assert_eq!(h.outcome(), None, "not delivered before the finish commits");
-    h.later(5).commit();
+    assert!(h.driver.awaiting_ledger());
+    h.at(110).began(2);
+    assert!(!h.driver.awaiting_ledger());
+    assert_eq!(h.run_step(2, done(2)), [complete(2)]);
+    h.later(5).began(3);
+    assert_eq!(h.run_step(3, done(3)), [complete(3)]);
+    assert_eq!(h.outcome(), None, "not delivered before the last completion commits");
+    h.later(5).finished();
     assert_eq!(h.outcome(), Some(&Outcome::Delivered));
     assert_eq!(
         h.log,
         [
-            begin(1),
             execute(1),
             complete(1),
-            begin(2),
             execute(2),
             complete(2),
-            begin(3),
             execute(3),
             complete(3),
-            DriverAction::Finish,
-        ]
+        ],
+        "n steps take n transactions after the claim"
     );
     h.assert_stopped();
 }
 
 #[test]
-fn heartbeats_are_scheduled_every_third_of_the_lease_while_an_executor_runs() {
-    assert_eq!(heartbeat_ms(LEASE_MS) as i64, HEARTBEAT_MS);
+fn a_step_the_claim_left_pending_is_begun_first() {
     let mut h = Harness::new(&pending(2), 0);
     assert_eq!(h.poll(), [begin(1)]);
+    assert_eq!(h.poll(), [], "nothing else while the begin is in flight");
     h.at(5).commit();
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).began(2);
+    assert_eq!(h.poll(), [execute(2)], "a completion's continuation needs no begin");
+}
+
+#[test]
+fn heartbeats_are_scheduled_every_third_of_the_lease_while_an_executor_runs() {
+    assert_eq!(heartbeat_ms(LEASE_MS) as i64, HEARTBEAT_MS);
+    let mut h = Harness::new(&running(2), 0);
     assert_eq!(h.poll(), [execute(1)]);
     // The executor runs for 4.5 s, longer than the lease itself.
     for beat in 1..=4 {
@@ -208,7 +283,7 @@ fn heartbeats_are_scheduled_every_third_of_the_lease_while_an_executor_runs() {
             }
         );
         h.fire();
-        assert_eq!(h.poll(), [DriverAction::Heartbeat]);
+        assert_eq!(h.poll(), [heartbeat()]);
         assert_eq!(h.poll(), [], "one heartbeat at a time");
         assert_eq!(
             h.deadline(),
@@ -222,15 +297,14 @@ fn heartbeats_are_scheduled_every_third_of_the_lease_while_an_executor_runs() {
     }
     h.at(4_500).executed(1, done(1));
     assert_eq!(h.poll(), [complete(1)]);
-    h.later(10).commit();
-    assert_eq!(h.poll(), [begin(2)]);
-    h.later(10).commit();
-    // Begin and complete renew the lease too: the next heartbeat is a third of a
-    // lease after the begin was sent.
+    h.later(10).began(2);
+    assert_eq!(h.poll(), [execute(2)]);
+    // A completion renews the lease too: the next heartbeat is a third of a lease
+    // after the completion was sent.
     assert_eq!(
         h.deadline(),
         Deadline {
-            at: t(4_510 + HEARTBEAT_MS),
+            at: t(4_500 + HEARTBEAT_MS),
             reason: DeadlineReason::Heartbeat
         }
     );
@@ -239,12 +313,10 @@ fn heartbeats_are_scheduled_every_third_of_the_lease_while_an_executor_runs() {
 
 #[test]
 fn the_renewal_is_measured_from_when_the_request_was_sent_not_when_it_committed() {
-    let mut h = Harness::new(&pending(1), 0);
-    assert_eq!(h.poll(), [begin(1)]);
-    h.at(5).commit();
+    let mut h = Harness::new(&running(1), 0);
     assert_eq!(h.poll(), [execute(1)]);
     h.fire();
-    assert_eq!(h.poll(), [DriverAction::Heartbeat]);
+    assert_eq!(h.poll(), [heartbeat()]);
     h.at(1_900).commit();
     assert_eq!(h.deadline().at, t(2 * HEARTBEAT_MS));
 }
@@ -265,38 +337,34 @@ fn poll_action_returns_none_while_a_ledger_request_is_in_flight() {
     let due = h.deadline();
     assert_eq!(due.reason, DeadlineReason::Heartbeat);
     h.fire();
-    assert_eq!(h.poll(), [DriverAction::Heartbeat]);
+    assert_eq!(h.poll(), [heartbeat()]);
     h.later(1).executed(1, done(1));
     assert_eq!(h.poll(), []);
     h.later(1).commit();
     assert_eq!(h.poll(), [complete(1)]);
     assert_eq!(h.poll(), []);
-    h.later(1).commit();
-    assert_eq!(h.poll(), [begin(2)]);
+    h.later(1).began(2);
+    assert_eq!(h.poll(), [execute(2)]);
 }
 
 #[test]
 fn a_refused_begin_stops_the_driver_at_once() {
     let mut h = Harness::new(&pending(3), 0);
-    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
-    h.later(5).commit();
-    assert_eq!(h.poll(), [begin(2)]);
+    assert_eq!(h.poll(), [begin(1)]);
     h.later(5).refuse();
     assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
-    h.later(5).executed(2, done(2));
+    h.later(5).executed(1, done(1));
     h.commit();
     h.assert_stopped();
-    assert_eq!(h.log.last(), Some(&begin(2)));
+    assert_eq!(h.log, [begin(1)]);
 }
 
 #[test]
 fn a_refused_heartbeat_stops_the_driver_and_the_late_executor_result_is_dropped() {
-    let mut h = Harness::new(&pending(2), 0);
-    assert_eq!(h.poll(), [begin(1)]);
-    h.at(5).commit();
+    let mut h = Harness::new(&running(2), 0);
     assert_eq!(h.poll(), [execute(1)]);
     h.fire();
-    assert_eq!(h.poll(), [DriverAction::Heartbeat]);
+    assert_eq!(h.poll(), [heartbeat()]);
     h.later(5).refuse();
     assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
     h.later(100).executed(1, done(1));
@@ -306,7 +374,7 @@ fn a_refused_heartbeat_stops_the_driver_and_the_late_executor_result_is_dropped(
 
 #[test]
 fn a_refused_completion_stops_the_driver() {
-    let mut h = Harness::new(&pending(2), 0);
+    let mut h = Harness::new(&running(2), 0);
     assert_eq!(h.run_step(1, done(1)), [complete(1)]);
     h.later(5).refuse();
     assert!(matches!(h.outcome(), Some(Outcome::Refused(_))));
@@ -318,15 +386,13 @@ fn a_resume_claim_with_two_succeeded_steps_starts_at_step_3() {
     let receipts = [
         (1, ReceiptStatus::Succeeded),
         (2, ReceiptStatus::Succeeded),
-        (3, ReceiptStatus::Pending),
+        (3, ReceiptStatus::Running),
     ];
     let mut h = Harness::new(&receipts, 0);
     assert_eq!(h.run_step(3, done(3)), [complete(3)]);
-    h.later(5).commit();
-    assert_eq!(h.poll(), [DriverAction::Finish]);
-    h.later(5).commit();
+    h.later(5).finished();
     assert_eq!(h.outcome(), Some(&Outcome::Delivered));
-    assert_eq!(h.log, [begin(3), execute(3), complete(3), DriverAction::Finish]);
+    assert_eq!(h.log, [execute(3), complete(3)]);
 }
 
 #[test]
@@ -338,16 +404,18 @@ fn the_first_unfinished_step_is_found_whatever_order_the_receipts_come_in() {
         (1, ReceiptStatus::Succeeded),
     ];
     let mut h = Harness::new(&receipts, 0);
-    assert_eq!(h.run_step(3, done(3)), [complete(3)]);
+    assert_eq!(h.poll(), [begin(3)]);
     h.later(5).commit();
-    assert_eq!(h.poll(), [begin(4)]);
+    assert_eq!(h.run_step(3, done(3)), [complete(3)]);
+    h.later(5).began(4);
+    assert_eq!(h.poll(), [execute(4)]);
 }
 
 #[test]
 fn a_claim_whose_steps_all_succeeded_finishes_first() {
     let receipts = [(1, ReceiptStatus::Succeeded), (2, ReceiptStatus::Succeeded)];
     let mut h = Harness::new(&receipts, 0);
-    assert_eq!(h.poll(), [DriverAction::Finish]);
+    assert_eq!(h.poll(), [finish()]);
     h.at(5).commit();
     assert_eq!(h.outcome(), Some(&Outcome::Delivered));
     h.assert_stopped();
@@ -355,30 +423,28 @@ fn a_claim_whose_steps_all_succeeded_finishes_first() {
 
 #[test]
 fn a_permanent_executor_failure_fails_the_attempt() {
-    let mut h = Harness::new(&pending(3), 0);
+    let mut h = Harness::new(&running(3), 0);
     assert_eq!(h.run_step(1, done(1)), [complete(1)]);
-    h.later(5).commit();
+    h.later(5).began(2);
     let next = h.run_step(2, ExecutorResult::Permanent("table app_user already exists".into()));
     let error = "step 2: table app_user already exists".to_owned();
     assert_eq!(
         next,
-        [DriverAction::Fail {
+        [DriverAction::Ledger(LedgerRequest::Fail {
             ordinal: Some(2),
             error: error.clone()
-        }]
+        })]
     );
     assert_eq!(h.outcome(), None, "not failed before the fail commits");
     h.later(5).commit();
     assert_eq!(h.outcome(), Some(&Outcome::Failed(error)));
     h.assert_stopped();
-    assert!(!h.log.contains(&begin(3)));
+    assert!(!h.log.contains(&execute(3)));
 }
 
 #[test]
 fn transient_failures_retry_with_backoff_then_abandon() {
-    let mut h = Harness::new(&pending(2), 0);
-    assert_eq!(h.poll(), [begin(1)]);
-    h.at(5).commit();
+    let mut h = Harness::new(&running(2), 0);
     let mut backoffs = Vec::new();
     for call in 1..=EXECUTOR_ATTEMPTS_MAX {
         assert_eq!(h.poll(), [execute(1)], "call {call}");
@@ -414,17 +480,17 @@ fn transient_failures_retry_with_backoff_then_abandon() {
     }
     h.assert_stopped();
     assert!(
-        !h.log.iter().any(|a| matches!(a, DriverAction::Fail { .. })),
+        !h.log
+            .iter()
+            .any(|a| matches!(a, DriverAction::Ledger(LedgerRequest::Fail { .. }))),
         "a transient failure never fails the attempt"
     );
 }
 
 #[test]
 fn transient_failures_are_counted_per_step() {
-    let mut h = Harness::new(&pending(2), 0);
+    let mut h = Harness::new(&running(2), 0);
     for ordinal in 1..=2 {
-        assert_eq!(h.poll(), [begin(ordinal)]);
-        h.later(5).commit();
         for _ in 1..EXECUTOR_ATTEMPTS_MAX {
             assert_eq!(h.poll(), [execute(ordinal)]);
             h.later(10).executed(ordinal, ExecutorResult::Transient("busy".into()));
@@ -433,10 +499,12 @@ fn transient_failures_are_counted_per_step() {
         assert_eq!(h.poll(), [execute(ordinal)]);
         h.later(10).executed(ordinal, done(ordinal));
         assert_eq!(h.poll(), [complete(ordinal)]);
-        h.later(5).commit();
+        if ordinal == 1 {
+            h.later(5).began(2);
+        } else {
+            h.later(5).finished();
+        }
     }
-    assert_eq!(h.poll(), [DriverAction::Finish]);
-    h.later(5).commit();
     assert_eq!(h.outcome(), Some(&Outcome::Delivered));
 }
 
@@ -470,16 +538,14 @@ fn a_ledger_transport_error_retries_the_same_request_after_a_backoff() {
 
 #[test]
 fn a_heartbeat_lost_in_transport_is_sent_again() {
-    let mut h = Harness::new(&pending(1), 0);
-    assert_eq!(h.poll(), [begin(1)]);
-    h.at(5).commit();
+    let mut h = Harness::new(&running(1), 0);
     assert_eq!(h.poll(), [execute(1)]);
     h.fire();
-    assert_eq!(h.poll(), [DriverAction::Heartbeat]);
+    assert_eq!(h.poll(), [heartbeat()]);
     h.later(10).ledger_error();
     assert_eq!(h.poll(), []);
     assert_eq!(h.fire().reason, DeadlineReason::RetryLedger);
-    assert_eq!(h.poll(), [DriverAction::Heartbeat]);
+    assert_eq!(h.poll(), [heartbeat()]);
     let sent = h.now;
     h.later(10).commit();
     assert_eq!(
@@ -493,12 +559,10 @@ fn a_heartbeat_lost_in_transport_is_sent_again() {
 
 #[test]
 fn an_unrenewed_lease_is_abandoned_at_its_expiry() {
-    let mut h = Harness::new(&pending(2), 0);
-    assert_eq!(h.poll(), [begin(1)]);
-    h.at(5).commit();
+    let mut h = Harness::new(&running(2), 0);
     assert_eq!(h.poll(), [execute(1)]);
     h.fire();
-    assert_eq!(h.poll(), [DriverAction::Heartbeat]);
+    assert_eq!(h.poll(), [heartbeat()]);
     // The heartbeat is never answered.
     let expiry = h.deadline();
     assert_eq!(
@@ -519,14 +583,12 @@ fn an_unrenewed_lease_is_abandoned_at_its_expiry() {
 
 #[test]
 fn a_lease_whose_heartbeats_keep_failing_is_abandoned_at_its_expiry() {
-    let mut h = Harness::new(&pending(1), 0);
-    assert_eq!(h.poll(), [begin(1)]);
-    h.at(5).commit();
+    let mut h = Harness::new(&running(1), 0);
     assert_eq!(h.poll(), [execute(1)]);
     let mut last = h.fire();
     while h.outcome().is_none() {
         for action in h.poll() {
-            assert_eq!(action, DriverAction::Heartbeat);
+            assert_eq!(action, heartbeat());
             h.later(10).ledger_error();
         }
         last = h.fire();
@@ -552,16 +614,13 @@ fn a_request_that_never_returns_is_abandoned_at_the_lease_expiry() {
 
 #[test]
 fn a_late_executor_result_for_another_ordinal_is_ignored() {
-    let mut h = Harness::new(&pending(3), 0);
+    let mut h = Harness::new(&running(3), 0);
     assert_eq!(h.run_step(1, done(1)), [complete(1)]);
-    // A result for step 1 arrives while its completion is in flight.
+    // Results for steps 1 and 2 arrive while step 1's completion is in flight.
     h.later(1).executed(1, done(1));
-    assert_eq!(h.poll(), []);
-    h.later(5).commit();
-    assert_eq!(h.poll(), [begin(2)]);
-    // ... and while step 2's begin is in flight.
     h.later(1).executed(2, done(2));
-    h.later(5).commit();
+    assert_eq!(h.poll(), []);
+    h.later(5).began(2);
     assert_eq!(h.poll(), [execute(2)]);
     // ... and for steps 1 and 3 while step 2 runs.
     h.later(1).executed(1, ExecutorResult::Permanent("stale".into()));
@@ -572,14 +631,278 @@ fn a_late_executor_result_for_another_ordinal_is_ignored() {
     assert_eq!(h.poll(), [complete(2)]);
 }
 
+// The delivery rules: lost replies, refusals, the ledger's continuation, heartbeats
+// beside the executor, and the lease estimate.
+
+#[test]
+fn a_completion_whose_reply_was_lost_is_sent_again_and_its_continuation_followed() {
+    let mut h = Harness::new(&running(2), 0);
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).reply_lost();
+    assert_eq!(h.poll(), [], "not before the backoff");
+    assert_eq!(h.fire().reason, DeadlineReason::RetryLedger);
+    assert_eq!(h.poll(), [complete(1)], "the same completion, same evidence");
+    h.later(5).began(2);
+    assert_eq!(h.poll(), [execute(2)]);
+    assert!(!h.log.contains(&read()), "a repeat that commits needs no read-back");
+}
+
+#[test]
+fn a_last_completion_whose_reply_was_lost_and_that_the_read_back_shows_applied_is_delivered() {
+    let mut h = Harness::new(&running(1), 0);
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).reply_lost();
+    h.fire();
+    assert_eq!(h.poll(), [complete(1)]);
+    // The first try finished the attempt and cleared the token: the repeat is refused.
+    h.later(5).refuse();
+    assert_eq!(
+        h.outcome(),
+        None,
+        "the refused repeat of an uncertain ending write is read back"
+    );
+    assert_eq!(h.poll(), [read()]);
+    assert_eq!(h.poll(), [], "one read at a time");
+    h.later(5)
+        .reply(read_back(CommandStatus::Delivered, common::OWNER_A, 1));
+    assert_eq!(h.outcome(), Some(&Outcome::Delivered));
+    h.assert_stopped();
+}
+
+#[test]
+fn a_last_completion_whose_reply_was_lost_and_that_the_read_back_shows_not_applied_is_refused() {
+    let others = [
+        (CommandStatus::Delivered, common::OWNER_B, 2, "a takeover delivered it"),
+        (
+            CommandStatus::Delivered,
+            common::OWNER_A,
+            2,
+            "a later delivery by the same name",
+        ),
+        (CommandStatus::Processing, common::OWNER_B, 2, "a takeover holds it"),
+        (CommandStatus::Aborted, common::OWNER_A, 1, "an operator aborted it"),
+    ];
+    for (status, owner, delivery, why) in others {
+        let mut h = Harness::new(&running(1), 0);
+        assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+        h.later(5).reply_lost();
+        h.fire();
+        assert_eq!(h.poll(), [complete(1)]);
+        h.later(5).refuse();
+        assert_eq!(h.poll(), [read()]);
+        h.later(5).reply(read_back(status, owner, delivery));
+        assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())), "{why}");
+        h.assert_stopped();
+    }
+}
+
+#[test]
+fn a_fail_whose_reply_was_lost_and_that_the_read_back_shows_applied_ends_failed() {
+    let error = "step 1: no such table".to_owned();
+    for (status, expected) in [
+        (CommandStatus::Failed, Outcome::Failed(error.clone())),
+        (CommandStatus::Delivered, Outcome::Refused(stale())),
+    ] {
+        let mut h = Harness::new(&running(1), 0);
+        let fail = h.run_step(1, ExecutorResult::Permanent("no such table".into()));
+        assert_eq!(
+            fail,
+            [DriverAction::Ledger(LedgerRequest::Fail {
+                ordinal: Some(1),
+                error: error.clone()
+            })]
+        );
+        h.later(5).reply_lost();
+        h.fire();
+        assert_eq!(h.poll(), fail, "the same fail again");
+        h.later(5).refuse();
+        assert_eq!(h.poll(), [read()]);
+        h.later(5).reply(read_back(status, common::OWNER_A, 1));
+        assert_eq!(h.outcome(), Some(&expected), "read back {status:?}");
+    }
+}
+
+#[test]
+fn a_finish_whose_reply_was_lost_is_read_back_until_the_read_gets_through() {
+    let receipts = [(1, ReceiptStatus::Succeeded), (2, ReceiptStatus::Succeeded)];
+    let mut h = Harness::new(&receipts, 0);
+    assert_eq!(h.poll(), [finish()]);
+    h.later(5).reply_lost();
+    h.fire();
+    assert_eq!(h.poll(), [finish()]);
+    h.later(5).refuse();
+    assert_eq!(h.poll(), [read()]);
+    h.later(5).ledger_error();
+    assert_eq!(h.poll(), [], "not before the backoff");
+    assert_eq!(h.fire().reason, DeadlineReason::RetryLedger);
+    assert_eq!(h.poll(), [read()]);
+    h.later(5).reply_lost();
+    h.fire();
+    assert_eq!(h.poll(), [read()]);
+    h.later(5)
+        .reply(read_back(CommandStatus::Delivered, common::OWNER_A, 1));
+    assert_eq!(h.outcome(), Some(&Outcome::Delivered));
+}
+
+#[test]
+fn a_refusal_after_no_lost_reply_is_final() {
+    // Refused at once.
+    let mut h = Harness::new(&running(1), 0);
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).refuse();
+    assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
+    // Refused after the ledger was unavailable: that wrote nothing.
+    let mut h = Harness::new(&running(1), 0);
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).ledger_error();
+    h.fire();
+    assert_eq!(h.poll(), [complete(1)]);
+    h.later(5).refuse();
+    assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
+    assert!(!h.log.contains(&read()));
+}
+
+#[test]
+fn a_refused_repeat_of_a_lost_begin_is_final() {
+    // A begin never ends the attempt: its repeat is refused only if the lease is gone.
+    let mut h = Harness::new(&pending(2), 0);
+    assert_eq!(h.poll(), [begin(1)]);
+    h.later(5).reply_lost();
+    h.fire();
+    assert_eq!(h.poll(), [begin(1)]);
+    h.later(5).refuse();
+    assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
+    assert!(!h.log.contains(&read()));
+}
+
+#[test]
+fn not_found_is_a_stale_token() {
+    let mut h = Harness::new(&pending(1), 0);
+    assert_eq!(h.poll(), [begin(1)]);
+    h.later(5).reply(Reply::NotFound);
+    assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
+
+    let mut h = Harness::new(&running(1), 0);
+    assert_eq!(h.poll(), [execute(1)]);
+    h.fire();
+    assert_eq!(h.poll(), [heartbeat()]);
+    h.later(5).reply(Reply::NotFound);
+    assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
+    h.later(5).executed(1, done(1));
+    h.assert_stopped();
+}
+
+#[test]
+fn the_ledger_continuation_decides_what_follows() {
+    // The ledger began step 3, not the step after the completed one.
+    let mut h = Harness::new(&running(3), 0);
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).began(3);
+    assert_eq!(h.poll(), [execute(3)]);
+    // The ledger finished the attempt: it is delivered, whatever steps the claim
+    // listed.
+    let mut h = Harness::new(&running(3), 0);
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).finished();
+    assert_eq!(h.outcome(), Some(&Outcome::Delivered));
+    assert!(!h.log.contains(&execute(2)));
+}
+
+#[test]
+fn a_continuation_to_a_step_the_attempt_cannot_take_abandons() {
+    for next in [1, 9] {
+        let mut h = Harness::new(&running(3), 0);
+        assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+        h.later(5).began(next);
+        match h.outcome() {
+            Some(Outcome::Abandoned(reason)) => assert!(reason.contains(&format!("step {next}")), "{reason}"),
+            other => panic!("began {next}: expected to abandon, got {other:?}"),
+        }
+        h.assert_stopped();
+    }
+}
+
+#[test]
+fn a_completion_answered_without_its_continuation_is_an_uncertain_reply() {
+    let mut h = Harness::new(&running(2), 0);
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    h.later(5).commit();
+    assert_eq!(h.poll(), [], "what follows is unknown: nothing is executed");
+    assert_eq!(h.fire().reason, DeadlineReason::RetryLedger);
+    assert_eq!(h.poll(), [complete(1)]);
+    h.later(5).began(2);
+    assert_eq!(h.poll(), [execute(2)]);
+}
+
+#[test]
+fn a_heartbeat_sent_while_the_executor_runs_never_calls_the_executor_again() {
+    let mut h = Harness::new(&running(1), 0);
+    assert_eq!(h.poll(), [execute(1)]);
+    for _ in 0..3 {
+        assert_eq!(h.fire().reason, DeadlineReason::Heartbeat);
+        assert_eq!(h.poll(), [heartbeat()]);
+        h.later(10).commit();
+        assert_eq!(h.poll(), [], "a renewal does not restart the step");
+        assert_eq!(h.driver.executing(), Some(1));
+    }
+    h.later(10).executed(1, done(1));
+    assert_eq!(h.poll(), [complete(1)]);
+    assert_eq!(h.log.iter().filter(|a| **a == execute(1)).count(), 1);
+}
+
+#[test]
+fn a_heartbeat_falls_due_and_is_sent_while_an_executor_retry_waits() {
+    let mut h = Harness::new(&running(1), 0);
+    assert_eq!(h.poll(), [execute(1)]);
+    h.at(900).executed(1, ExecutorResult::Transient("busy".into()));
+    assert_eq!(h.poll(), []);
+    assert_eq!(h.fire().reason, DeadlineReason::Heartbeat);
+    assert_eq!(h.poll(), [heartbeat()], "the lease is renewed while the retry waits");
+    h.later(10).commit();
+    assert_eq!(h.fire().reason, DeadlineReason::RetryExecutor);
+    assert_eq!(h.poll(), [execute(1)]);
+}
+
+#[test]
+fn a_driver_that_resumes_past_its_lease_abandons_whatever_it_hears_first() {
+    let lapsed = LEASE_MS as i64 + 2_000;
+    // The executor's answer first: nothing is written with a lapsed lease.
+    let mut h = Harness::new(&running(2), 0);
+    assert_eq!(h.poll(), [execute(1)]);
+    h.at(lapsed).executed(1, done(1));
+    assert_eq!(h.poll(), []);
+    assert!(matches!(h.outcome(), Some(Outcome::Abandoned(_))), "{:?}", h.outcome());
+    h.assert_stopped();
+    // Its timer first.
+    let mut h = Harness::new(&running(2), 0);
+    assert_eq!(h.poll(), [execute(1)]);
+    h.at(lapsed);
+    h.driver.handle_timeout(t(h.now));
+    assert!(matches!(h.outcome(), Some(Outcome::Abandoned(_))));
+    h.executed(1, done(1));
+    h.assert_stopped();
+    // A late heartbeat commit first: it renewed the lease from when it was sent, and
+    // that has lapsed too.
+    let mut h = Harness::new(&running(2), 0);
+    assert_eq!(h.poll(), [execute(1)]);
+    h.fire();
+    assert_eq!(h.poll(), [heartbeat()]);
+    h.at(HEARTBEAT_MS + LEASE_MS as i64 + 500).commit();
+    h.executed(1, done(1));
+    assert_eq!(h.poll(), []);
+    assert!(matches!(h.outcome(), Some(Outcome::Abandoned(_))));
+    assert!(!h.log.contains(&complete(1)));
+}
+
 mod scripted_schedules {
     //! The driver against the engine's own transitions as its ledger, under many
-    //! deterministic schedules of latencies, transport errors and executor results.
+    //! deterministic schedules of latencies, transport errors, lost replies (ending
+    //! writes' included) and executor results.
 
     use super::*;
     use crate::common;
     use leasehold_engine::transition::{self, Writes};
-    use leasehold_engine::{AttemptRecord, AttemptStatus, CommandStatus, Refusal as EngineRefusal};
+    use leasehold_engine::{AttemptStatus, Refusal as EngineRefusal};
 
     /// A small deterministic generator (xorshift64*), so every schedule comes from
     /// its seed.
@@ -597,36 +920,51 @@ mod scripted_schedules {
     /// What becomes of a ledger request.
     enum Fate {
         Committed,
-        /// Lost before the ledger applied it.
-        RequestLost,
+        /// Lost before the ledger applied it: unavailable, or (the connection died
+        /// while it was sent) ambiguous.
+        RequestLost(Reply),
         /// Applied, but the reply was lost.
         ReplyLost,
     }
 
-    fn apply(record: &mut AttemptRecord, action: &DriverAction, now: Timestamp) -> Result<(), EngineRefusal> {
+    /// Applies a request to the record; answers the ledger's reply.
+    fn apply(record: &mut AttemptRecord, request: &LedgerRequest, now: Timestamp) -> Result<Reply, EngineRefusal> {
         let token = common::token_a();
-        let writes: Writes = match action {
-            DriverAction::BeginStep { ordinal } => transition::begin_step(record, *ordinal, &token, LEASE_MS, now)?,
-            DriverAction::CompleteStep {
-                ordinal,
-                evidence,
-                target_receipt,
-            } => transition::complete_step(record, *ordinal, evidence, target_receipt, &token, LEASE_MS, now)?,
-            DriverAction::CompleteAndContinue {
+        let (reply, writes): (Reply, Writes) = match request {
+            LedgerRequest::BeginStep { ordinal } => (
+                Reply::Committed,
+                transition::begin_step(record, *ordinal, &token, LEASE_MS, now)?,
+            ),
+            LedgerRequest::CompleteAndContinue {
                 ordinal,
                 evidence,
                 target_receipt,
             } => {
-                transition::complete_and_continue(record, *ordinal, evidence, target_receipt, &token, LEASE_MS, now)?.1
+                let (continued, writes) = transition::complete_and_continue(
+                    record,
+                    *ordinal,
+                    evidence,
+                    target_receipt,
+                    &token,
+                    LEASE_MS,
+                    now,
+                )?;
+                (Reply::Continued(continued), writes)
             }
-            DriverAction::Fail { ordinal, error } => transition::fail(record, *ordinal, error, &token, now)?,
-            DriverAction::Finish => transition::finish(record, &token, now)?,
-            DriverAction::Heartbeat => transition::heartbeat(&record.command, &token, LEASE_MS, now)?,
-            DriverAction::Execute { .. } => unreachable!("not a ledger request"),
+            LedgerRequest::Fail { ordinal, error } => (
+                Reply::Committed,
+                transition::fail(record, *ordinal, error, &token, now)?,
+            ),
+            LedgerRequest::Finish => (Reply::Committed, transition::finish(record, &token, now)?),
+            LedgerRequest::Heartbeat => (
+                Reply::Committed,
+                transition::heartbeat(&record.command, &token, LEASE_MS, now)?,
+            ),
+            LedgerRequest::ReadAttempt => return Ok(Reply::Read(Box::new(record.clone()))),
         };
         assert!(writes.guard.admits(Some(&record.command)));
         writes.apply_to(record);
-        Ok(())
+        Ok(reply)
     }
 
     /// Runs one schedule; answers how it ended.
@@ -634,10 +972,11 @@ mod scripted_schedules {
         let mut rng = Seeded(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let plan = common::resume_plan();
         let mut now = common::CLAIMED_MS;
-        // Odd seeds run the fused driver over a claim that already began step 1.
-        let fused = seed % 2 == 1;
         let enqueued = common::enqueued(&plan);
-        let mut record = if fused {
+        // Every third seed's claim began nothing (a ledger without a fused claim).
+        let mut record = if seed % 3 == 0 {
+            common::claimed_by(&enqueued, &plan, common::OWNER_A, common::token_a(), now)
+        } else {
             let writes = transition::claim_and_begin(
                 &enqueued,
                 plan.recovery,
@@ -648,19 +987,14 @@ mod scripted_schedules {
             )
             .expect("a fresh command is claimable");
             common::applied(&enqueued, &writes)
-        } else {
-            common::claimed_by(&enqueued, &plan, common::OWNER_A, common::token_a(), now)
         };
         // The claim granted the common lease; grant this file's shorter one.
         record.command.lease_until = Some(t(now + LEASE_MS as i64));
-        let statuses: Vec<_> = record.receipts.iter().map(|r| (r.ordinal, r.status)).collect();
-        let mut driver = if fused {
-            Driver::fused(&statuses, LEASE_MS, t(now))
-        } else {
-            Driver::new(&statuses, LEASE_MS, t(now))
-        };
-        let mut ledger: Option<(DriverAction, i64, Fate)> = None;
+        let mut driver = Driver::fused(&record, LEASE_MS, t(now));
+        let mut ledger: Option<(LedgerRequest, i64, Fate)> = None;
         let mut executor: Option<(u32, i64, ExecutorResult)> = None;
+        // Whether a write that ended the attempt committed with its reply lost.
+        let mut ended_unseen = false;
         let horizon = now + 120_000;
 
         while driver.outcome().is_none() && now < horizon {
@@ -683,19 +1017,12 @@ mod scripted_schedules {
                         };
                         executor = Some((ordinal, now + latency as i64, result));
                     }
-                    request => {
+                    DriverAction::Ledger(request) => {
                         assert!(ledger.is_none(), "seed {seed}: two ledger requests in flight");
-                        // Finishing clears the token, so a retry after a lost reply is
-                        // refused: this harness loses only replies that are safe to retry.
-                        let last = record.receipts.len() as u32;
-                        let idempotent = match &request {
-                            DriverAction::Finish | DriverAction::Fail { .. } => false,
-                            DriverAction::CompleteAndContinue { ordinal, .. } => *ordinal != last,
-                            _ => true,
-                        };
                         let fate = match rng.below(20) {
-                            0 => Fate::RequestLost,
-                            1 if idempotent => Fate::ReplyLost,
+                            0 => Fate::RequestLost(Reply::Unavailable),
+                            1 => Fate::RequestLost(Reply::Ambiguous),
+                            2 | 3 => Fate::ReplyLost,
                             _ => Fate::Committed,
                         };
                         let latency = if rng.below(30) == 0 {
@@ -721,23 +1048,28 @@ mod scripted_schedules {
             now = next;
             if next_ledger == next {
                 let (request, _, fate) = ledger.take().expect("a ledger request is in flight");
-                match fate {
-                    Fate::RequestLost => driver.handle_ledger_error(t(now)),
-                    Fate::ReplyLost | Fate::Committed => match apply(&mut record, &request, t(now)) {
-                        Ok(()) if matches!(fate, Fate::Committed) => driver.handle_committed(t(now)),
-                        Ok(()) => driver.handle_ledger_error(t(now)),
-                        Err(refusal) => {
-                            panic!("seed {seed}: the sole lease holder was refused {request:?}: {refusal}")
-                        }
+                let reply = match fate {
+                    Fate::RequestLost(reply) => reply,
+                    Fate::Committed => match apply(&mut record, &request, t(now)) {
+                        Ok(reply) => reply,
+                        Err(refusal) => Reply::Refused(refusal),
                     },
-                }
+                    Fate::ReplyLost => {
+                        let open = !record.attempt.status.is_terminal();
+                        if apply(&mut record, &request, t(now)).is_ok() && open && record.attempt.status.is_terminal() {
+                            ended_unseen = true;
+                        }
+                        Reply::Ambiguous
+                    }
+                };
+                driver.handle_reply(t(now), reply);
             } else if next_executor == next {
                 let (ordinal, _, result) = executor.take().expect("an executor call is running");
                 driver.handle_executed(t(now), ordinal, result);
             } else {
                 driver.handle_timeout(t(now));
             }
-            if driver.outcome().is_none() {
+            if driver.outcome().is_none() && !record.attempt.status.is_terminal() {
                 // While the driver works, the ledger agrees that its lease is live.
                 assert_eq!(record.command.status, CommandStatus::Processing, "seed {seed}");
                 let until = record.command.lease_until.expect("a held lease has a deadline");
@@ -764,17 +1096,26 @@ mod scripted_schedules {
                 assert_eq!(record.command.status, CommandStatus::Failed, "seed {seed}");
                 "failed"
             }
+            Some(Outcome::Abandoned(_)) if ended_unseen => {
+                // The lease estimate lapsed before a lost reply was disambiguated.
+                assert!(record.attempt.status.is_terminal(), "seed {seed}");
+                "abandoned"
+            }
             Some(Outcome::Abandoned(_)) => {
                 assert_eq!(record.command.status, CommandStatus::Processing, "seed {seed}");
                 assert!(!record.attempt.status.is_terminal(), "seed {seed}");
                 "abandoned"
             }
-            Some(Outcome::Refused(r)) => panic!("seed {seed}: refused {r}"),
+            Some(Outcome::Refused(r)) => panic!("seed {seed}: the sole lease holder was refused: {r}"),
             None => {
                 assert!(now >= horizon, "seed {seed}: stopped without an outcome");
                 "still running"
             }
         };
+        if ended_unseen && ended != "abandoned" {
+            // A lost reply to the ending write was disambiguated by a read-back.
+            return "delivered or failed after a lost reply";
+        }
         ended
     }
 
@@ -785,7 +1126,12 @@ mod scripted_schedules {
             *ends.entry(run(seed)).or_insert(0u32) += 1;
         }
         // The schedules must reach every ending, or they test less than they claim.
-        for ending in ["delivered", "failed", "abandoned"] {
+        for ending in [
+            "delivered",
+            "failed",
+            "abandoned",
+            "delivered or failed after a lost reply",
+        ] {
             assert!(
                 ends.get(ending).is_some_and(|n| *n > 0),
                 "no schedule ended {ending}: {ends:?}"

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use leasehold_engine::driver::{Driver, DriverAction, Outcome};
+use leasehold_engine::driver::{Driver, DriverAction, LedgerRequest, Outcome, Reply};
 use leasehold_engine::transition::{self, claim_and_begin, complete_and_continue, Continued, Guard};
 use leasehold_engine::{AttemptStatus, CommandStatus, ReceiptStatus, Refusal};
 
@@ -164,24 +164,32 @@ fn complete_and_continue_with_stale_token_is_refused() {
     assert!(matches!(refusal, Refusal::StaleToken { .. }), "{refusal:?}");
 }
 
+/// The claimed record with these receipt statuses.
+fn claimed_with(statuses: &[ReceiptStatus]) -> leasehold_engine::AttemptRecord {
+    let mut record = claimed(&resume_plan());
+    for (r, status) in record.receipts.iter_mut().zip(statuses) {
+        r.status = *status;
+    }
+    record
+}
+
 #[test]
 fn a_fused_driver_delivers_n_steps_in_n_plus_one_transactions() {
     let plan = resume_plan();
     let steps = plan.steps.len() as u32;
     // The claim already began step 1.
-    let statuses: Vec<_> = (1..=steps)
-        .map(|o| {
-            (
-                o,
-                if o == 1 {
-                    ReceiptStatus::Running
-                } else {
-                    ReceiptStatus::Pending
-                },
-            )
-        })
-        .collect();
-    let mut driver = Driver::fused(&statuses, LEASE_MS, at(CLAIMED_MS));
+    let record = applied(
+        &enqueued(&plan),
+        &allowed(claim_and_begin(
+            &enqueued(&plan),
+            plan.recovery,
+            OWNER_A,
+            token_a(),
+            LEASE_MS,
+            at(CLAIMED_MS),
+        )),
+    );
+    let mut driver = Driver::fused(&record, LEASE_MS, at(CLAIMED_MS));
     let mut now = CLAIMED_MS;
     let mut transactions = 1; // the claim
     for ordinal in 1..=steps {
@@ -197,11 +205,18 @@ fn a_fused_driver_delivers_n_steps_in_n_plus_one_transactions() {
             },
         );
         match driver.poll_action(at(now)) {
-            Some(DriverAction::CompleteAndContinue { ordinal: o, .. }) => assert_eq!(o, ordinal),
+            Some(DriverAction::Ledger(LedgerRequest::CompleteAndContinue { ordinal: o, .. })) => {
+                assert_eq!(o, ordinal)
+            }
             other => panic!("expected CompleteAndContinue for {ordinal}, got {other:?}"),
         }
         transactions += 1;
-        driver.handle_committed(at(now));
+        let continued = if ordinal < steps {
+            Continued::Began(ordinal + 1)
+        } else {
+            Continued::Finished
+        };
+        driver.handle_reply(at(now), Reply::Continued(continued));
     }
     assert_eq!(driver.outcome(), Some(&Outcome::Delivered));
     assert_eq!(transactions, steps + 1);
@@ -209,10 +224,10 @@ fn a_fused_driver_delivers_n_steps_in_n_plus_one_transactions() {
 
 #[test]
 fn a_fused_driver_begins_a_step_the_claim_left_pending() {
-    let statuses = [(1, ReceiptStatus::Succeeded), (2, ReceiptStatus::Pending)];
-    let mut driver = Driver::fused(&statuses, LEASE_MS, at(CLAIMED_MS));
+    let record = claimed_with(&[ReceiptStatus::Succeeded, ReceiptStatus::Pending]);
+    let mut driver = Driver::fused(&record, LEASE_MS, at(CLAIMED_MS));
     assert_eq!(
         driver.poll_action(at(CLAIMED_MS)),
-        Some(DriverAction::BeginStep { ordinal: 2 })
+        Some(DriverAction::Ledger(LedgerRequest::BeginStep { ordinal: 2 }))
     );
 }

@@ -3,10 +3,15 @@
 //! It writes to that database: `attempts` plans named `bench-<millis>-<i>` and one
 //! attempt of each, all delivered by in-process workers (see [`leasehold::bench`]).
 //! A progress line goes to stderr; the figures to stdout (as JSON with `--json`).
+//! With `--baseline` the raw baseline ([`leasehold::bench::raw`]) runs before and
+//! after the bench, in this process, on a scratch queue of the same database kind
+//! (SQLite: a file in the temporary directory; MySQL: a table in the same database,
+//! dropped after), and the deliveries/s are reported as a ratio to it.
 //! A run that did not deliver every attempt exactly once fails with exit code 1.
 
 use super::{Failure, Outcome};
-use leasehold::bench::{self, BenchOptions, BenchReport, Progress};
+use leasehold::bench::raw::RawKind;
+use leasehold::bench::{self, Baseline, BenchOptions, BenchReport, Progress};
 use leasehold::ledger::Ledger;
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
@@ -27,6 +32,12 @@ pub(super) struct BenchArgs {
     /// Commands each worker claims per poll (and delivers at once; clamped to 1..=256).
     #[arg(long, default_value_t = 5)]
     batch: u32,
+    /// Also run the raw baseline, before and after the bench, in this process on the
+    /// same database kind: as many plain-SQL workers claiming and then completing
+    /// (token-checked) as many jobs, two transactions per job. Reports the
+    /// deliveries/s as a ratio to it.
+    #[arg(long)]
+    baseline: bool,
 }
 
 /// Runs the bench and prints its figures.
@@ -49,12 +60,32 @@ pub(super) async fn run<L: Ledger>(ledger: Arc<L>, args: BenchArgs, json: bool) 
         batch: args.batch,
         tag: bench::fresh_tag(),
     };
+    let raw = if args.baseline {
+        let any: &dyn std::any::Any = ledger.as_ref();
+        let Some(raw) = bench::raw::for_ledger(any) else {
+            return Err(Failure::bad_input(format!(
+                "--baseline: there is no raw baseline on {backend}"
+            )));
+        };
+        Some(raw)
+    } else {
+        None
+    };
+    let (workers, jobs) = (args.workers, args.attempts);
+    let before = match &raw {
+        Some(raw) => Some(raw.run(RawKind::ClaimThenComplete, workers, jobs).await?),
+        None => None,
+    };
     let progress = Arc::new(Progress::default());
     let ticker = tokio::spawn(show_progress(Arc::clone(&progress), args.attempts));
     let result = bench::run(ledger, &options, progress).await;
     ticker.abort();
     let _ = ticker.await;
-    let report = result?;
+    let mut report = result?;
+    if let (Some(raw), Some(before)) = (&raw, before) {
+        let after = raw.run(RawKind::ClaimThenComplete, workers, jobs).await?;
+        report.baseline = Some(Baseline::new(raw.backend(), before, after, &report));
+    }
     if json {
         super::render::print_json(&report);
     } else {
@@ -119,6 +150,20 @@ fn render(report: &BenchReport, backend: &str) -> String {
         ms(report.latency_p50_ms),
         ms(report.latency_p99_ms)
     ));
+    if let Some(b) = &report.baseline {
+        out.push_str(&format!(
+            "raw baseline              {:.0} / {:.0} jobs/s before / after ({} plain-SQL workers on {}: claim, then \
+             token-checked complete)\n",
+            b.before.per_s(),
+            b.after.per_s(),
+            b.before.workers,
+            b.backend
+        ));
+        out.push_str(&format!(
+            "deliveries / raw          {:.2} (deliveries/s over the mean of the two baseline runs)\n",
+            b.ratio
+        ));
+    }
     if report.exactly_once() {
         out.push_str(&format!(
             "exactly once              ok: {} attempts SUCCEEDED, commands DELIVERED, delivery_count 1\n",
