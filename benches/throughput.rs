@@ -9,11 +9,14 @@
 //!   when `LEASEHOLD_TEST_MYSQL_URL` is set, run last: the server's background work
 //!   after a run would slow whatever came next);
 //! - `deliveries/<backend>`: one-step and six-step dry-run deliveries through the real
-//!   fused `Worker` ([`leasehold::bench`]), with their transactions per attempt.
+//!   fused `Worker`, with their transactions per attempt: exactly what `leasehold
+//!   bench` runs ([`leasehold::bench::setup`] untimed, then [`leasehold::bench::measure`]),
+//!   on a fresh file.
 //!
-//! Each criterion iteration is one whole run over a fresh queue (`iter_custom`): the
-//! queue is built untimed (SQLite: a copy of a template file), and the run is timed
-//! from the first claim until the queue is empty. Throughput is in jobs (claims or
+//! The raw baselines are [`leasehold::bench::raw`], the definition `leasehold bench
+//! --baseline` runs too. Each criterion iteration is one whole run over a fresh queue
+//! (`iter_custom`): the queue is built untimed (claims: a copy of a template file),
+//! and the run is timed from the first claim until the queue is empty. Throughput is in jobs (claims or
 //! deliveries). After criterion's own report a summary prints the median figures and
 //! the ratios to the baselines, and writes them to `target/criterion/leasehold-summary.txt`.
 //!
@@ -29,7 +32,7 @@
 
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
 use leasehold::bench::raw::{RawKind, SqliteRaw};
-use leasehold::bench::{self, CountingLedger, Prepared, Progress};
+use leasehold::bench::{self, BenchOptions, CountingLedger, Prepared};
 use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
 use leasehold::ledger::memory::MemoryLedger;
@@ -188,14 +191,13 @@ async fn claim_all<L: Ledger>(ledger: Arc<L>, workers: u32, batch: u32) -> u64 {
 struct Template {
     _dir: tempfile::TempDir,
     path: PathBuf,
-    prepared: Prepared,
 }
 
 impl Template {
     fn new(rt: &Runtime, attempts: u64, steps: u32) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let path = dir.path().join("template.db");
-        let prepared = rt.block_on(async {
+        rt.block_on(async {
             let ledger = Arc::new(sqlite(&path));
             ledger.migrate().await.expect("migrate");
             bench::prepare(ledger, "bench", attempts, steps, 1, Arc::default())
@@ -203,11 +205,7 @@ impl Template {
                 .expect("prepare")
         });
         // Every connection is closed: the WAL is checkpointed into the file.
-        Self {
-            _dir: dir,
-            path,
-            prepared,
-        }
+        Self { _dir: dir, path }
     }
 
     /// A private copy of the template, and its directory.
@@ -367,18 +365,21 @@ fn deliveries(c: &mut Criterion, rt: &Runtime, scale: Scale) {
         (6, BASELINE_THREADS, 1, scale.deliveries_6),
     ];
     for (steps, workers, batch, attempts) in cases {
-        let template = Template::new(rt, attempts, steps);
         let mut g = group(c, &format!("deliveries/sqlite/{steps}-step"), attempts);
         let id = format!("deliveries/sqlite/{steps}-step/batch-{batch}/{workers}");
         g.bench_function(BenchmarkId::new(format!("batch-{batch}"), workers), |b| {
             b.iter_custom(|iters| {
                 (0..iters)
                     .map(|_| {
-                        let (_dir, path) = template.copy();
-                        let inner = Arc::new(sqlite(&path));
-                        let ledger = Arc::new(CountingLedger::new(Arc::clone(&inner)));
+                        // What `leasehold bench` does, on a fresh file.
+                        let dir = tempfile::tempdir().expect("temporary directory");
+                        let inner = Arc::new(sqlite(&dir.path().join("ledger.db")));
+                        let options = options(attempts, workers, steps, batch);
+                        let (ledger, prepared) = rt
+                            .block_on(bench::setup(Arc::clone(&inner), &options, Arc::default()))
+                            .expect("setup");
                         let before = inner.writer_stats();
-                        let (elapsed, tx) = rt.block_on(deliver(ledger, &template.prepared, workers, batch));
+                        let (elapsed, tx) = rt.block_on(deliver(ledger, &prepared, &options));
                         let after = inner.writer_stats();
                         let grouped = leasehold::ledger::sqlite::WriterStats {
                             groups: after.groups - before.groups,
@@ -400,15 +401,12 @@ fn deliveries(c: &mut Criterion, rt: &Runtime, scale: Scale) {
             b.iter_custom(|iters| {
                 (0..iters)
                     .map(|_| {
-                        let (ledger, prepared) = rt.block_on(async {
-                            let ledger = Arc::new(MemoryLedger::new(Arc::new(SystemClock), Arc::new(OsEntropy)));
-                            let prepared =
-                                bench::prepare(Arc::clone(&ledger), "bench", attempts, steps, 1, Arc::default())
-                                    .await
-                                    .expect("prepare");
-                            (Arc::new(CountingLedger::new(ledger)), prepared)
-                        });
-                        let (elapsed, tx) = rt.block_on(deliver(ledger, &prepared, BASELINE_THREADS, 1));
+                        let inner = Arc::new(MemoryLedger::new(Arc::new(SystemClock), Arc::new(OsEntropy)));
+                        let options = options(attempts, BASELINE_THREADS, steps, 1);
+                        let (ledger, prepared) = rt
+                            .block_on(bench::setup(inner, &options, Arc::default()))
+                            .expect("setup");
+                        let (elapsed, tx) = rt.block_on(deliver(ledger, &prepared, &options));
                         record(&id, attempts, elapsed, Some(tx));
                         elapsed
                     })
@@ -419,24 +417,26 @@ fn deliveries(c: &mut Criterion, rt: &Runtime, scale: Scale) {
     }
 }
 
-/// Delivers every prepared attempt, checks exactly-once, answers the elapsed time and
-/// the transactions per attempt.
+fn options(attempts: u64, workers: u32, steps: u32, batch: u32) -> BenchOptions {
+    BenchOptions {
+        attempts,
+        workers,
+        steps,
+        batch,
+        tag: "bench".into(),
+    }
+}
+
+/// Delivers every prepared attempt ([`bench::measure`], as `leasehold bench` does),
+/// checks exactly-once, answers the elapsed time and the transactions per attempt.
 async fn deliver<L: Ledger>(
     ledger: Arc<CountingLedger<L>>,
     prepared: &Prepared,
-    workers: u32,
-    batch: u32,
+    options: &BenchOptions,
 ) -> (Duration, f64) {
-    let measured = bench::drive(
-        Arc::clone(&ledger),
-        "bench",
-        workers,
-        batch,
-        Arc::new(Progress::default()),
-    )
-    .await;
-    let verified = bench::verify(ledger, prepared, 4).await.expect("verify");
-    let report = bench::BenchReport::new(prepared, measured, verified);
+    let report = bench::measure(ledger, prepared, options, Arc::default())
+        .await
+        .expect("measure");
     assert!(
         report.exactly_once(),
         "not delivered exactly once: {:?}",

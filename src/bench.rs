@@ -605,24 +605,46 @@ pub struct BenchOptions {
     pub tag: String,
 }
 
-/// Migrates, prepares, drives and verifies: a whole bench on `ledger`.
+/// Migrates, prepares, drives and verifies: a whole bench on `ledger`, the one
+/// definition `leasehold bench` and the criterion `deliveries/*` runs share
+/// ([`setup`], then [`measure`]).
 pub async fn run<L: Ledger>(
     ledger: Arc<L>,
     options: &BenchOptions,
     progress: Arc<Progress>,
 ) -> Result<BenchReport, LedgerError> {
+    let (counting, prepared) = setup(ledger, options, Arc::clone(&progress)).await?;
+    measure(counting, &prepared, options, progress).await
+}
+
+/// The untimed part of [`run`]: migrates `ledger`, wraps it in a [`CountingLedger`]
+/// and prepares the attempts in it, two preparing tasks per worker.
+pub async fn setup<L: Ledger>(
+    ledger: Arc<L>,
+    options: &BenchOptions,
+    progress: Arc<Progress>,
+) -> Result<(Arc<CountingLedger<L>>, Prepared), LedgerError> {
     ledger.migrate().await?;
     let counting = Arc::new(CountingLedger::new(ledger));
-    let concurrency = options.workers.max(1) * 2;
     let prepared = prepare(
         Arc::clone(&counting),
         &options.tag,
         options.attempts,
         options.steps,
-        concurrency,
-        Arc::clone(&progress),
+        options.workers.max(1) * 2,
+        progress,
     )
     .await?;
+    Ok((counting, prepared))
+}
+
+/// The timed part of [`run`] on what [`setup`] answered: drives, then verifies.
+pub async fn measure<L: Ledger>(
+    counting: Arc<CountingLedger<L>>,
+    prepared: &Prepared,
+    options: &BenchOptions,
+    progress: Arc<Progress>,
+) -> Result<BenchReport, LedgerError> {
     let measured = drive(
         Arc::clone(&counting),
         &options.tag,
@@ -631,8 +653,8 @@ pub async fn run<L: Ledger>(
         progress,
     )
     .await;
-    let verified = verify(counting, &prepared, concurrency).await?;
-    Ok(BenchReport::new(&prepared, measured, verified))
+    let verified = verify(counting, prepared, options.workers.max(1) * 2).await?;
+    Ok(BenchReport::new(prepared, measured, verified))
 }
 
 /// A tag no earlier bench on the same ledger used: `bench-` and the wall clock.

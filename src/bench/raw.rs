@@ -22,7 +22,7 @@
 //!   durability settings are the ledger's), a session like the ledger's
 //!   (`REPEATABLE READ`); the claim is `SELECT … FOR UPDATE SKIP LOCKED` and the
 //!   conditional `UPDATE` in one transaction, the complete one autocommitted
-//!   `UPDATE`. Deadlocks and lock-wait timeouts are retried.
+//!   `UPDATE`. Deadlocks, lock-wait timeouts and snapshot conflicts are retried.
 //!
 //! A further backend is one more `RawBaseline` implementation and one more arm in
 //! [`for_ledger`].
@@ -381,10 +381,10 @@ fn mysql_error(e: mysql_async::Error) -> LedgerError {
     LedgerError::Internal(format!("raw baseline (mysql): {e}"))
 }
 
-/// Whether trying the transaction again may succeed: a deadlock or a lock-wait
-/// timeout.
+/// Whether trying the transaction again may succeed: a deadlock, a lock-wait timeout
+/// or (MariaDB) a snapshot conflict, as the ledger retries them.
 fn mysql_retryable(e: &mysql_async::Error) -> bool {
-    matches!(e, mysql_async::Error::Server(s) if s.code == 1213 || s.code == 1205)
+    matches!(e, mysql_async::Error::Server(s) if matches!(s.code, 1213 | 1205 | 1020))
 }
 
 impl RawBaseline for MysqlRaw {
@@ -500,9 +500,13 @@ async fn mysql_worker(
         claimed += got.len() as u64;
         if kind == RawKind::ClaimThenComplete {
             for id in got {
-                conn.exec_drop(&complete, (now_ms(), id, &token))
-                    .await
-                    .map_err(mysql_error)?;
+                loop {
+                    match conn.exec_drop(&complete, (now_ms(), id, token.as_str())).await {
+                        Ok(()) => break,
+                        Err(e) if mysql_retryable(&e) => continue,
+                        Err(e) => return Err(mysql_error(e)),
+                    }
+                }
                 if conn.affected_rows() != 1 {
                     return Err(LedgerError::Internal(format!(
                         "raw baseline (mysql): the token-checked complete of job {id} matched {} rows",

@@ -1,4 +1,6 @@
-//! [`SqliteCore`]: the synchronous SQLite ledger over one connection.
+//! [`SqliteCore`]: the synchronous SQLite ledger over one connection: opening it,
+//! its transactions, and every transition (claims on their candidate path, worker
+//! and operator requests on one generic path) and read of the ledger.
 
 use super::rows::{self, not_found, SqlResult};
 use crate::clock::Clock;
@@ -38,9 +40,6 @@ pub struct SqliteCore {
     entropy: Arc<dyn Entropy>,
     writes_hook: Option<crate::ledger::WritesHook>,
 }
-
-/// One call of a [`SqliteCore::group`].
-pub type GroupCall<'a, T> = Box<dyn FnOnce(&SqliteCore) -> T + 'a>;
 
 /// A transaction on a core's connection: `BEGIN …` … `COMMIT`, or, when the
 /// connection is already inside a transaction (a group), `SAVEPOINT` … `RELEASE`.
@@ -153,33 +152,6 @@ impl SqliteCore {
         self.writes_hook = Some(hook);
     }
 
-    /// Stops this connection from checkpointing the WAL when it commits (SQLite
-    /// does so by default once the WAL holds 1,000 pages, inside the commit that
-    /// crossed it, fsyncs included): a [`super::SqliteLedger`]'s writer leaves
-    /// checkpoints to its checkpointer thread.
-    pub(super) fn disable_autocheckpoint(&self) -> Result<(), LedgerError> {
-        self.conn.pragma_update(None, "wal_autocheckpoint", 0).sql()
-    }
-
-    /// Runs a checkpoint: `PASSIVE` (copies what it can without waiting for the
-    /// writer), then `RESTART` (waits for the writer, so that the next write starts
-    /// the WAL over) if the WAL still holds more than `max_frames` pages. Answers the
-    /// WAL's size in pages as the last checkpoint found it.
-    pub(super) fn checkpoint(&self, max_frames: i64) -> Result<i64, LedgerError> {
-        let run = |mode: &str| -> Result<i64, LedgerError> {
-            self.conn
-                .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
-                    row.get::<_, i64>(1)
-                })
-                .sql()
-        };
-        let frames = run("PASSIVE")?;
-        if frames > max_frames {
-            return run("RESTART");
-        }
-        Ok(frames)
-    }
-
     /// The underlying connection (tests and diagnostics).
     #[cfg(test)]
     pub(super) fn connection(&self) -> &Connection {
@@ -201,47 +173,6 @@ impl SqliteCore {
 
     fn read_tx(&self) -> Result<Tx<'_>, LedgerError> {
         Tx::begin(&self.conn, "BEGIN DEFERRED")
-    }
-
-    /// Runs `calls` in one write transaction (group commit): each call's own
-    /// transaction becomes a savepoint of it, so a call that fails rolls back only
-    /// its own writes, and one `COMMIT` makes every call's writes durable at once.
-    /// Answers, for each call, its result and whether the transaction holding its
-    /// writes committed: a call's success counts only if that is `Ok`. A group of
-    /// one is just that call. Should SQLite roll the whole group back by itself (an
-    /// I/O error, a full disk), the calls run so far answer that error and the
-    /// others run alone, each in its own transaction.
-    pub fn group<T>(&self, calls: Vec<GroupCall<'_, T>>) -> Vec<(T, Result<(), LedgerError>)> {
-        let alone = |call: GroupCall<'_, T>| (call(self), Ok(()));
-        if calls.len() <= 1 {
-            return calls.into_iter().map(alone).collect();
-        }
-        let Ok(outer) = self.write_tx() else {
-            // No group (another process holds the lock past the busy timeout): each
-            // call tries alone and answers its own error.
-            return calls.into_iter().map(alone).collect();
-        };
-        let mut calls = calls.into_iter();
-        let mut grouped = Vec::new();
-        let mut lost = false;
-        for call in calls.by_ref() {
-            grouped.push(call(self));
-            if self.conn.is_autocommit() {
-                lost = true;
-                break;
-            }
-        }
-        let committed = if lost {
-            drop(outer);
-            Err(LedgerError::Internal(
-                "sqlite rolled back the transaction of a group commit".into(),
-            ))
-        } else {
-            outer.commit()
-        };
-        let mut out: Vec<_> = grouped.into_iter().map(|r| (r, committed.clone())).collect();
-        out.extend(calls.map(alone));
-        out
     }
 
     /// Applies pending schema migrations; answers the versions applied now.

@@ -1,0 +1,383 @@
+//! The SQLite writer thread: one connection that runs every write of a
+//! [`super::SqliteLedger`] in arrival order, the group commit that puts the writes
+//! waiting together into one transaction, and the checkpointer thread beside it.
+//!
+//! Contract: every write (and every read of a private in-memory database, whose one
+//! connection the writer owns) is a [`Job`] sent to the writer's queue, run once in
+//! order. The jobs waiting together (at most [`MAX_GROUP`]) run in one transaction,
+//! each in its own savepoint ([`SqliteCore::group`]): a failing call rolls back only
+//! its own writes, every reply is sent only after the group's `COMMIT`, and a failed
+//! `COMMIT` fails every call of the group. The claims of a group run merged, as one
+//! [`SqliteCore::claim_many`] at the first claim's place: one candidate read for all
+//! of them, each taking exactly what it would have taken alone (the calls of a group
+//! are all unanswered, so that order is one they could have run in). A migration
+//! ([`Job::Alone`]) runs alone, outside any group. An idle writer polls its queue for
+//! [`SPIN_BEFORE_PARK`] before it parks. For a file, a checkpointer thread with its
+//! own connection runs the WAL checkpoints (`PASSIVE` every [`CHECKPOINT_EVERY`]
+//! commits, then `RESTART` past [`WAL_MAX_FRAMES`] pages), so the writer's commits
+//! never copy pages back or wait for an fsync; it ends before the writer's
+//! connection closes. A panicking call loses only its own replies. What each of
+//! these is worth is measured in `docs/performance.md`.
+
+use super::rows::SqlResult;
+use super::SqliteCore;
+use crate::ledger::{Claimed, LedgerError};
+use leasehold_engine::ClaimRequest;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// A call that runs on the writer's core and answers how to send its result once the
+/// group it ran in has committed (or failed to).
+pub(super) type Call = Box<dyn FnOnce(&SqliteCore) -> Answer + Send>;
+
+/// A call for the writer thread.
+pub(super) enum Job {
+    /// A call, grouped with the others waiting.
+    Call(Call),
+    /// A call that runs alone, outside any group (a migration).
+    Alone(Call),
+    /// A claim: the claims of one group run together ([`SqliteCore::claim_many`]).
+    Claim(ClaimRequest, ClaimReply),
+}
+/// Where a merged claim's result goes.
+type ClaimReply = tokio::sync::oneshot::Sender<Result<Vec<Claimed>, LedgerError>>;
+
+/// What the writer runs as one call of a group: one call, or all the claims of the
+/// group merged.
+enum Unit {
+    Call(Call),
+    Claims(Vec<(ClaimRequest, ClaimReply)>),
+}
+
+impl Unit {
+    /// Runs the unit; answers how to send its results once its group has committed.
+    fn run(self, core: &SqliteCore) -> Answer {
+        match self {
+            Unit::Call(call) => call(core),
+            Unit::Claims(claims) => {
+                let (requests, replies): (Vec<_>, Vec<_>) = claims.into_iter().unzip();
+                let out = core.claim_many(&requests);
+                Box::new(move |committed: Result<(), LedgerError>| {
+                    let results: Vec<Result<Vec<Claimed>, LedgerError>> = match (out, committed) {
+                        (Ok(claimed), Ok(())) => claimed.into_iter().map(Ok).collect(),
+                        // Their writes are durable only if the group committed.
+                        (Ok(_), Err(e)) | (Err(e), _) => replies.iter().map(|_| Err(e.clone())).collect(),
+                    };
+                    for (reply, result) in replies.into_iter().zip(results) {
+                        let _ = reply.send(result);
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// Gathers a group's jobs into units: every claim joins the group's one
+/// [`Unit::Claims`], placed where the first claim came. The calls of a group are
+/// concurrent (none has been answered when the group starts), so any order of them
+/// is one they could have run in.
+fn units(jobs: Vec<Job>) -> Vec<Unit> {
+    let mut units = Vec::with_capacity(jobs.len());
+    let mut claims_at = None;
+    for job in jobs {
+        match job {
+            Job::Call(call) | Job::Alone(call) => units.push(Unit::Call(call)),
+            Job::Claim(request, reply) => match claims_at {
+                Some(i) => {
+                    if let Some(Unit::Claims(claims)) = units.get_mut(i) {
+                        claims.push((request, reply));
+                    }
+                }
+                None => {
+                    claims_at = Some(units.len());
+                    units.push(Unit::Claims(vec![(request, reply)]));
+                }
+            },
+        }
+    }
+    units
+}
+/// Sends a call's result, given its group's commit outcome.
+pub(super) type Answer = Box<dyn FnOnce(Result<(), LedgerError>) + Send>;
+
+/// The most calls the writer commits in one group.
+const MAX_GROUP: usize = 64;
+/// The writer asks for a checkpoint after this many commits: at 4 to 5 pages per
+/// transition, about SQLite's own default of a checkpoint per 1,000 WAL pages. Each
+/// checkpoint fsyncs the database file; asking every 32 commits cost one-step
+/// deliveries at batch 5 about a tenth of their throughput (the checkpointer
+/// competes for the cores with the callers).
+const CHECKPOINT_EVERY: u64 = 256;
+/// A WAL longer than this (pages) after a passive checkpoint gets a `RESTART`
+/// checkpoint, which waits for the writer: the bound on the WAL's growth when
+/// passive checkpoints cannot keep up.
+const WAL_MAX_FRAMES: i64 = 16_384;
+
+/// The checkpointer thread of a file database: runs the WAL checkpoints the writer
+/// asks for on its own connection, so that their copying and fsyncs happen beside
+/// the writer instead of inside one of its commits.
+struct Checkpointer {
+    wake: Option<mpsc::SyncSender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn spawn(core: SqliteCore) -> Result<Self, LedgerError> {
+        // One pending request is enough: requests made while one waits add nothing.
+        let (wake, asked) = mpsc::sync_channel::<()>(1);
+        let thread = std::thread::Builder::new()
+            .name("leasehold-sqlite-checkpointer".into())
+            .spawn(move || {
+                while asked.recv().is_ok() {
+                    // A failed checkpoint (another process busy) is tried again at
+                    // the next request; the writer's commits never depend on it.
+                    let _ = core.checkpoint(WAL_MAX_FRAMES);
+                }
+            })
+            .map_err(|e| LedgerError::Internal(format!("cannot start the sqlite checkpointer thread: {e}")))?;
+        Ok(Self {
+            wake: Some(wake),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.wake.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writer thread: owns one core and runs the jobs sent to it in order, the jobs
+/// waiting together in one transaction (group commit, [`SqliteCore::group`]). With a
+/// checkpointer, the writer's own connection never checkpoints: it wakes the
+/// checkpointer every [`CHECKPOINT_EVERY`] commits.
+pub(super) struct Writer {
+    pub(super) jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<Counters>,
+}
+
+/// What the writer thread has done, counted as it goes.
+#[derive(Default)]
+struct Counters {
+    groups: AtomicU64,
+    calls: AtomicU64,
+}
+
+/// How a [`SqliteLedger`]'s writer thread grouped the writes it ran (see
+/// [`super::SqliteLedger::writer_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions the writer committed (or tried to): one per group.
+    pub groups: u64,
+    /// Calls it ran in them (every write, and the reads of a private database).
+    pub calls: u64,
+}
+
+impl WriterStats {
+    /// Calls per committed transaction (1 means no grouping happened).
+    pub fn calls_per_group(&self) -> f64 {
+        if self.groups == 0 {
+            0.0
+        } else {
+            self.calls as f64 / self.groups as f64
+        }
+    }
+}
+
+impl Writer {
+    pub(super) fn spawn(core: SqliteCore, checkpointer: Option<SqliteCore>) -> Result<Self, LedgerError> {
+        let checkpointer = match checkpointer {
+            Some(other) => {
+                core.disable_autocheckpoint()?;
+                Some(Checkpointer::spawn(other)?)
+            }
+            None => None,
+        };
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let stats = Arc::new(Counters::default());
+        let counters = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name("leasehold-sqlite-writer".into())
+            .spawn(move || {
+                let mut commits = 0u64;
+                // A call that must run alone, received while gathering a group.
+                let mut held: Option<Job> = None;
+                loop {
+                    let first = match held.take() {
+                        Some(job) => job,
+                        None => match next_job(&queue) {
+                            Ok(job) => job,
+                            Err(_) => break,
+                        },
+                    };
+                    // Group commit: the calls already waiting join the first one.
+                    let mut jobs = vec![first];
+                    while jobs.len() < MAX_GROUP && !matches!(jobs[0], Job::Alone(_)) {
+                        match queue.try_recv() {
+                            Ok(job @ Job::Alone(_)) => {
+                                held = Some(job);
+                                break;
+                            }
+                            Ok(job) => jobs.push(job),
+                            Err(_) => break,
+                        }
+                    }
+                    counters.groups.fetch_add(1, Ordering::Relaxed);
+                    counters.calls.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+                    let calls: Vec<GroupCall<'_, Option<Answer>>> = units(jobs)
+                        .into_iter()
+                        .map(|unit| {
+                            Box::new(move |core: &SqliteCore| {
+                                // A panicking unit loses only its own replies (its
+                                // callers see an internal error); its transaction
+                                // or savepoint rolled back on unwind.
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unit.run(core))).ok()
+                            }) as GroupCall<'_, Option<Answer>>
+                        })
+                        .collect();
+                    for (reply, committed) in core.group(calls) {
+                        if let Some(reply) = reply {
+                            reply(committed);
+                        }
+                    }
+                    commits += 1;
+                    if commits % CHECKPOINT_EVERY == 0 {
+                        if let Some(Checkpointer { wake: Some(wake), .. }) = &checkpointer {
+                            let _ = wake.try_send(());
+                        }
+                    }
+                }
+                // The checkpointer ends before the writer's connection closes (the
+                // last connection to close checkpoints the WAL into the file).
+                drop(checkpointer);
+            })
+            .map_err(|e| LedgerError::Internal(format!("cannot start the sqlite writer thread: {e}")))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    /// How the writer has grouped the calls sent to it so far.
+    pub(super) fn stats(&self) -> WriterStats {
+        WriterStats {
+            groups: self.stats.groups.load(Ordering::Relaxed),
+            calls: self.stats.calls.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How long the writer thread polls its empty queue before it parks: callers
+/// answered by the group just committed usually send their next call within a few
+/// microseconds, and catching it without parking spares the writer a futex wait and
+/// a context switch, and the caller a futex wake.
+const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The writer's next job: polls its empty queue for [`SPIN_BEFORE_PARK`], then
+/// blocks.
+fn next_job(queue: &mpsc::Receiver<Job>) -> Result<Job, mpsc::RecvError> {
+    let mut since: Option<std::time::Instant> = None;
+    loop {
+        match queue.try_recv() {
+            Ok(job) => return Ok(job),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
+            Err(mpsc::TryRecvError::Empty) => {}
+        }
+        if since.get_or_insert_with(std::time::Instant::now).elapsed() >= SPIN_BEFORE_PARK {
+            return queue.recv();
+        }
+        std::hint::spin_loop();
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has run what was sent; joining it
+        // closes its connection (checkpointing the WAL) before the ledger is gone.
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One call of a [`SqliteCore::group`].
+pub type GroupCall<'a, T> = Box<dyn FnOnce(&SqliteCore) -> T + 'a>;
+
+impl SqliteCore {
+    /// Runs `calls` in one write transaction (group commit): each call's own
+    /// transaction becomes a savepoint of it, so a call that fails rolls back only
+    /// its own writes, and one `COMMIT` makes every call's writes durable at once.
+    /// Answers, for each call, its result and whether the transaction holding its
+    /// writes committed: a call's success counts only if that is `Ok`. A group of
+    /// one is just that call. Should SQLite roll the whole group back by itself (an
+    /// I/O error, a full disk), the calls run so far answer that error and the
+    /// others run alone, each in its own transaction.
+    pub fn group<T>(&self, calls: Vec<GroupCall<'_, T>>) -> Vec<(T, Result<(), LedgerError>)> {
+        let alone = |call: GroupCall<'_, T>| (call(self), Ok(()));
+        if calls.len() <= 1 {
+            return calls.into_iter().map(alone).collect();
+        }
+        let Ok(outer) = self.write_tx() else {
+            // No group (another process holds the lock past the busy timeout): each
+            // call tries alone and answers its own error.
+            return calls.into_iter().map(alone).collect();
+        };
+        let mut calls = calls.into_iter();
+        let mut grouped = Vec::new();
+        let mut lost = false;
+        for call in calls.by_ref() {
+            grouped.push(call(self));
+            if self.raw_connection().is_autocommit() {
+                lost = true;
+                break;
+            }
+        }
+        let committed = if lost {
+            drop(outer);
+            Err(LedgerError::Internal(
+                "sqlite rolled back the transaction of a group commit".into(),
+            ))
+        } else {
+            outer.commit()
+        };
+        let mut out: Vec<_> = grouped.into_iter().map(|r| (r, committed.clone())).collect();
+        out.extend(calls.map(alone));
+        out
+    }
+
+    /// Stops this connection from checkpointing the WAL when it commits (SQLite
+    /// does so by default once the WAL holds 1,000 pages, inside the commit that
+    /// crossed it, fsyncs included): a [`super::SqliteLedger`]'s writer leaves
+    /// checkpoints to its checkpointer thread.
+    pub(super) fn disable_autocheckpoint(&self) -> Result<(), LedgerError> {
+        self.raw_connection().pragma_update(None, "wal_autocheckpoint", 0).sql()
+    }
+
+    /// Runs a checkpoint: `PASSIVE` (copies what it can without waiting for the
+    /// writer), then `RESTART` (waits for the writer, so that the next write starts
+    /// the WAL over) if the WAL still holds more than `max_frames` pages. Answers the
+    /// WAL's size in pages as the last checkpoint found it.
+    pub(super) fn checkpoint(&self, max_frames: i64) -> Result<i64, LedgerError> {
+        let run = |mode: &str| -> Result<i64, LedgerError> {
+            self.raw_connection()
+                .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |row| {
+                    row.get::<_, i64>(1)
+                })
+                .sql()
+        };
+        let frames = run("PASSIVE")?;
+        if frames > max_frames {
+            return run("RESTART");
+        }
+        Ok(frames)
+    }
+}
