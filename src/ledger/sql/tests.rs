@@ -144,7 +144,7 @@ mod mysql {
             .unwrap();
         let conn: Conn = rt.block_on(async {
             let mut conn = Conn::new(Opts::from_url(&url).unwrap()).await.unwrap();
-            // A temporary table: this session's own, shadowing any real `command`.
+            // A temporary table: this connection's own, shadowing any real `command`.
             conn.query_drop(create_command_table(&MYSQL, true)).await.unwrap();
             conn
         });
@@ -230,7 +230,7 @@ mod postgres {
         let client = rt.block_on(async {
             let (client, connection) = url.config().connect(tokio_postgres::NoTls).await.unwrap();
             tokio::spawn(connection);
-            // A temporary table: this session's own, shadowing any real `command`.
+            // A temporary table: this connection's own, shadowing any real `command`.
             client
                 .batch_execute(&create_command_table(&POSTGRES, true))
                 .await
