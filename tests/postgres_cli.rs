@@ -92,3 +92,52 @@ fn an_unmigrated_postgres_ledger_is_refused_until_migrated() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "[]");
 }
+
+#[test]
+fn bench_on_postgres_delivers_exactly_once_beside_the_raw_postgres_baseline() {
+    let Some((_db, url)) = scratch("lh_bench_") else { return };
+    let out = leasehold(&url, &["migrate"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = leasehold(
+        &url,
+        &[
+            "bench",
+            "--attempts",
+            "30",
+            "--workers",
+            "3",
+            "--batch",
+            "2",
+            "--baseline",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}\n{}", text(&out.stderr), text(&out.stdout));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verified"]["exactly_once"], 30);
+    assert_eq!(report["verified"]["problem_count"], 0);
+    assert_eq!(report["transactions_per_attempt"], 2.0);
+    let baseline = &report["baseline"];
+    assert_eq!(baseline["backend"], "postgres");
+    for run in [&baseline["before"], &baseline["after"]] {
+        assert_eq!(run["kind"], "claim-then-complete");
+        assert_eq!(run["workers"], 3);
+        assert_eq!(run["jobs"], 30, "every raw job claimed and completed once");
+    }
+    assert!(baseline["ratio"].as_f64().unwrap() > 0.0);
+    // The raw runs drop their tables: only the ledger's own remain.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let left: i64 = rt.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let row = client
+            .query_one("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'lh_raw_%'", &[])
+            .await
+            .unwrap();
+        row.get(0)
+    });
+    assert_eq!(left, 0, "raw baseline tables left behind");
+}

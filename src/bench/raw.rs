@@ -23,11 +23,16 @@
 //!   (`REPEATABLE READ`); the claim is `SELECT … FOR UPDATE SKIP LOCKED` and the
 //!   conditional `UPDATE` in one transaction, the complete one autocommitted
 //!   `UPDATE`. Deadlocks, lock-wait timeouts and snapshot conflicts are retried.
+//! - [`PostgresRaw`]: a table in the ledger's own database, sessions from a pool built
+//!   like the ledger's (same TLS and session settings); the claim is one autocommitted
+//!   `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING`, the complete
+//!   one autocommitted token-checked `UPDATE`.
 //!
 //! A further backend is one more `RawBaseline` implementation and one more arm in
 //! [`for_ledger`].
 
 use crate::ledger::mysql::{MysqlLedger, MysqlUrl};
+use crate::ledger::postgres::{PostgresLedger, PostgresUrl};
 use crate::ledger::sqlite::SqliteLedger;
 use crate::ledger::LedgerError;
 use std::any::Any;
@@ -112,6 +117,9 @@ pub fn for_ledger(ledger: &dyn Any) -> Option<Box<dyn RawBaseline>> {
     }
     if let Some(mysql) = ledger.downcast_ref::<MysqlLedger>() {
         return Some(Box::new(MysqlRaw::new(mysql.url().clone())));
+    }
+    if let Some(postgres) = ledger.downcast_ref::<PostgresLedger>() {
+        return Some(Box::new(PostgresRaw::new(postgres.url().clone())));
     }
     None
 }
@@ -442,10 +450,28 @@ async fn mysql_run(
     for _ in 0..workers {
         conns.push(raw.connect().await?);
     }
+    let workers_run = conns
+        .into_iter()
+        .enumerate()
+        .map(|(w, conn)| mysql_worker(conn, table.to_owned(), kind, w as u32));
+    run_tasks("mysql", kind, workers, jobs, workers_run).await
+}
+
+/// Starts every worker at once, waits for all of them, and checks the run.
+async fn run_tasks<F>(
+    backend: &str,
+    kind: RawKind,
+    workers: u32,
+    jobs: u64,
+    tasks_to_run: impl Iterator<Item = F>,
+) -> Result<RawRun, LedgerError>
+where
+    F: Future<Output = Result<u64, LedgerError>> + Send + 'static,
+{
     let began = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for (w, conn) in conns.into_iter().enumerate() {
-        tasks.spawn(mysql_worker(conn, table.to_owned(), kind, w as u32));
+    for task in tasks_to_run {
+        tasks.spawn(task);
     }
     let mut claimed = 0;
     let mut failure = None;
@@ -453,7 +479,7 @@ async fn mysql_run(
         match done {
             Ok(Ok(n)) => claimed += n,
             Ok(Err(e)) => failure = Some(e),
-            Err(e) => failure = Some(LedgerError::Internal(format!("raw baseline (mysql) worker: {e}"))),
+            Err(e) => failure = Some(LedgerError::Internal(format!("raw baseline ({backend}) worker: {e}"))),
         }
     }
     let elapsed = began.elapsed();
@@ -550,4 +576,136 @@ async fn mysql_claim(
     }
     tx.commit().await?;
     Ok(Some(ids))
+}
+
+// ---------------------------------------------------------------------------------
+// PostgreSQL.
+
+/// The raw baseline on PostgreSQL: a scratch table in the ledger's database.
+#[derive(Debug, Clone)]
+pub struct PostgresRaw {
+    url: PostgresUrl,
+}
+
+impl PostgresRaw {
+    /// Queues are tables created (and dropped) in the database `url` names.
+    pub fn new(url: PostgresUrl) -> Self {
+        Self { url }
+    }
+}
+
+fn postgres_error(e: tokio_postgres::Error) -> LedgerError {
+    LedgerError::Internal(format!("raw baseline (postgres): {e}"))
+}
+
+impl RawBaseline for PostgresRaw {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn run(&self, kind: RawKind, workers: u32, jobs: u64) -> BoxFuture<'_, Result<RawRun, LedgerError>> {
+        Box::pin(async move {
+            let workers = workers.max(1);
+            // Sessions as the ledger's are made (TLS, timeouts), one per worker and
+            // one to create and drop the table.
+            let mut url = self.url.clone();
+            url.options.pool_max = workers as usize + 1;
+            let pool = PostgresLedger::open(&url, Arc::new(crate::entropy::OsEntropy))?;
+            let table = unique_name("lh_raw_");
+            let admin = pool.session().await?;
+            let result = postgres_run(&pool, &admin, &table, kind, workers, jobs).await;
+            let dropped = admin.batch_execute(&format!("DROP TABLE IF EXISTS {table}")).await;
+            let run = result?;
+            dropped.map_err(postgres_error)?;
+            Ok(run)
+        })
+    }
+}
+
+async fn postgres_run(
+    pool: &PostgresLedger,
+    admin: &tokio_postgres::Client,
+    table: &str,
+    kind: RawKind,
+    workers: u32,
+    jobs: u64,
+) -> Result<RawRun, LedgerError> {
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, status TEXT NOT NULL, \
+             available_at BIGINT NOT NULL, lease_token TEXT NULL, lease_until BIGINT NULL, \
+             attempts INT NOT NULL DEFAULT 0, finished_at BIGINT NULL); \
+             CREATE INDEX {table}_claimable ON {table} (available_at, id) WHERE status = 'PENDING'; \
+             INSERT INTO {table} (status, available_at) SELECT 'PENDING', g FROM generate_series(0, {last}) g; \
+             ANALYZE {table}",
+            last = jobs as i64 - 1
+        ))
+        .await
+        .map_err(postgres_error)?;
+    let mut sessions = Vec::with_capacity(workers as usize);
+    for _ in 0..workers {
+        sessions.push(pool.session().await?);
+    }
+    let workers_run = sessions
+        .into_iter()
+        .enumerate()
+        .map(|(w, session)| postgres_worker(session, table.to_owned(), kind, w as u32));
+    run_tasks("postgres", kind, workers, jobs, workers_run).await
+}
+
+/// One PostgreSQL worker on its own session: claims (and completes) until nothing is
+/// PENDING; answers the jobs it claimed.
+async fn postgres_worker(
+    session: deadpool_postgres::Client,
+    table: String,
+    kind: RawKind,
+    worker: u32,
+) -> Result<u64, LedgerError> {
+    let claim = session
+        .prepare(&format!(
+            "UPDATE {table} SET status = 'PROCESSING', lease_token = $1 || '-' || id, lease_until = $2, \
+             attempts = attempts + 1 \
+             WHERE id IN (SELECT id FROM {table} WHERE status = 'PENDING' AND available_at <= $3 \
+                          ORDER BY available_at, id LIMIT {} FOR UPDATE SKIP LOCKED) \
+             RETURNING id, lease_token",
+            kind.limit()
+        ))
+        .await
+        .map_err(postgres_error)?;
+    let complete = session
+        .prepare(&format!(
+            "UPDATE {table} SET status = 'DONE', lease_token = NULL, finished_at = $3 \
+             WHERE id = $1 AND status = 'PROCESSING' AND lease_token = $2"
+        ))
+        .await
+        .map_err(postgres_error)?;
+    let mut claimed = 0u64;
+    let mut serial = 0u64;
+    loop {
+        serial += 1;
+        let token = format!("{worker:08x}{serial:024x}");
+        let now = now_ms();
+        let rows = session
+            .query(&claim, &[&token, &(now + 60_000), &now])
+            .await
+            .map_err(postgres_error)?;
+        if rows.is_empty() {
+            return Ok(claimed);
+        }
+        claimed += rows.len() as u64;
+        if kind == RawKind::ClaimThenComplete {
+            for row in rows {
+                let (id, token): (i64, String) = (row.get(0), row.get(1));
+                let n = session
+                    .execute(&complete, &[&id, &token, &now_ms()])
+                    .await
+                    .map_err(postgres_error)?;
+                if n != 1 {
+                    return Err(LedgerError::Internal(format!(
+                        "raw baseline (postgres): the token-checked complete of job {id} matched {n} rows"
+                    )));
+                }
+            }
+        }
+    }
 }
