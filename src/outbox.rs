@@ -2,14 +2,15 @@
 //!
 //! An application that writes a business row (an order) and must deliver something
 //! because of it (push the order to a CRM) writes both in **one** transaction of its
-//! own: [`Outbox::enqueue_sqlite`] (a `rusqlite` transaction) or
-//! [`Outbox::enqueue_mysql`] (a `mysql_async` transaction) writes the attempt, its
-//! receipts and its outbox command with the ledger's own row code, inside that
+//! own: [`Outbox::enqueue_sqlite`] (a `rusqlite` transaction),
+//! [`Outbox::enqueue_mysql`] (a `mysql_async` transaction) or
+//! [`Outbox::enqueue_postgres`] (a `tokio_postgres` transaction) writes the attempt,
+//! its receipts and its outbox command with the ledger's own row code, inside that
 //! transaction, and commits nothing. If the caller commits, the business row and the
 //! command are durable together and a [`crate::worker::Worker`] on the same database
-//! delivers the command; if it rolls back, neither exists. [`Outbox::register_plan_sqlite`]
-//! and [`Outbox::register_plan_mysql`] register a plan in the same transaction (a plan
-//! per order, whose step payloads carry the order).
+//! delivers the command; if it rolls back, neither exists. [`Outbox::register_plan_sqlite`],
+//! [`Outbox::register_plan_mysql`] and [`Outbox::register_plan_postgres`] register a
+//! plan in the same transaction (a plan per order, whose step payloads carry the order).
 //!
 //! Contract:
 //! - the database must hold a ledger schema this release can use: the same check as
@@ -21,12 +22,17 @@
 //!   for `execute` ([`LedgerError::Refused`]);
 //! - each call runs under a savepoint of the caller's transaction: when it fails,
 //!   nothing of it is left in the transaction, and the caller's own writes stay as
-//!   they were (the caller decides whether to commit them anyway);
+//!   they were (the caller decides whether to commit them anyway; on PostgreSQL the
+//!   savepoint also keeps a failed statement from aborting the caller's transaction);
 //! - time: on SQLite the ledger's clock is the system clock, as for
 //!   [`crate::ledger::sqlite::SqliteLedger`] in production; on MySQL it is the
 //!   database's (`UTC_TIMESTAMP(6)`, whatever the session's time zone), read
-//!   inside the transaction. [`Outbox::with_clock`] replaces either (tests). Ids
-//!   come from the OS's randomness unless [`Outbox::with_entropy`] says otherwise.
+//!   inside the transaction; on PostgreSQL too (`clock_timestamp()`, as the
+//!   PostgreSQL ledger reads it). [`Outbox::with_clock`] replaces any of them
+//!   (tests). Ids come from the OS's randomness unless [`Outbox::with_entropy`] says
+//!   otherwise;
+//! - on PostgreSQL an enqueue also sends the ledger's `NOTIFY` in the transaction,
+//!   which PostgreSQL delivers only if the caller commits: idle workers wake at once.
 //!
 //! The transaction must be on the database the workers use, with the ledger's tables
 //! (`leasehold migrate`). On SQLite, begin it with
@@ -34,7 +40,11 @@
 //! a deferred transaction that reads before it writes fails with `SQLITE_BUSY` when
 //! another connection (a worker) wrote in between. On MySQL, enqueue before other
 //! plain reads of a REPEATABLE READ transaction, or use READ COMMITTED: an enqueue
-//! whose snapshot misses an attempt committed since is refused.
+//! whose snapshot misses an attempt committed since is refused. On PostgreSQL, the
+//! same: a REPEATABLE READ or SERIALIZABLE transaction's snapshot is fixed by its
+//! first statement, and an enqueue deciding on one that misses an attempt committed
+//! since is refused ([`LedgerError::BadInput`]; a serialization failure is
+//! [`LedgerError::Unavailable`]), nothing written.
 //!
 //! ```
 //! use leasehold::engine::{Action, PlanSpec};
@@ -75,6 +85,7 @@
 use crate::clock::{Clock, SystemClock};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ledger::mysql::outbox as mysql;
+use crate::ledger::postgres::outbox as postgres;
 use crate::ledger::sqlite::outbox as sqlite;
 use crate::ledger::LedgerError;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
@@ -87,13 +98,16 @@ pub use mysql_async;
 /// The `rusqlite` this crate is built with: its connections and transactions are
 /// what [`Outbox::enqueue_sqlite`] takes.
 pub use rusqlite;
+/// The `tokio_postgres` this crate is built with: its transactions are what
+/// [`Outbox::enqueue_postgres`] takes (a `deadpool_postgres::Transaction` derefs to one).
+pub use tokio_postgres;
 
 /// Writes plans and attempts inside the caller's own transaction (see the
 /// [module](self) documentation). Cheap to clone; holds no connection.
 #[derive(Clone)]
 pub struct Outbox {
     /// `None`: the ledger's own clock (the system's for SQLite, the database's for
-    /// MySQL).
+    /// MySQL and PostgreSQL).
     clock: Option<Arc<dyn Clock>>,
     entropy: Arc<dyn Entropy>,
 }
@@ -188,5 +202,29 @@ impl Outbox {
         action: Action,
     ) -> Result<AttemptRecord, LedgerError> {
         mysql::enqueue(tx, plan, action, &*self.entropy, self.clock.as_deref()).await
+    }
+
+    /// [`Outbox::register_plan_sqlite`] inside the caller's PostgreSQL transaction
+    /// (pass `&mut tx`; a `deadpool_postgres::Transaction` derefs to one), at the
+    /// database's clock.
+    pub async fn register_plan_postgres(
+        &self,
+        tx: &mut tokio_postgres::Transaction<'_>,
+        spec: PlanSpec,
+        known_executors: &[&str],
+    ) -> Result<Plan, LedgerError> {
+        postgres::register_plan(tx, spec, known_executors, &*self.entropy, self.clock.as_deref()).await
+    }
+
+    /// [`Outbox::enqueue_sqlite`] inside the caller's PostgreSQL transaction: the plan
+    /// row is locked first, the attempt is available at the database's now, and idle
+    /// workers are notified when (and only if) the caller commits.
+    pub async fn enqueue_postgres(
+        &self,
+        tx: &mut tokio_postgres::Transaction<'_>,
+        plan: &PlanId,
+        action: Action,
+    ) -> Result<AttemptRecord, LedgerError> {
+        postgres::enqueue(tx, plan, action, &*self.entropy, self.clock.as_deref()).await
     }
 }

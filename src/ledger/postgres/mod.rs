@@ -33,6 +33,7 @@ mod connection;
 mod error;
 mod listing;
 pub mod notify;
+pub(crate) mod outbox;
 mod rows;
 pub mod schema;
 pub mod scratch;

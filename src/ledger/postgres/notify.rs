@@ -11,7 +11,6 @@
 use super::error::TxError;
 use super::rows;
 use super::{tls, PostgresUrl, Ssl};
-use deadpool_postgres::GenericClient;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
@@ -20,7 +19,7 @@ use tokio_postgres::AsyncMessage;
 pub const CHANNEL: &str = "leasehold_work";
 
 /// Notifies [`CHANNEL`] when the caller's transaction commits.
-pub(super) async fn send<C: GenericClient>(c: &C) -> Result<(), TxError> {
+pub(super) async fn send<C: rows::Session>(c: &C) -> Result<(), TxError> {
     rows::execute(c, "SELECT pg_notify('leasehold_work', '')", &[]).await?;
     Ok(())
 }

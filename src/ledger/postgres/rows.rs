@@ -8,7 +8,10 @@
 //! attempt, then command, then receipts by ordinal. Writes run the statements of
 //! [`crate::ledger::sql::write::plan`]; the command's `UPDATE` carries the guard as
 //! its `WHERE` condition and zero affected rows (PostgreSQL counts matched rows) is a
-//! refusal. Every statement is prepared once per session (deadpool's statement cache).
+//! refusal. Every statement of the ledger's own sessions is prepared once per session
+//! (deadpool's statement cache); a caller's plain `tokio_postgres` transaction (the
+//! outbox, [`super::outbox`]) has no cache and prepares each statement as it runs it
+//! ([`Session`]).
 
 use super::error::{classify, Phase, TxError};
 use crate::ledger::sql::decode::{self, ColumnReader};
@@ -22,8 +25,54 @@ use leasehold_engine::{
     Attempt, AttemptId, AttemptRecord, Command, Plan, PlanId, PlanStatus, Receipt, Timestamp, Writes,
 };
 use std::collections::BTreeMap;
+use std::future::Future;
 use tokio_postgres::types::{FromSql, ToSql, Type};
-use tokio_postgres::Row;
+use tokio_postgres::{Row, Statement as Prepared};
+
+/// What the row code runs its statements on: a pooled session or one of its
+/// transactions (every [`GenericClient`], preparing through deadpool's statement
+/// cache), or a caller's own `tokio_postgres` transaction (the outbox's
+/// [`super::outbox`] session, which prepares plainly: it has no cache).
+pub(super) trait Session: Sync {
+    /// Prepares `sql` (from the session's statement cache where it has one).
+    fn prepare_statement(&self, sql: &str) -> impl Future<Output = Result<Prepared, tokio_postgres::Error>> + Send;
+
+    /// Runs a prepared query; answers its rows.
+    fn query_statement(
+        &self,
+        statement: &Prepared,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + Send;
+
+    /// Runs a prepared statement; answers the rows it affected.
+    fn execute_statement(
+        &self,
+        statement: &Prepared,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<u64, tokio_postgres::Error>> + Send;
+}
+
+impl<C: GenericClient> Session for C {
+    async fn prepare_statement(&self, sql: &str) -> Result<Prepared, tokio_postgres::Error> {
+        self.prepare_cached(sql).await
+    }
+
+    async fn query_statement(
+        &self,
+        statement: &Prepared,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        GenericClient::query(self, statement, params).await
+    }
+
+    async fn execute_statement(
+        &self,
+        statement: &Prepared,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        GenericClient::execute(self, statement, params).await
+    }
+}
 
 /// The database clock's now, in milliseconds since the Unix epoch.
 pub(super) const NOW_SQL: &str = POSTGRES.now_ms;
@@ -149,16 +198,16 @@ impl ColumnReader for PgRow<'_> {
     }
 }
 
-/// Runs a query (prepared once per session) and answers its rows.
-pub(super) async fn rows<C: GenericClient>(c: &C, sql: &str, values: &[Value<'_>]) -> Result<Vec<Row>, TxError> {
-    let statement = c.prepare_cached(sql).await.map_err(statement_error)?;
+/// Runs a query (prepared once per pooled session, [`Session`]) and answers its rows.
+pub(super) async fn rows<C: Session>(c: &C, sql: &str, values: &[Value<'_>]) -> Result<Vec<Row>, TxError> {
+    let statement = c.prepare_statement(sql).await.map_err(statement_error)?;
     let params = params(statement.params(), values)?;
     let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
-    c.query(&statement, &refs).await.map_err(statement_error)
+    c.query_statement(&statement, &refs).await.map_err(statement_error)
 }
 
 /// Runs a query and parses every row.
-pub(super) async fn query_all<C: GenericClient, T>(
+pub(super) async fn query_all<C: Session, T>(
     c: &C,
     sql: &str,
     values: &[Value<'_>],
@@ -178,7 +227,7 @@ pub(super) fn parse_all<T>(
 }
 
 /// Runs a query and parses its first row, if any.
-pub(super) async fn query_one<C: GenericClient, T>(
+pub(super) async fn query_one<C: Session, T>(
     c: &C,
     sql: &str,
     values: &[Value<'_>],
@@ -188,15 +237,15 @@ pub(super) async fn query_one<C: GenericClient, T>(
 }
 
 /// Runs a statement; answers the rows it affected.
-pub(super) async fn execute<C: GenericClient>(c: &C, sql: &str, values: &[Value<'_>]) -> Result<u64, TxError> {
-    let statement = c.prepare_cached(sql).await.map_err(statement_error)?;
+pub(super) async fn execute<C: Session>(c: &C, sql: &str, values: &[Value<'_>]) -> Result<u64, TxError> {
+    let statement = c.prepare_statement(sql).await.map_err(statement_error)?;
     let params = params(statement.params(), values)?;
     let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
-    c.execute(&statement, &refs).await.map_err(statement_error)
+    c.execute_statement(&statement, &refs).await.map_err(statement_error)
 }
 
 /// The database clock's now.
-pub(super) async fn db_now<C: GenericClient>(c: &C) -> Result<Timestamp, TxError> {
+pub(super) async fn db_now<C: Session>(c: &C) -> Result<Timestamp, TxError> {
     query_one(c, &format!("SELECT {NOW_SQL}"), &[], |r| {
         decode::scalar(r, 0, "the database's now")
     })
@@ -210,17 +259,14 @@ fn plan_row(row: &mut dyn ColumnReader) -> Result<Plan, LedgerError> {
 }
 
 /// A plan by id; `lock` takes it `FOR UPDATE` (enqueue serializes on its plan).
-pub(super) async fn read_plan<C: GenericClient>(c: &C, id: &PlanId, lock: bool) -> Result<Option<Plan>, TxError> {
+pub(super) async fn read_plan<C: Session>(c: &C, id: &PlanId, lock: bool) -> Result<Option<Plan>, TxError> {
     let q = queries(&POSTGRES);
     let sql = if lock { &q.plan_by_id_locked } else { &q.plan_by_id };
     query_one(c, sql, &[Value::Text(id.as_str())], plan_row).await
 }
 
 /// Plans by id (claims read the plans of their candidates in one query).
-pub(super) async fn read_plans_by_id<C: GenericClient>(
-    c: &C,
-    ids: &[&PlanId],
-) -> Result<BTreeMap<PlanId, Plan>, TxError> {
+pub(super) async fn read_plans_by_id<C: Session>(c: &C, ids: &[&PlanId]) -> Result<BTreeMap<PlanId, Plan>, TxError> {
     if ids.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -234,7 +280,7 @@ pub(super) async fn read_plans_by_id<C: GenericClient>(
 /// Serializes registrations of one content: a transaction-scoped advisory lock on the
 /// fingerprint (row locks hold no gaps here, so the lookup alone would let two
 /// concurrent registrations both insert).
-pub(super) async fn lock_fingerprint<C: GenericClient>(c: &C, fingerprint: &str) -> Result<(), TxError> {
+pub(super) async fn lock_fingerprint<C: Session>(c: &C, fingerprint: &str) -> Result<(), TxError> {
     rows(
         c,
         "SELECT pg_advisory_xact_lock(hashtext($1))",
@@ -245,7 +291,7 @@ pub(super) async fn lock_fingerprint<C: GenericClient>(c: &C, fingerprint: &str)
 }
 
 /// The oldest READY plan with this fingerprint, locked.
-pub(super) async fn lock_ready_plan_by_fingerprint<C: GenericClient>(
+pub(super) async fn lock_ready_plan_by_fingerprint<C: Session>(
     c: &C,
     fingerprint: &str,
 ) -> Result<Option<Plan>, TxError> {
@@ -254,12 +300,12 @@ pub(super) async fn lock_ready_plan_by_fingerprint<C: GenericClient>(
 }
 
 /// Every plan, in registration order.
-pub(super) async fn read_plans<C: GenericClient>(c: &C) -> Result<Vec<Plan>, TxError> {
+pub(super) async fn read_plans<C: Session>(c: &C) -> Result<Vec<Plan>, TxError> {
     query_all(c, &queries(&POSTGRES).plans, &[], plan_row).await
 }
 
 /// Inserts a newly registered plan.
-pub(super) async fn insert_plan<C: GenericClient>(c: &C, plan: &Plan) -> Result<(), TxError> {
+pub(super) async fn insert_plan<C: Session>(c: &C, plan: &Plan) -> Result<(), TxError> {
     let (steps, volatile) = plan_json(plan)?;
     let values = plan_values(plan, &steps, &volatile);
     execute(c, &queries(&POSTGRES).insert_plan, &values).await?;
@@ -267,7 +313,7 @@ pub(super) async fn insert_plan<C: GenericClient>(c: &C, plan: &Plan) -> Result<
 }
 
 /// Sets a plan's status; answers whether the plan exists.
-pub(super) async fn set_plan_status<C: GenericClient>(c: &C, id: &PlanId, status: PlanStatus) -> Result<bool, TxError> {
+pub(super) async fn set_plan_status<C: Session>(c: &C, id: &PlanId, status: PlanStatus) -> Result<bool, TxError> {
     let values = [Value::Text(status.as_str()), Value::Text(id.as_str())];
     Ok(execute(c, &queries(&POSTGRES).set_plan_status, &values).await? > 0)
 }
@@ -281,7 +327,7 @@ fn command_of_attempt_locked() -> String {
 /// `with_now` — the database clock's now read once they are all held (so a lock wait
 /// does not age it). The four statements are pipelined: sent at once, executed by the
 /// server one after the other, in this order.
-pub(super) async fn lock_record<C: GenericClient>(
+pub(super) async fn lock_record<C: Session>(
     c: &C,
     id: &AttemptId,
     with_now: bool,
@@ -293,10 +339,10 @@ pub(super) async fn lock_record<C: GenericClient>(
     // Prepare first (cached after a session's first use), so that the pipelined
     // executions go out in lock order.
     let (a, cmd, r, n) = tokio::try_join!(
-        c.prepare_cached(&q.attempt_by_id_locked),
-        c.prepare_cached(&command_sql),
-        c.prepare_cached(&q.receipts_of_attempt_locked),
-        c.prepare_cached(&now_sql),
+        c.prepare_statement(&q.attempt_by_id_locked),
+        c.prepare_statement(&command_sql),
+        c.prepare_statement(&q.receipts_of_attempt_locked),
+        c.prepare_statement(&now_sql),
     )
     .map_err(statement_error)?;
     let pa = params(a.params(), &key)?;
@@ -306,12 +352,21 @@ pub(super) async fn lock_record<C: GenericClient>(
     let rc: Vec<&(dyn ToSql + Sync)> = pc.iter().map(Param::as_sql).collect();
     let rr: Vec<&(dyn ToSql + Sync)> = pr.iter().map(Param::as_sql).collect();
     let (attempts, commands, receipts, now) = if with_now {
-        let (x, y, z, w) = tokio::try_join!(c.query(&a, &ra), c.query(&cmd, &rc), c.query(&r, &rr), c.query(&n, &[]))
-            .map_err(statement_error)?;
+        let (x, y, z, w) = tokio::try_join!(
+            c.query_statement(&a, &ra),
+            c.query_statement(&cmd, &rc),
+            c.query_statement(&r, &rr),
+            c.query_statement(&n, &[])
+        )
+        .map_err(statement_error)?;
         (x, y, z, Some(w))
     } else {
-        let (x, y, z) =
-            tokio::try_join!(c.query(&a, &ra), c.query(&cmd, &rc), c.query(&r, &rr)).map_err(statement_error)?;
+        let (x, y, z) = tokio::try_join!(
+            c.query_statement(&a, &ra),
+            c.query_statement(&cmd, &rc),
+            c.query_statement(&r, &rr)
+        )
+        .map_err(statement_error)?;
         (x, y, z, None)
     };
     let Some(attempt) = parse_all(&attempts, |r| decode::attempt(r, 0))?.into_iter().next() else {
@@ -343,14 +398,14 @@ pub(super) async fn lock_record<C: GenericClient>(
 }
 
 /// An attempt's receipts by ordinal (non-locking).
-pub(super) async fn read_receipts<C: GenericClient>(c: &C, id: &AttemptId) -> Result<Vec<Receipt>, TxError> {
+pub(super) async fn read_receipts<C: Session>(c: &C, id: &AttemptId) -> Result<Vec<Receipt>, TxError> {
     let sql = &queries(&POSTGRES).receipts_of_attempt;
     query_all(c, sql, &[Value::Text(id.as_str())], |r| decode::receipt(r, 0)).await
 }
 
 /// An attempt with its command and receipts (non-locking; the caller's transaction
 /// makes it one snapshot).
-pub(super) async fn read_record<C: GenericClient>(c: &C, id: &AttemptId) -> Result<Option<AttemptRecord>, TxError> {
+pub(super) async fn read_record<C: Session>(c: &C, id: &AttemptId) -> Result<Option<AttemptRecord>, TxError> {
     let q = queries(&POSTGRES);
     let key = [Value::Text(id.as_str())];
     let Some(attempt) = query_one(c, &q.attempt_by_id, &key, |r| decode::attempt(r, 0)).await? else {
@@ -368,7 +423,7 @@ pub(super) async fn read_record<C: GenericClient>(c: &C, id: &AttemptId) -> Resu
 }
 
 /// Every attempt of a plan with its command and receipts, by number (non-locking).
-pub(super) async fn read_history<C: GenericClient>(c: &C, plan: &PlanId) -> Result<Vec<AttemptRecord>, TxError> {
+pub(super) async fn read_history<C: Session>(c: &C, plan: &PlanId) -> Result<Vec<AttemptRecord>, TxError> {
     let q = queries(&POSTGRES);
     let key = [Value::Text(plan.as_str())];
     let attempts = query_all(c, &q.history_attempts, &key, |r| decode::attempt(r, 0)).await?;
@@ -402,7 +457,7 @@ pub(super) struct Picked {
 /// takes the two rows of one candidate in. The rows come back as they are once locked
 /// (READ COMMITTED re-reads a row changed since the statement's snapshot), so the
 /// caller re-checks each at its `now` before it decides.
-pub(super) async fn lock_claimable<C: GenericClient>(
+pub(super) async fn lock_claimable<C: Session>(
     c: &C,
     now: Option<Timestamp>,
     window: u32,
@@ -464,7 +519,7 @@ pub(super) async fn lock_claimable<C: GenericClient>(
 
 /// The receipts of `ids`' attempts, locked, grouped by attempt in ordinal order (a
 /// claim holds every one of those attempts already).
-pub(super) async fn lock_receipts_of<C: GenericClient>(
+pub(super) async fn lock_receipts_of<C: Session>(
     c: &C,
     ids: &[&AttemptId],
 ) -> Result<BTreeMap<AttemptId, Vec<Receipt>>, TxError> {
@@ -485,7 +540,7 @@ pub(super) async fn lock_receipts_of<C: GenericClient>(
 }
 
 /// How many attempts are open (QUEUED or RUNNING), from the `attempt_open` index.
-pub(super) async fn count_open_attempts<C: GenericClient>(c: &C) -> Result<u64, TxError> {
+pub(super) async fn count_open_attempts<C: Session>(c: &C) -> Result<u64, TxError> {
     let n = query_one(c, &queries(&POSTGRES).open_attempts, &[], |row| {
         decode::scalar(row, 0, "open attempts")
     })
@@ -495,7 +550,7 @@ pub(super) async fn count_open_attempts<C: GenericClient>(c: &C) -> Result<u64, 
 }
 
 /// Runs the statements of a transition in order, checking each.
-async fn run<C: GenericClient>(c: &C, statements: &[Statement<'_>]) -> Result<(), TxError> {
+async fn run<C: Session>(c: &C, statements: &[Statement<'_>]) -> Result<(), TxError> {
     for s in statements {
         match s.expect {
             Expect::GuardHolds(attempt) => {
@@ -512,7 +567,7 @@ async fn run<C: GenericClient>(c: &C, statements: &[Statement<'_>]) -> Result<()
 /// (`None` for `Guard::Absent`, an insert): [`write::plan`]. A guard that no longer
 /// holds answers [`leasehold_engine::Refusal::StaleToken`]; the caller then rolls the
 /// whole transaction back, so every row stays as it was.
-pub(super) async fn apply_writes<C: GenericClient>(
+pub(super) async fn apply_writes<C: Session>(
     c: &C,
     before: Option<&AttemptRecord>,
     writes: &Writes,
