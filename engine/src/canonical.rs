@@ -65,8 +65,9 @@ fn write_number(n: &serde_json::Number, out: &mut String) {
     } else if let Some(u) = n.as_u64() {
         out.push_str(&u.to_string());
     } else if let Some(f) = n.as_f64() {
-        // 2^53: every integral float below it converts to i64 exactly.
-        if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 {
+        // Up to 2^53 every integer is a float, so an integral float there and the
+        // integer of the same value are one number and take one (the integer) form.
+        if f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0 {
             out.push_str(&(f as i64).to_string());
         } else {
             out.push_str(&serde_json::Number::from_f64(f).map_or_else(|| "null".to_owned(), |n| n.to_string()));
@@ -96,6 +97,16 @@ mod tests {
         assert_eq!(canonical_json(&json!(-3.0)), "-3");
         assert_eq!(canonical_json(&json!(1.5)), "1.5");
         assert_eq!(fingerprint(&json!({"n": 2.0})), fingerprint(&json!({"n": 2})));
+    }
+
+    #[test]
+    fn the_integer_form_reaches_two_to_the_53rd_and_stops_there() {
+        let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+        // 2^53 spelled as a float and as an integer: the same number, one form.
+        assert_eq!(canonical_json(&parse("9007199254740992.0")), "9007199254740992");
+        assert_eq!(canonical_json(&parse("-9007199254740992.0")), "-9007199254740992");
+        // Past 2^53 not every integer is a float: floats keep the float form.
+        assert_eq!(canonical_json(&parse("18014398509481984.0")), "1.8014398509481984e+16");
     }
 
     #[test]
