@@ -1139,3 +1139,20 @@ mod scripted_schedules {
         }
     }
 }
+
+#[test]
+fn a_repeated_write_that_commits_settles_the_uncertainty_so_a_later_refusal_needs_no_read_back() {
+    let mut h = Harness::new(&pending(1), 0);
+    assert_eq!(h.poll(), [begin(1)]);
+    h.at(5).reply_lost();
+    h.fire();
+    assert_eq!(h.poll(), [begin(1)], "the same begin again");
+    h.later(5).commit();
+    assert_eq!(h.run_step(1, done(1)), [complete(1)]);
+    // The repeat committed, so nothing is in doubt: a refusal now means the lease was
+    // taken over, and the driver stops at once instead of reading the attempt back.
+    h.later(5).refuse();
+    assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
+    assert!(!h.log.contains(&read()));
+    h.assert_stopped();
+}
