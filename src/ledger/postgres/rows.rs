@@ -549,18 +549,25 @@ pub(super) async fn count_open_attempts<C: Session>(c: &C) -> Result<u64, TxErro
     u64::try_from(n).map_err(|_| TxError::Ledger(LedgerError::Internal(format!("negative count {n}"))))
 }
 
-/// Runs the statements of a transition in order, checking each.
+/// Runs the statements of a transition, checking each. They are sent at once, so the
+/// session pipelines them (one round trip instead of one per statement) and the server
+/// runs them in order. The answer is the first failure in statement order (a failed
+/// guard, the command's statement, comes first); every caller rolls the whole
+/// transaction back on a failure, so the statements that ran after it never commit.
 async fn run<C: Session>(c: &C, statements: &[Statement<'_>]) -> Result<(), TxError> {
-    for s in statements {
+    let outcomes = futures_util::future::join_all(statements.iter().map(|s| async move {
         match s.expect {
             Expect::GuardHolds(attempt) => {
                 let row = query_one(c, &s.sql, &s.values, |r| decode::guard_check(r)).await?;
-                write::guard_answer(attempt, row)?;
+                write::guard_answer(attempt, row).map_err(TxError::from)
             }
-            expect => expect.check(execute(c, &s.sql, &s.values).await?)?,
+            expect => expect
+                .check(execute(c, &s.sql, &s.values).await?)
+                .map_err(TxError::from),
         }
-    }
-    Ok(())
+    }))
+    .await;
+    outcomes.into_iter().collect()
 }
 
 /// Applies the engine's writes over `before`, the rows as locked in this transaction
