@@ -104,3 +104,39 @@ fn an_equal_latest_shows_its_fingerprint_cut_to_sixteen_digits() {
         )
     );
 }
+
+fn evidence_reason(report: &GateReport) -> &str {
+    &report
+        .checks
+        .iter()
+        .find(|c| c.name == CheckName::EvidenceIntact)
+        .expect("the check is always there")
+        .reason
+}
+
+#[test]
+fn the_receipts_without_evidence_are_the_unfinished_ones_each_named() {
+    let plan = plan(Recovery::Resume, &["a", "b", "c", "d"]);
+    let failed = failed_at(&plan, 3);
+    let report = gate(&plan, std::slice::from_ref(&failed));
+    assert_eq!(
+        evidence_reason(&report),
+        format!(
+            "2 of 4 receipts of attempt {} have no evidence: receipt 3 (c) is FAILED, receipt 4 (d) is ABORTED",
+            failed.attempt.id
+        )
+    );
+    // A receipt that is not SUCCEEDED but carries intact evidence is not missing any.
+    let mut with_evidence = failed.clone();
+    let text = leasehold_engine::canonical::canonical_json(&json!({"partial": true}));
+    with_evidence.receipts[2].evidence_sha256 = Some(leasehold_engine::canonical::sha256_hex(text.as_bytes()));
+    with_evidence.receipts[2].evidence = Some(text);
+    let report = gate(&plan, std::slice::from_ref(&with_evidence));
+    assert_eq!(
+        evidence_reason(&report),
+        format!(
+            "1 of 4 receipts of attempt {} have no evidence: receipt 4 (d) is ABORTED",
+            failed.attempt.id
+        )
+    );
+}
