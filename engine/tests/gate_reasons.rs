@@ -140,3 +140,25 @@ fn the_receipts_without_evidence_are_the_unfinished_ones_each_named() {
         )
     );
 }
+
+#[test]
+fn a_latest_attempt_with_tampered_evidence_is_not_compared_with_the_baseline() {
+    let plan = plan(Recovery::Resume, &["one"]);
+    let evidence = |_: u32| json!({"a": 0});
+    let first = delivered_with(&plan, &[], 1, evidence);
+    let mut latest = delivered_with(&plan, std::slice::from_ref(&first), 2, evidence);
+    // The same evidence in the latest attempt, but its text no longer matches its digest.
+    latest.receipts[0].evidence = Some(r#"{"a":1}"#.to_owned());
+    let report = gate(&plan, &[first, latest.clone()]);
+    assert_eq!(report.tampered.len(), 1);
+    assert_eq!(
+        reason(&report),
+        format!(
+            "latest {} was not compared with baseline {}: it is not a complete, SUCCEEDED attempt with intact \
+             evidence",
+            report.latest.as_ref().unwrap(),
+            report.baseline.as_ref().unwrap()
+        )
+    );
+    assert!(report.drift.is_empty());
+}
