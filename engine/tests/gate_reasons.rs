@@ -49,13 +49,17 @@ fn gate_with_drift(fields: usize) -> GateReport {
     gate(&plan, &[first, latest])
 }
 
-fn reason(report: &GateReport) -> &str {
+fn check_reason(report: &GateReport, name: CheckName) -> &str {
     &report
         .checks
         .iter()
-        .find(|c| c.name == CheckName::MatchesBaseline)
-        .expect("the check is always there")
+        .find(|c| c.name == name)
+        .expect("every check is always there")
         .reason
+}
+
+fn reason(report: &GateReport) -> &str {
+    check_reason(report, CheckName::MatchesBaseline)
 }
 
 fn short(fingerprint: &Option<String>) -> &str {
@@ -106,12 +110,7 @@ fn an_equal_latest_shows_its_fingerprint_cut_to_sixteen_digits() {
 }
 
 fn evidence_reason(report: &GateReport) -> &str {
-    &report
-        .checks
-        .iter()
-        .find(|c| c.name == CheckName::EvidenceIntact)
-        .expect("the check is always there")
-        .reason
+    check_reason(report, CheckName::EvidenceIntact)
 }
 
 #[test]

@@ -192,6 +192,26 @@ async fn release(tx: &mut Transaction<'_>) {
     let _ = tx.batch_execute(&format!("RELEASE SAVEPOINT {SAVEPOINT}")).await;
 }
 
+/// Runs one call: `$body`, a future over `$caller` (the savepoint as the row code's
+/// session), under the call's savepoint ([`begin`], [`end`], [`release`]), its error
+/// told as [`final_error`] tells it.
+macro_rules! in_savepoint {
+    ($tx:expr, $call:expr, |$caller:ident| $body:expr) => {{
+        let call = $call;
+        let sp = begin($tx, call).await?;
+        let $caller = Caller::new(&sp);
+        let out = $body
+            .await
+            .map_err(|e| final_error(call, e, $caller.failure().as_ref()));
+        drop($caller);
+        let (out, rolled_back) = end(sp, out, call).await;
+        if rolled_back {
+            release($tx).await;
+        }
+        out
+    }};
+}
+
 /// Refuses a database without a usable ledger schema, naming the database.
 async fn check(c: &Caller<'_, '_>) -> Result<(), TxError> {
     let database = rows::query_one(c, "SELECT current_database()::TEXT", &[], |r| {
@@ -219,17 +239,13 @@ pub(crate) async fn register_plan(
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<Plan, LedgerError> {
-    let call = Call::Register;
-    let sp = begin(tx, call).await?;
-    let caller = Caller::new(&sp);
-    let out = insert_plan(&caller, spec, known_executors, entropy, clock).await;
-    let out = out.map_err(|e| final_error(call, e, caller.failure().as_ref()));
-    drop(caller);
-    let (out, rolled_back) = end(sp, out, call).await;
-    if rolled_back {
-        release(tx).await;
-    }
-    out
+    in_savepoint!(tx, Call::Register, |caller| insert_plan(
+        &caller,
+        spec,
+        known_executors,
+        entropy,
+        clock
+    ))
 }
 
 /// The check, the decision, and the READY plan with the spec's content, or else the
@@ -261,17 +277,9 @@ pub(crate) async fn enqueue(
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, LedgerError> {
-    let call = Call::Enqueue;
-    let sp = begin(tx, call).await?;
-    let caller = Caller::new(&sp);
-    let out = insert_attempt(&caller, plan, action, entropy, clock).await;
-    let out = out.map_err(|e| final_error(call, e, caller.failure().as_ref()));
-    drop(caller);
-    let (out, rolled_back) = end(sp, out, call).await;
-    if rolled_back {
-        release(tx).await;
-    }
-    out
+    in_savepoint!(tx, Call::Enqueue, |caller| insert_attempt(
+        &caller, plan, action, entropy, clock
+    ))
 }
 
 /// The check, the enqueue's reads (plan locked first), the engine's decision, its
