@@ -164,6 +164,39 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_format_across_leap_days_and_centuries() {
+        for (ms, text) in [
+            (951_868_799_999, "2000-02-29T23:59:59.999Z"),
+            (951_868_800_000, "2000-03-01T00:00:00.000Z"),
+            (4_107_499_200_000, "2100-02-28T12:00:00.000Z"),
+            (4_107_542_400_000, "2100-03-01T00:00:00.000Z"),
+            (13_574_563_200_000, "2400-02-29T00:00:00.000Z"),
+            (1_703_980_800_000, "2023-12-31T00:00:00.000Z"),
+            (-1, "1969-12-31T23:59:59.999Z"),
+            (-2_203_891_200_000, "1900-03-01T00:00:00.000Z"),
+            (-11_670_998_400_000, "1600-02-29T00:00:00.000Z"),
+        ] {
+            let t = Timestamp::from_millis(ms);
+            assert_eq!(t.to_rfc3339(), text);
+            assert_eq!(t.to_string(), text, "Display");
+            assert_eq!(format!("{t:?}"), format!("Timestamp({text})"), "Debug");
+        }
+    }
+
+    #[test]
+    fn plus_ms_saturates_past_the_largest_timestamp() {
+        let t = Timestamp::from_millis(5);
+        assert_eq!(t.plus_ms(u64::MAX), Timestamp::from_millis(i64::MAX));
+        assert_eq!(t.plus_ms(i64::MAX as u64 + 1), Timestamp::from_millis(i64::MAX));
+        assert_eq!(t.plus_ms(7), Timestamp::from_millis(12));
+    }
+
+    #[test]
+    fn a_lease_token_exposes_its_value_for_storage() {
+        assert_eq!(LeaseToken::new("tok-1").expose(), "tok-1");
+    }
+
+    #[test]
     fn millis_since_saturates_at_zero() {
         let a = Timestamp::from_millis(10);
         assert_eq!(a.plus_ms(5).millis_since(a), 5);
