@@ -106,3 +106,22 @@ fn delivered_failed_and_aborted_commands_are_terminal_and_the_others_are_not() {
         assert_eq!(status.is_terminal(), terminal, "{status}");
     }
 }
+
+#[test]
+fn a_name_of_the_most_characters_is_admitted_and_one_more_is_refused() {
+    use leasehold_engine::plan::MAX_NAME_CHARS;
+    let named = |name: String| {
+        let mut s = spec(1, 0, json!({}));
+        s.name = name;
+        build(s)
+    };
+    // Characters, not bytes: a multi-byte name of exactly the limit is admitted.
+    assert!(named("é".repeat(MAX_NAME_CHARS)).is_ok());
+    assert_eq!(
+        named("é".repeat(MAX_NAME_CHARS + 1)),
+        Err(PlanError::TooLong {
+            field: "name".to_owned(),
+            chars: MAX_NAME_CHARS + 1
+        })
+    );
+}
