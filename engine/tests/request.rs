@@ -353,3 +353,75 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn each_request_names_itself_its_receipt_and_its_lease() {
+    let complete = |ordinal| WorkerRequest::CompleteStep {
+        ordinal,
+        evidence: evidence(ordinal),
+        target_receipt: target_receipt(ordinal),
+        lease_ms: 7,
+    };
+    let cont = WorkerRequest::CompleteAndContinue {
+        ordinal: 3,
+        evidence: evidence(3),
+        target_receipt: target_receipt(3),
+        lease_ms: 8,
+    };
+    let cases: Vec<(WorkerRequest, &str, Option<u32>, Option<u64>)> = vec![
+        (WorkerRequest::Heartbeat { lease_ms: 5 }, "heartbeat", None, Some(5)),
+        (
+            WorkerRequest::BeginStep {
+                ordinal: 2,
+                lease_ms: 6,
+            },
+            "begin-step",
+            Some(2),
+            Some(6),
+        ),
+        (complete(4), "complete-step", Some(4), Some(7)),
+        (cont, "complete-and-continue", Some(3), Some(8)),
+        (
+            WorkerRequest::Fail {
+                ordinal: Some(5),
+                error: "no".into(),
+            },
+            "fail",
+            Some(5),
+            None,
+        ),
+        (
+            WorkerRequest::Fail {
+                ordinal: None,
+                error: "no".into(),
+            },
+            "fail",
+            None,
+            None,
+        ),
+        (WorkerRequest::Finish, "finish", None, None),
+    ];
+    let token = token_a();
+    for (request, op, ordinal, lease_ms) in cases {
+        assert_eq!(request.op(), op);
+        assert_eq!(request.ordinal(), ordinal, "{op}");
+        assert_eq!(request.lease_ms(), lease_ms, "{op}");
+        assert_eq!(Request::Worker(&request, &token).op(), op);
+    }
+    for (request, op) in [
+        (OperatorRequest::Reconcile, "reconcile"),
+        (OperatorRequest::Abort { reason: "stop".into() }, "abort"),
+    ] {
+        assert_eq!(request.op(), op);
+        assert_eq!(Request::Operator(&request, Recovery::Resume).op(), op);
+    }
+    for (begin, op) in [(false, "claim"), (true, "claim-and-begin")] {
+        let claim = ClaimRequest {
+            owner: "w".into(),
+            batch: 1,
+            lease_ms: 1,
+            begin,
+        };
+        assert_eq!(Request::Claim(&claim, &token, Recovery::Replay).op(), op);
+    }
+}
