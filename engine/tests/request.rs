@@ -425,3 +425,30 @@ fn each_request_names_itself_its_receipt_and_its_lease() {
         assert_eq!(Request::Claim(&claim, &token, Recovery::Replay).op(), op);
     }
 }
+
+#[test]
+fn writes_are_empty_only_when_no_row_changes() {
+    let record = delivered(&resume_plan());
+    let none = Writes {
+        guard: leasehold_engine::Guard::Absent,
+        attempt: None,
+        command: None,
+        receipts: Vec::new(),
+    };
+    assert!(none.is_empty());
+    let attempt = Writes {
+        attempt: Some(record.attempt.clone()),
+        ..none.clone()
+    };
+    let command = Writes {
+        command: Some(record.command.clone()),
+        ..none.clone()
+    };
+    let receipts = Writes {
+        receipts: record.receipts.clone(),
+        ..none.clone()
+    };
+    for (what, writes) in [("attempt", attempt), ("command", command), ("receipts", receipts)] {
+        assert!(!writes.is_empty(), "{what}");
+    }
+}
