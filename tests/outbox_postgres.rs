@@ -10,7 +10,7 @@
 use leasehold::clock::SystemClock;
 use leasehold::engine::driver::ExecutorResult;
 use leasehold::engine::lease::WorkerConfig;
-use leasehold::engine::{Action, AttemptStatus, CommandStatus, PlanId, PlanSpec, Refusal};
+use leasehold::engine::{Action, AttemptStatus, CommandStatus, Plan, PlanId, PlanSpec, Refusal};
 use leasehold::entropy::OsEntropy;
 use leasehold::executor::{ExecRequest, Executor, Executors};
 use leasehold::ledger::postgres::notify::CHANNEL;
@@ -100,6 +100,24 @@ fn order_plan(order: &str) -> PlanSpec {
 }
 
 /// Rows per table: (orders, plan, attempt, receipt, command).
+/// Registers the plan of `order` through the ledger (its own transaction, committed).
+async fn registered(ledger: &PostgresLedger, order: &str) -> Plan {
+    ledger
+        .register_plan(order_plan(order), &executors().names())
+        .await
+        .unwrap()
+}
+
+/// A REPEATABLE READ transaction: its first statement fixes its snapshot.
+async fn repeatable_read(client: &mut Client) -> tokio_postgres::Transaction<'_> {
+    client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .start()
+        .await
+        .unwrap()
+}
+
 async fn counts(c: &impl GenericClient) -> [i64; 5] {
     let mut out = [0; 5];
     for (i, table) in ["orders", "plan", "attempt", "receipt", "command"].iter().enumerate() {
@@ -178,10 +196,7 @@ async fn the_attempt_is_stamped_with_the_database_clock_and_claimable_at_once() 
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-10"), &executors().names())
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-10").await;
     // The session's time zone does not move epoch milliseconds.
     shop.client
         .batch_execute("SET TimeZone = 'Asia/Kolkata'")
@@ -282,10 +297,7 @@ async fn unknown_or_retired_plan_is_refused_and_the_transaction_stays_usable() {
         return;
     };
     let outbox = Outbox::new();
-    let retired = ledger
-        .register_plan(order_plan("o-r"), &executors().names())
-        .await
-        .unwrap();
+    let retired = registered(&ledger, "o-r").await;
     ledger.retire_plan(&retired.id).await.unwrap();
     let mut tx = shop.client.transaction().await.unwrap();
     insert_order(&tx, "o-3").await;
@@ -314,10 +326,7 @@ async fn a_second_open_execute_attempt_is_refused_and_the_first_is_kept() {
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-5"), &executors().names())
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-5").await;
     let outbox = Outbox::new();
     let mut tx = shop.client.transaction().await.unwrap();
     insert_order(&tx, "o-5").await;
@@ -343,10 +352,7 @@ async fn a_failing_insert_leaves_nothing_of_the_enqueue_and_the_transaction_usab
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-6"), &executors().names())
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-6").await;
     // The receipt insert fails after the attempt row was inserted: without the
     // savepoint, PostgreSQL would abort the caller's whole transaction.
     shop.client
@@ -375,10 +381,7 @@ async fn a_transaction_that_already_failed_is_refused_with_the_way_out() {
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-14"), &executors().names())
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-14").await;
     let mut tx = shop.client.transaction().await.unwrap();
     tx.batch_execute("SELECT 1 / 0").await.unwrap_err();
     let e = Outbox::new()
@@ -423,10 +426,7 @@ async fn a_ledger_from_a_newer_release_is_refused_and_nothing_is_written() {
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-7"), &executors().names())
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-7").await;
     shop.client
         .batch_execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (99, 'future', 0)")
         .await
@@ -455,17 +455,8 @@ async fn an_enqueue_on_a_snapshot_older_than_the_latest_attempt_is_refused() {
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-9"), &executors().names())
-        .await
-        .unwrap();
-    let mut tx = shop
-        .client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-9").await;
+    let mut tx = repeatable_read(&mut shop.client).await;
     // A plain read fixes the snapshot; the ledger's enqueue commits after it.
     assert_eq!(counts(&tx).await, [0, 1, 0, 0, 0]);
     let committed = ledger.enqueue(&plan.id, Action::Execute).await.unwrap();
@@ -492,17 +483,8 @@ async fn an_enqueue_of_a_plan_changed_since_the_snapshot_is_a_serialization_fail
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-11"), &executors().names())
-        .await
-        .unwrap();
-    let mut tx = shop
-        .client
-        .build_transaction()
-        .isolation_level(IsolationLevel::RepeatableRead)
-        .start()
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-11").await;
+    let mut tx = repeatable_read(&mut shop.client).await;
     assert_eq!(counts(&tx).await, [0, 1, 0, 0, 0]);
     // Retired (the plan row updated) after the snapshot: locking it is 40001.
     ledger.retire_plan(&plan.id).await.unwrap();
@@ -525,10 +507,7 @@ async fn a_pooled_deadpool_transaction_is_accepted() {
     let Some((shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-12"), &executors().names())
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-12").await;
     let manager = deadpool_postgres::Manager::new(shop.db.url().config().clone(), NoTls);
     let pool = deadpool_postgres::Pool::builder(manager).max_size(1).build().unwrap();
     let mut session = pool.get().await.unwrap();
@@ -555,10 +534,7 @@ async fn workers_are_notified_only_when_the_transaction_commits() {
     let Some((mut shop, ledger)) = shop(true).await else {
         return;
     };
-    let plan = ledger
-        .register_plan(order_plan("o-13"), &executors().names())
-        .await
-        .unwrap();
+    let plan = registered(&ledger, "o-13").await;
     let (sender, mut heard) = mpsc::unbounded_channel();
     let listener = connect(shop.db.url(), Some(sender)).await;
     listener
