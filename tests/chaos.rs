@@ -19,7 +19,8 @@
 //!   ledger's keys, and nothing else), and holds no key half-done;
 //! - `delivery_count` = 1 + takeovers for every command: the claims the workers
 //!   logged have distinct delivery numbers up to `delivery_count`, the last one by
-//!   the lease owner on record, which alone logged the delivery; every earlier claim's
+//!   the lease owner on record, which alone logged the delivery (or, killed between
+//!   its finish and its log line, logged nothing of it); every earlier claim's
 //!   holder was killed or logged that it abandoned the lease or was refused; claims
 //!   no log shows (a worker killed between its claim and its log line) are no more
 //!   than the kills;
@@ -325,6 +326,7 @@ struct Figures {
     takeovers: u64,
     takeovers_logged: u64,
     claims_unlogged: u64,
+    deliveries_unlogged: u64,
     refusals: u64,
     refusals_of_paused_workers: u64,
     abandoned: u64,
@@ -574,7 +576,7 @@ impl<'a> Chaos<'a> {
             "chaos ({}) seed {}: {ATTEMPTS} attempts of {STEPS} http:v1 steps SUCCEEDED; \
              {} worker processes ({} kills, {} pauses past the {LEASE_SECS} s lease); \
              target: {} dropped replies, {} injected 503s, {} replays, {} 409s; \
-             {} takeovers ({} logged, {} claims lost with a killed worker's log), \
+             {} takeovers ({} logged, {} claims and {} deliveries lost with a killed worker's log), \
              {} stale-token refusals ({} after a pause), {} abandoned leases; \
              keys applied once: {once}/{keys}; faults for {:.1} s, total {:.1} s",
             self.backend,
@@ -589,6 +591,7 @@ impl<'a> Chaos<'a> {
             figures.takeovers,
             figures.takeovers_logged,
             figures.claims_unlogged,
+            figures.deliveries_unlogged,
             figures.refusals,
             figures.refusals_of_paused_workers,
             figures.abandoned,
@@ -716,7 +719,11 @@ impl<'a> Chaos<'a> {
                 .filter(|(_, e)| *e == Logged::Delivered)
                 .map(|(w, _)| workers[*w].id.as_str())
                 .collect();
-            if deliverers != [owner] {
+            let owner_killed = last.is_some_and(|(w, _)| workers[*w].killed);
+            if deliverers.is_empty() && owner_killed {
+                // Killed between committing the finish and printing its line.
+                figures.deliveries_unlogged += 1;
+            } else if deliverers != [owner] {
                 problems.push(format!(
                     "attempt {attempt}: logged as delivered by {deliverers:?}, lease owner {owner}"
                 ));
@@ -763,6 +770,12 @@ impl<'a> Chaos<'a> {
             problems.push(format!(
                 "{} claims appear in no log, more than the {} kills could explain",
                 figures.claims_unlogged, figures.kills
+            ));
+        }
+        if figures.deliveries_unlogged > u64::from(figures.kills) {
+            problems.push(format!(
+                "{} deliveries appear in no log, more than the {} kills could explain",
+                figures.deliveries_unlogged, figures.kills
             ));
         }
         if !problems.is_empty() {
