@@ -11,8 +11,9 @@
 //!
 //! Transactions are counted by [`CountingLedger`], which implements [`Ledger`] by
 //! delegation and counts calls. For ledgers whose every call is one transaction
-//! (memory, SQLite) a call count is a transaction count; a ledger that falls back to
-//! the trait's unfused defaults runs more transactions than it is charged for.
+//! (memory, SQLite) a call count is a transaction count; a claim made after a worker
+//! write ([`Ledger::worker_then_claim`]) is a transaction of its own unless the
+//! ledger fuses it into the write's ([`Ledger::FUSED_CLAIMS`]).
 //!
 //! The latency is the ledger clock's `finished_at - created_at` of each attempt.
 //! Every attempt is enqueued before the workers start, so it measures how long a
@@ -43,6 +44,7 @@ const PROBLEMS_LISTED_MAX: usize = 10;
 #[derive(Debug, Default)]
 pub struct Counts {
     claims: AtomicU64,
+    claims_after_writes: AtomicU64,
     claimed: AtomicU64,
     empty_claims: AtomicU64,
     step_writes: AtomicU64,
@@ -56,6 +58,10 @@ pub struct Counts {
 pub struct CountsSnapshot {
     /// Claim transactions (`claim` and `claim_and_begin` calls), empty ones included.
     pub claims: u64,
+    /// Claims made right after a worker write ([`Ledger::worker_then_claim`]): in
+    /// that write's transaction on a ledger that fuses them ([`Ledger::FUSED_CLAIMS`]),
+    /// a transaction of their own otherwise.
+    pub claims_after_writes: u64,
     /// Commands those claims took.
     pub claimed: u64,
     /// Claims that took nothing (polls of an empty queue).
@@ -76,6 +82,7 @@ impl CountsSnapshot {
     pub fn since(&self, earlier: &CountsSnapshot) -> CountsSnapshot {
         CountsSnapshot {
             claims: self.claims - earlier.claims,
+            claims_after_writes: self.claims_after_writes - earlier.claims_after_writes,
             claimed: self.claimed - earlier.claimed,
             empty_claims: self.empty_claims - earlier.empty_claims,
             step_writes: self.step_writes - earlier.step_writes,
@@ -92,6 +99,7 @@ impl Counts {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CountsSnapshot {
             claims: get(&self.claims),
+            claims_after_writes: get(&self.claims_after_writes),
             claimed: get(&self.claimed),
             empty_claims: get(&self.empty_claims),
             step_writes: get(&self.step_writes),
@@ -112,6 +120,20 @@ impl Counts {
             if claimed.is_empty() {
                 Self::bump(&self.empty_claims);
             }
+        }
+    }
+
+    fn step_write(&self, request: &WorkerRequest) {
+        Self::bump(&self.step_writes);
+        if matches!(request, WorkerRequest::Heartbeat { .. }) {
+            Self::bump(&self.heartbeats);
+        }
+    }
+
+    fn claim_after_write<T>(&self, result: &Result<(Reply, Vec<T>), LedgerError>) {
+        Self::bump(&self.claims_after_writes);
+        if let Ok((_, claimed)) = result {
+            self.claimed.fetch_add(claimed.len() as u64, Ordering::Relaxed);
         }
     }
 }
@@ -182,12 +204,23 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         result
     }
 
+    const FUSED_CLAIMS: bool = L::FUSED_CLAIMS;
+
     async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
-        Counts::bump(&self.counts.step_writes);
-        if matches!(request, WorkerRequest::Heartbeat { .. }) {
-            Counts::bump(&self.counts.heartbeats);
-        }
+        self.counts.step_write(&request);
         self.inner.worker(lease, request).await
+    }
+
+    async fn worker_then_claim(
+        &self,
+        lease: &Lease,
+        request: WorkerRequest,
+        claim: ClaimRequest,
+    ) -> Result<(Reply, Vec<Claimed>), LedgerError> {
+        self.counts.step_write(&request);
+        let result = self.inner.worker_then_claim(lease, request, claim).await;
+        self.counts.claim_after_write(&result);
+        result
     }
 
     async fn operator(
@@ -314,6 +347,9 @@ pub struct Measured {
     pub report: WorkerReport,
     /// Ledger calls during the run.
     pub counts: CountsSnapshot,
+    /// Whether the ledger claims after a worker write in that write's transaction
+    /// ([`Ledger::FUSED_CLAIMS`]).
+    pub fused_claims: bool,
 }
 
 fn as_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -374,6 +410,7 @@ pub async fn drive<L: Ledger>(
         elapsed: started.elapsed(),
         report,
         counts: ledger.counts().since(&before),
+        fused_claims: L::FUSED_CLAIMS,
     }
 }
 
@@ -516,7 +553,7 @@ pub struct BenchReport {
     /// Write transactions that touched each attempt: its claim plus its step writes.
     pub transactions_per_attempt: f64,
     /// Every write transaction of the run (batched claims shared, empty polls
-    /// included) per attempt.
+    /// included, a claim fused into a worker write not counted apart) per attempt.
     pub write_transactions_per_attempt: f64,
     /// Median enqueue-to-delivered latency.
     pub latency_p50_ms: Option<u64>,
@@ -564,6 +601,11 @@ impl BenchReport {
         let secs = measured.elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
         let per_attempt = |n: u64| if attempts == 0 { 0.0 } else { n as f64 / attempts as f64 };
         let c = measured.counts;
+        let unfused = if measured.fused_claims {
+            0
+        } else {
+            c.claims_after_writes
+        };
         Self {
             attempts,
             steps: prepared.steps,
@@ -571,7 +613,7 @@ impl BenchReport {
             claims_per_s: c.claimed as f64 / secs,
             steps_per_s: (measured.report.delivered * u64::from(prepared.steps)) as f64 / secs,
             transactions_per_attempt: per_attempt(c.claimed + c.step_writes),
-            write_transactions_per_attempt: per_attempt(c.claims + c.step_writes),
+            write_transactions_per_attempt: per_attempt(c.claims + unfused + c.step_writes),
             latency_p50_ms: percentile(&verified.latencies_ms, 50.0),
             latency_p99_ms: percentile(&verified.latencies_ms, 99.0),
             measured,

@@ -5,6 +5,12 @@
 //! driver's deadlines, and calls the executor between two ledger requests, never
 //! inside a transaction.
 //!
+//! A steady worker rarely polls: the write that ends an attempt (its last step's
+//! completion, a finish or a fail) also claims the worker's next command
+//! ([`Ledger::worker_then_claim`], in the same transaction on a ledger that fuses
+//! them), and the delivery hands what it claimed back to be delivered in the slot it
+//! frees. Polling fills the slots nothing was claimed for.
+//!
 //! Each delivery only performs its driver's actions and reports how they ended: a
 //! ledger result becomes a [`Reply`] by a fixed mapping (a refusal, not found,
 //! unavailable, and every other error ambiguous), and nothing here judges it. Lost
@@ -31,11 +37,12 @@ use crate::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::driver::{Driver, DriverAction, LedgerRequest, Outcome, Reply};
 use leasehold_engine::lease::WorkerConfig;
 use leasehold_engine::transition::Continued;
-use leasehold_engine::{AttemptId, AttemptRecord, Timestamp};
+use leasehold_engine::{AttemptId, AttemptRecord, ClaimRequest, Timestamp, WorkerRequest};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinSet;
 
@@ -269,7 +276,9 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     /// `until_idle`, until no attempt is QUEUED or RUNNING.
     pub async fn run(&self, stop: impl Future<Output = ()>, options: RunOptions) -> WorkerReport {
         let mut report = WorkerReport::default();
-        let mut tasks: JoinSet<Outcome> = JoinSet::new();
+        let mut tasks: JoinSet<Ended> = JoinSet::new();
+        // Set once the worker is told to stop: deliveries claim nothing more.
+        let stopping = Arc::new(AtomicBool::new(false));
         let mut stop = std::pin::pin!(stop);
         let mut grace_until: Option<tokio::time::Instant> = None;
         let mut backoff_ms = 0u64;
@@ -292,7 +301,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
                         let full = claimed.len() == capacity;
                         for c in claimed {
                             report.claimed += 1;
-                            tasks.spawn(self.deliver(c, sent_at));
+                            tasks.spawn(self.deliver(c, sent_at, &stopping));
                         }
                         if full {
                             wait_ms = 0;
@@ -317,15 +326,23 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             tokio::select! {
                 biased;
                 () = &mut stop, if grace_until.is_none() => {
+                    stopping.store(true, Ordering::Relaxed);
                     grace_until = Some(tokio::time::Instant::now() + Duration::from_millis(options.grace_ms));
                     self.emit(|| WorkerEvent::Stopping { in_flight: tasks.len(), grace_ms: options.grace_ms });
                 }
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => tally(&mut report, done),
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                    // A delivery that ended its attempt may have claimed the next
+                    // one in the same write: deliver it in the slot it frees.
+                    for (claimed, at) in tally(&mut report, done) {
+                        tasks.spawn(self.deliver(claimed, at, &stopping));
+                    }
+                }
                 () = sleep_until_opt(grace_until) => {
                     // Deliveries that ended (their last write committed) while the
                     // timer fired count as what they were, not as dropped.
                     while let Some(done) = tasks.try_join_next() {
-                        tally(&mut report, done);
+                        // Too late to deliver what it claimed: its lease will expire.
+                        report.abandoned += tally(&mut report, done).len() as u64;
                     }
                     let dropped = tasks.len();
                     tasks.abort_all();
@@ -357,9 +374,25 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
         emit(&self.observer, event);
     }
 
-    /// Delivers one claimed command to its end (for this worker).
-    fn deliver(&self, claimed: Claimed, claimed_at: Timestamp) -> impl Future<Output = Outcome> + Send + 'static {
+    /// Delivers one claimed command to its end (for this worker). Unless the worker
+    /// is `stopping` (or does not poll), the write that ends the attempt also claims
+    /// the next command ([`Ledger::worker_then_claim`]), which the delivery hands back.
+    fn deliver(
+        &self,
+        claimed: Claimed,
+        claimed_at: Timestamp,
+        stopping: &Arc<AtomicBool>,
+    ) -> impl Future<Output = Ended> + Send + 'static {
+        let claim_next = self.config.polling.then(|| ClaimRequest {
+            owner: self.id.clone(),
+            batch: 1,
+            lease_ms: self.config.lease_ms,
+            begin: true,
+        });
         let delivery = Delivery {
+            claim_next,
+            stopping: Arc::clone(stopping),
+            next: Mutex::new(Vec::new()),
             ledger: Arc::clone(&self.ledger),
             executor: Arc::clone(&self.executor),
             clock: Arc::clone(&self.clock),
@@ -373,14 +406,28 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     }
 }
 
-/// Counts a delivery's end in the report.
-fn tally(report: &mut WorkerReport, done: Result<Outcome, tokio::task::JoinError>) {
-    match done {
-        Ok(Outcome::Delivered) => report.delivered += 1,
-        Ok(Outcome::Failed(_)) => report.failed += 1,
-        Ok(Outcome::Refused(_)) => report.refused += 1,
-        Ok(Outcome::Abandoned(_)) | Err(_) => report.abandoned += 1,
+/// How a delivery ended, with the commands its ending write claimed (each with
+/// the instant that write was sent, where its lease estimate starts).
+struct Ended {
+    outcome: Outcome,
+    next: Vec<(Claimed, Timestamp)>,
+}
+
+/// Counts a delivery's end (and what it claimed) in the report; answers what it
+/// claimed.
+fn tally(report: &mut WorkerReport, done: Result<Ended, tokio::task::JoinError>) -> Vec<(Claimed, Timestamp)> {
+    let Ok(Ended { outcome, next }) = done else {
+        report.abandoned += 1;
+        return Vec::new();
+    };
+    match outcome {
+        Outcome::Delivered => report.delivered += 1,
+        Outcome::Failed(_) => report.failed += 1,
+        Outcome::Refused(_) => report.refused += 1,
+        Outcome::Abandoned(_) => report.abandoned += 1,
     }
+    report.claimed += next.len() as u64;
+    next
 }
 
 /// Resolves when the ledger's wake-up receiver changes; never, without one (or once
@@ -447,6 +494,11 @@ fn reply(result: Result<Answer, LedgerError>) -> Reply {
 }
 
 struct Delivery<L, E, C> {
+    /// The claim an ending write makes, if this worker claims.
+    claim_next: Option<ClaimRequest>,
+    stopping: Arc<AtomicBool>,
+    /// What ending writes claimed (a repeat after a lost reply may claim again).
+    next: Mutex<Vec<(Claimed, Timestamp)>>,
     ledger: Arc<L>,
     executor: Arc<E>,
     clock: Arc<C>,
@@ -460,7 +512,7 @@ struct Delivery<L, E, C> {
 }
 
 impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
-    async fn run(self) -> Outcome {
+    async fn run(self) -> Ended {
         let record = &self.claimed.record;
         let attempt = &record.attempt.id;
         let steps = record.receipts.len() as u32;
@@ -499,7 +551,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                         executor_call = Some((ordinal, self.execute(ordinal)));
                     }
                     DriverAction::Ledger(request) => {
-                        let (sent, call) = self.ledger_request(request);
+                        let (sent, call) = self.ledger_request(request, now);
                         if !matches!(sent, Sent::Heartbeat | Sent::Read) {
                             last_write = sent;
                         }
@@ -536,7 +588,8 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             attempt: attempt.clone(),
             outcome: outcome.clone(),
         });
-        outcome
+        let next = std::mem::take(&mut *self.next.lock().unwrap_or_else(|e| e.into_inner()));
+        Ended { outcome, next }
     }
 
     /// Emits a step's begun (or succeeded) event.
@@ -587,8 +640,43 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         }
     }
 
-    /// Sends a ledger request; the request (and its evidence) moves into the future.
-    fn ledger_request(&self, request: LedgerRequest) -> (Sent, Boxed<'_, Result<Answer, LedgerError>>) {
+    /// Sends a ledger request at `now`; the request (and its evidence) moves into the
+    /// future. A write that ends the attempt claims the next command with it, unless
+    /// the worker is stopping.
+    fn ledger_request(&self, request: LedgerRequest, now: Timestamp) -> (Sent, Boxed<'_, Result<Answer, LedgerError>>) {
+        let request = match self
+            .claim_next
+            .as_ref()
+            .filter(|_| !self.stopping.load(Ordering::Relaxed))
+        {
+            Some(claim) => match self.ending(request) {
+                Ok((sent, ending)) => {
+                    let claim = claim.clone();
+                    let call = async move {
+                        let (reply, claimed) = self
+                            .ledger
+                            .worker_then_claim(&self.claimed.lease, ending, claim)
+                            .await?;
+                        if !claimed.is_empty() {
+                            let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+                            next.extend(claimed.into_iter().map(|c| (c, now)));
+                        }
+                        match (sent, reply) {
+                            (Sent::CompleteAndContinue(_), leasehold_engine::Reply::Continued(c)) => {
+                                Ok(Answer::Continued(c))
+                            }
+                            (Sent::CompleteAndContinue(_), other) => Err(LedgerError::Internal(format!(
+                                "complete-and-continue: unexpected reply {other:?}"
+                            ))),
+                            _ => Ok(Answer::Done),
+                        }
+                    };
+                    return (sent, Box::pin(call));
+                }
+                Err(request) => request,
+            },
+            None => request,
+        };
         let (ledger, lease, lease_ms) = (&*self.ledger, &self.claimed.lease, self.lease_ms);
         match request {
             LedgerRequest::BeginStep { ordinal } => (
@@ -629,6 +717,30 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                         .map(|record| Answer::Read(Box::new(record)))
                 }),
             ),
+        }
+    }
+
+    /// The worker request of a ledger request that ends the attempt (finish, fail,
+    /// the last step's completion); any other request back as it was.
+    fn ending(&self, request: LedgerRequest) -> Result<(Sent, WorkerRequest), LedgerRequest> {
+        let last = self.claimed.record.receipts.iter().map(|r| r.ordinal).max();
+        match request {
+            LedgerRequest::CompleteAndContinue {
+                ordinal,
+                evidence,
+                target_receipt,
+            } if Some(ordinal) >= last => Ok((
+                Sent::CompleteAndContinue(ordinal),
+                WorkerRequest::CompleteAndContinue {
+                    ordinal,
+                    evidence,
+                    target_receipt,
+                    lease_ms: self.lease_ms,
+                },
+            )),
+            LedgerRequest::Fail { ordinal, error } => Ok((Sent::Fail, WorkerRequest::Fail { ordinal, error })),
+            LedgerRequest::Finish => Ok((Sent::Finish, WorkerRequest::Finish)),
+            other => Err(other),
         }
     }
 

@@ -145,6 +145,10 @@ fn unexpected(op: &str, reply: Reply) -> LedgerError {
 /// [`leasehold_engine::decide`]; the named transition methods
 /// ([`Ledger::heartbeat`], [`Ledger::abort`], …) are provided on top of them.
 pub trait Ledger: Send + Sync + 'static {
+    /// Whether [`Ledger::worker_then_claim`] claims in the worker write's own
+    /// transaction (one commit for both) rather than in a second one.
+    const FUSED_CLAIMS: bool = false;
+
     /// Applies pending schema migrations; answers the versions applied now (empty
     /// when up to date).
     fn migrate(&self) -> impl Future<Output = Result<Vec<u32>, LedgerError>> + Send;
@@ -181,6 +185,25 @@ pub trait Ledger: Send + Sync + 'static {
     /// under the engine's guard. A lease whose command is not the attempt's is
     /// [`LedgerError::NotFound`].
     fn worker(&self, lease: &Lease, request: WorkerRequest) -> impl Future<Output = Result<Reply, LedgerError>> + Send;
+
+    /// Applies a request of the worker holding `lease` like [`Ledger::worker`] and,
+    /// once it is applied, claims like [`Ledger::claim_batch`]: the worker that ends
+    /// one attempt claims its next in the same transaction where the ledger can (the
+    /// SQLite ledger does; this default runs the two one after the other). The claim
+    /// never undoes the request: a claim that fails claims nothing and the request
+    /// stands; a refused request claims nothing.
+    fn worker_then_claim(
+        &self,
+        lease: &Lease,
+        request: WorkerRequest,
+        claim: ClaimRequest,
+    ) -> impl Future<Output = Result<(Reply, Vec<Claimed>), LedgerError>> + Send {
+        async move {
+            let reply = self.worker(lease, request).await?;
+            let claimed = self.claim_batch(claim).await.unwrap_or_default();
+            Ok((reply, claimed))
+        }
+    }
 
     /// Applies an operator request to an attempt, in one transaction; answers the
     /// reply and the attempt's rows as the request left them.

@@ -12,8 +12,8 @@ use leasehold::engine::canonical::{canonical_json, sha256_hex};
 use leasehold::engine::plan::{idempotency_key, PlanError};
 use leasehold::engine::transition::{Continued, ReconcileOutcome};
 use leasehold::engine::{
-    Action, AttemptId, AttemptRecord, AttemptStatus, CommandId, CommandStatus, Lease, LeaseToken, PlanId, PlanSpec,
-    PlanStatus, ReceiptStatus, Refusal, Step, Timestamp,
+    Action, AttemptId, AttemptRecord, AttemptStatus, ClaimRequest, CommandId, CommandStatus, Lease, LeaseToken, PlanId,
+    PlanSpec, PlanStatus, ReceiptStatus, Refusal, Reply, Step, Timestamp, WorkerRequest,
 };
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use serde_json::{json, Value};
@@ -118,6 +118,7 @@ macro_rules! conformance_suite {
             claim_and_begin_begins_each_claimed_attempts_next_step,
             complete_and_continue_delivers_n_steps_in_n_plus_one_transitions,
             fused_writes_with_a_stale_token_are_refused_and_change_nothing,
+            the_write_that_ends_an_attempt_claims_the_next_and_a_refused_one_claims_nothing,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,
@@ -1762,4 +1763,83 @@ pub async fn fused_writes_with_a_stale_token_are_refused_and_change_nothing<L: L
         l.claim_and_begin("thief", 5, LEASE_MS).await.unwrap().is_empty(),
         "a live lease is never taken"
     );
+}
+
+/// `worker_then_claim`: the ending write is applied, then the next command is
+/// claimed and begun for the same owner; a refused write claims nothing and changes
+/// nothing; a claim that finds nothing leaves the write standing.
+pub async fn the_write_that_ends_an_attempt_claims_the_next_and_a_refused_one_claims_nothing<L: Ledger>(h: Harness<L>) {
+    let l = &h.ledger;
+    let first = register(l, "ends-first", "resume", 1).await;
+    let second = register(l, "ends-second", "resume", 1).await;
+    let a = l.enqueue(&first, Action::Execute).await.unwrap();
+    h.advance_ms(10);
+    let b = l.enqueue(&second, Action::Execute).await.unwrap();
+    let c = l.claim_and_begin("w", 1, LEASE_MS).await.unwrap().remove(0);
+    // A claim may take either (the MySQL ledger spreads its claimers): the other waits.
+    let queued = if c.lease.attempt_id == a.attempt.id { b } else { a };
+    let claim = ClaimRequest {
+        owner: "w".into(),
+        batch: 1,
+        lease_ms: LEASE_MS,
+        begin: true,
+    };
+    let complete = WorkerRequest::CompleteAndContinue {
+        ordinal: 1,
+        evidence: evidence("w", 1),
+        target_receipt: target(1),
+        lease_ms: LEASE_MS,
+    };
+
+    // A forged token: refused, nothing written, nothing claimed.
+    let forged = Lease {
+        token: LeaseToken::new("not-the-token"),
+        ..c.lease.clone()
+    };
+    let before = record(l, &c.lease.attempt_id).await;
+    assert_stale(
+        l.worker_then_claim(&forged, complete.clone(), claim.clone()).await,
+        &c.lease.command_id,
+        "worker_then_claim",
+    );
+    assert_eq!(record(l, &c.lease.attempt_id).await, before);
+    assert_eq!(
+        record(l, &queued.attempt.id).await,
+        queued,
+        "a refused write claims nothing"
+    );
+
+    // The real lease: the attempt ends and the next one is claimed and begun.
+    h.advance_ms(100);
+    let (reply, claimed) = l.worker_then_claim(&c.lease, complete, claim.clone()).await.unwrap();
+    assert_eq!(reply, Reply::Continued(Continued::Finished));
+    let ended = record(l, &c.lease.attempt_id).await;
+    assert_eq!(ended.attempt.status, AttemptStatus::Succeeded);
+    assert_eq!(ended.command.status, CommandStatus::Delivered);
+    assert_eq!(claimed.len(), 1);
+    let next = &claimed[0];
+    assert_eq!(next.lease.attempt_id, queued.attempt.id);
+    assert_eq!(
+        next.record,
+        record(l, &queued.attempt.id).await,
+        "the claim answers the rows it wrote"
+    );
+    assert_eq!(next.record.command.status, CommandStatus::Processing);
+    assert_eq!(next.record.command.lease_owner.as_deref(), Some("w"));
+    assert_eq!(next.record.command.lease_until, Some(h.now().plus_ms(LEASE_MS)));
+    assert_eq!(next.record.receipt(1).unwrap().status, ReceiptStatus::Running);
+
+    // Nothing left to claim: the write stands, the claim is empty.
+    let complete = WorkerRequest::CompleteAndContinue {
+        ordinal: 1,
+        evidence: evidence("w", 1),
+        target_receipt: target(1),
+        lease_ms: LEASE_MS,
+    };
+    let (reply, claimed) = l.worker_then_claim(&next.lease, complete, claim).await.unwrap();
+    assert_eq!(reply, Reply::Continued(Continued::Finished));
+    assert!(claimed.is_empty(), "{claimed:?}");
+    let ended = record(l, &queued.attempt.id).await;
+    assert_eq!(ended.command.status, CommandStatus::Delivered);
+    assert_eq!(l.open_attempts().await.unwrap(), 0);
 }

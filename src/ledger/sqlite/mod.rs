@@ -273,6 +273,8 @@ impl SqliteLedger {
 }
 
 impl Ledger for SqliteLedger {
+    const FUSED_CLAIMS: bool = true;
+
     async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
         // Alone: a migration switches foreign keys off, which only works outside a
         // transaction.
@@ -314,6 +316,17 @@ impl Ledger for SqliteLedger {
     async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<leasehold_engine::Reply, LedgerError> {
         let lease = lease.clone();
         self.write(move |core| core.worker(&lease, request)).await
+    }
+
+    async fn worker_then_claim(
+        &self,
+        lease: &Lease,
+        request: WorkerRequest,
+        claim: ClaimRequest,
+    ) -> Result<(leasehold_engine::Reply, Vec<Claimed>), LedgerError> {
+        let lease = lease.clone();
+        self.write(move |core| core.worker_then_claim(&lease, request, claim))
+            .await
     }
 
     async fn operator(

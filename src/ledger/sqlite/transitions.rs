@@ -368,6 +368,21 @@ impl SqliteCore {
         Ok(reply)
     }
 
+    /// Applies a worker request, then claims ([`crate::ledger::Ledger::worker_then_claim`]):
+    /// inside a group (the writer thread) both are savepoints of the group's one
+    /// transaction, so a worker that ends an attempt claims its next in the same
+    /// commit; the claim rolls back alone if it fails, and the request stands.
+    pub fn worker_then_claim(
+        &self,
+        lease: &Lease,
+        request: WorkerRequest,
+        claim: ClaimRequest,
+    ) -> Result<(Reply, Vec<Claimed>), LedgerError> {
+        let reply = self.worker(lease, request)?;
+        let claimed = self.claim_batch(claim).unwrap_or_default();
+        Ok((reply, claimed))
+    }
+
     /// Applies an operator request to an attempt ([`crate::ledger::Ledger::operator`]):
     /// the same reads, with the plan for its recovery mode; answers the reply and the
     /// record as written.
