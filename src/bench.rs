@@ -13,7 +13,7 @@
 //! delegation and counts calls. For ledgers whose every call is one transaction
 //! (memory, SQLite) a call count is a transaction count; a claim made after a worker
 //! write ([`Ledger::worker_then_claim`]) is a transaction of its own unless the
-//! ledger fuses it into the write's ([`Ledger::FUSED_CLAIMS`]).
+//! ledger fuses it into the write's ([`Ledger::fuses_claims`]).
 //!
 //! The latency is the ledger clock's `finished_at - created_at` of each attempt.
 //! Every attempt is enqueued before the workers start, so it measures how long a
@@ -59,7 +59,7 @@ pub struct CountsSnapshot {
     /// Claim transactions (`claim` and `claim_and_begin` calls), empty ones included.
     pub claims: u64,
     /// Claims made right after a worker write ([`Ledger::worker_then_claim`]): in
-    /// that write's transaction on a ledger that fuses them ([`Ledger::FUSED_CLAIMS`]),
+    /// that write's transaction on a ledger that fuses them ([`Ledger::fuses_claims`]),
     /// a transaction of their own otherwise.
     pub claims_after_writes: u64,
     /// Commands those claims took.
@@ -204,7 +204,9 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         result
     }
 
-    const FUSED_CLAIMS: bool = L::FUSED_CLAIMS;
+    fn fuses_claims(&self) -> bool {
+        self.inner.fuses_claims()
+    }
 
     async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
         self.counts.step_write(&request);
@@ -348,7 +350,7 @@ pub struct Measured {
     /// Ledger calls during the run.
     pub counts: CountsSnapshot,
     /// Whether the ledger claims after a worker write in that write's transaction
-    /// ([`Ledger::FUSED_CLAIMS`]).
+    /// ([`Ledger::fuses_claims`]).
     pub fused_claims: bool,
 }
 
@@ -410,7 +412,7 @@ pub async fn drive<L: Ledger>(
         elapsed: started.elapsed(),
         report,
         counts: ledger.counts().since(&before),
-        fused_claims: L::FUSED_CLAIMS,
+        fused_claims: ledger.fuses_claims(),
     }
 }
 

@@ -147,7 +147,9 @@ fn unexpected(op: &str, reply: Reply) -> LedgerError {
 pub trait Ledger: Send + Sync + 'static {
     /// Whether [`Ledger::worker_then_claim`] claims in the worker write's own
     /// transaction (one commit for both) rather than in a second one.
-    const FUSED_CLAIMS: bool = false;
+    fn fuses_claims(&self) -> bool {
+        false
+    }
 
     /// Applies pending schema migrations; answers the versions applied now (empty
     /// when up to date).

@@ -16,6 +16,7 @@ use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
     PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
+use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, IsolationLevel, Transaction, TxOpts};
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -507,97 +508,13 @@ impl MysqlLedger {
     /// other transaction locks only after their attempt (the lock order), so it cannot
     /// take part in a deadlock.
     pub(super) async fn claim_skip_locked_once(&self, request: &ClaimRequest) -> Result<ClaimBatch, TxError> {
-        let batch = request.batch;
-        let spread = self.shared.url.options.claim_spread.max(1);
-        let window_max = CLAIM_WINDOW_MAX.max(batch);
-        let base_window = batch.saturating_mul(spread).clamp(batch, window_max);
         let mut conn = self.connect().await?;
         #[cfg(test)]
         let stale_snapshot = self.test_pause_armed();
         #[cfg(not(test))]
         let stale_snapshot = false;
         let mut tx = begin_claim(&mut conn, stale_snapshot).await?;
-        let result: Result<_, TxError> = async {
-            #[cfg(test)]
-            self.test_pause_after_listing().await;
-            // A clock given to the ledger decides; else the first statement's `now`
-            // does, for every later statement too, so the batch shares one guard.
-            let mut now = self.shared.clock.as_ref().map(|c| c.now());
-            let mut after: Option<rows::ClaimKey> = None;
-            let mut window = base_window;
-            let mut heads = Vec::new();
-            let mut lost = 0u64;
-            loop {
-                let want = batch - heads.len() as u32;
-                let at = now.map_or(rows::NowSql::Db, rows::NowSql::At);
-                let picked = rows::lock_claimable(&mut tx, at, after.as_ref(), window, want).await?;
-                let looked_through = picked.len() < want as usize;
-                for p in picked {
-                    let decide_at = *now.get_or_insert(p.now);
-                    after = Some(p.key);
-                    if is_claimable(&p.command, decide_at) {
-                        heads.push((p.attempt, p.command));
-                    } else {
-                        lost += 1;
-                    }
-                }
-                if heads.len() >= batch as usize {
-                    break;
-                }
-                if looked_through {
-                    // Every command of the window was taken or held by others. Look
-                    // further only if there is more: a wider window from the same
-                    // place (or, at the widest, the next window), so that no command
-                    // nobody holds is passed over.
-                    let at = now.map_or(rows::NowSql::Db, rows::NowSql::At);
-                    match rows::claim_window_end(&mut tx, at, after.as_ref(), window).await? {
-                        None => break,
-                        Some((end, db_now)) => {
-                            now.get_or_insert(db_now);
-                            if window >= window_max {
-                                after = Some(end);
-                            }
-                            window = window.saturating_mul(2).min(window_max);
-                        }
-                    }
-                }
-            }
-            let Some(now) = now.filter(|_| !heads.is_empty()) else {
-                return Ok(ClaimBatch {
-                    claimed: Vec::new(),
-                    lost,
-                });
-            };
-            #[cfg(test)]
-            self.test_pause_holding().await;
-            let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
-            let mut receipts = rows::lock_receipts_of(&mut tx, &ids).await?;
-            // Plans are immutable but for their status, which a claim does not look
-            // at: a plain read.
-            let mut plan_ids: Vec<&PlanId> = heads.iter().map(|(a, _)| &a.plan_id).collect();
-            plan_ids.sort();
-            plan_ids.dedup();
-            let plans = rows::read_plans_by_id(&mut tx, &plan_ids).await?;
-            let mut held = Vec::with_capacity(heads.len());
-            for (attempt, command) in heads {
-                let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
-                    LedgerError::Integrity(format!(
-                        "attempt {} names a missing plan {}",
-                        attempt.id, attempt.plan_id
-                    ))
-                })?;
-                let record = AttemptRecord {
-                    receipts: receipts.remove(&attempt.id).unwrap_or_default(),
-                    attempt,
-                    command,
-                };
-                held.push((record, plan));
-            }
-            let mut batch = self.write_claims(&mut tx, held, request, now).await?;
-            batch.lost += lost;
-            Ok(batch)
-        }
-        .await;
+        let result = self.claim_skip_locked_in(&mut tx, request).await;
         match result {
             // Nothing was written: release the locks without a commit.
             Ok(batch) if batch.claimed.is_empty() => {
@@ -608,30 +525,161 @@ impl MysqlLedger {
         }
     }
 
+    /// The claim of [`Self::claim_skip_locked_once`] inside the transaction `tx`
+    /// (begun by [`begin_claim`]).
+    async fn claim_skip_locked_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        request: &ClaimRequest,
+    ) -> Result<ClaimBatch, TxError> {
+        let batch = request.batch;
+        let spread = self.shared.url.options.claim_spread.max(1);
+        let window_max = CLAIM_WINDOW_MAX.max(batch);
+        let base_window = batch.saturating_mul(spread).clamp(batch, window_max);
+        #[cfg(test)]
+        self.test_pause_after_listing().await;
+        // A clock given to the ledger decides; else the first statement's `now`
+        // does, for every later statement too, so the batch shares one guard.
+        let mut now = self.shared.clock.as_ref().map(|c| c.now());
+        let mut after: Option<rows::ClaimKey> = None;
+        let mut window = base_window;
+        let mut heads = Vec::new();
+        let mut lost = 0u64;
+        loop {
+            let want = batch - heads.len() as u32;
+            let at = now.map_or(rows::NowSql::Db, rows::NowSql::At);
+            let picked = rows::lock_claimable(tx, at, after.as_ref(), window, want).await?;
+            let looked_through = picked.len() < want as usize;
+            for p in picked {
+                let decide_at = *now.get_or_insert(p.now);
+                after = Some(p.key);
+                if is_claimable(&p.command, decide_at) {
+                    heads.push((p.attempt, p.command));
+                } else {
+                    lost += 1;
+                }
+            }
+            if heads.len() >= batch as usize {
+                break;
+            }
+            if looked_through {
+                // Every command of the window was taken or held by others. Look
+                // further only if there is more: a wider window from the same
+                // place (or, at the widest, the next window), so that no command
+                // nobody holds is passed over.
+                let at = now.map_or(rows::NowSql::Db, rows::NowSql::At);
+                match rows::claim_window_end(tx, at, after.as_ref(), window).await? {
+                    None => break,
+                    Some((end, db_now)) => {
+                        now.get_or_insert(db_now);
+                        if window >= window_max {
+                            after = Some(end);
+                        }
+                        window = window.saturating_mul(2).min(window_max);
+                    }
+                }
+            }
+        }
+        let Some(now) = now.filter(|_| !heads.is_empty()) else {
+            return Ok(ClaimBatch {
+                claimed: Vec::new(),
+                lost,
+            });
+        };
+        #[cfg(test)]
+        self.test_pause_holding().await;
+        let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
+        let mut receipts = rows::lock_receipts_of(tx, &ids).await?;
+        // Plans are immutable but for their status, which a claim does not look
+        // at: a plain read.
+        let mut plan_ids: Vec<&PlanId> = heads.iter().map(|(a, _)| &a.plan_id).collect();
+        plan_ids.sort();
+        plan_ids.dedup();
+        let plans = rows::read_plans_by_id(tx, &plan_ids).await?;
+        let mut held = Vec::with_capacity(heads.len());
+        for (attempt, command) in heads {
+            let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
+                LedgerError::Integrity(format!(
+                    "attempt {} names a missing plan {}",
+                    attempt.id, attempt.plan_id
+                ))
+            })?;
+            let record = AttemptRecord {
+                receipts: receipts.remove(&attempt.id).unwrap_or_default(),
+                attempt,
+                command,
+            };
+            held.push((record, plan));
+        }
+        let mut batch = self.write_claims(tx, held, request, now).await?;
+        batch.lost += lost;
+        Ok(batch)
+    }
+
     /// One try of a request of the worker holding `lease`: lock the attempt, its
     /// command and its receipts (the lock order), let the engine decide at the
     /// ledger's now, and write under the engine's guard.
     pub(super) async fn worker_once(&self, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
         let mut conn = self.connect().await?;
         let mut tx = begin(&mut conn).await?;
+        let result = self.worker_in(&mut tx, lease, request).await;
+        end(tx, result, true).await
+    }
+
+    /// One try of a worker request and then a `SKIP LOCKED` claim, in one
+    /// transaction ([`crate::ledger::Ledger::worker_then_claim`]). The request's
+    /// reads lock their rows, so the claim's isolation (READ UNCOMMITTED, see
+    /// [`begin_claim`]) does not change what it decides. A claim that the engine or an
+    /// integrity check refuses is undone alone (a savepoint) and the request stands;
+    /// a claim that fails in the server fails the whole transaction (InnoDB rolls a
+    /// deadlock's whole transaction back), to be tried again as one.
+    pub(super) async fn worker_then_claim_once(
+        &self,
+        lease: &Lease,
+        request: &WorkerRequest,
+        claim: &ClaimRequest,
+    ) -> Result<(Reply, ClaimBatch), TxError> {
+        let mut conn = self.connect().await?;
+        let mut tx = begin_claim(&mut conn, false).await?;
         let result: Result<_, TxError> = async {
-            let (record, db_now) = self.lock_record(&mut tx, &lease.attempt_id).await?;
-            if record.command.id != lease.command_id {
-                return Err(not_found("command", &lease.command_id).into());
-            }
-            #[cfg(test)]
-            self.test_kill(KillPoint::AfterReads, tx.id()).await?;
-            #[cfg(test)]
-            self.test_stall().await;
-            let request = Request::Worker(request, &lease.token);
-            let (writes, reply) = decide(None, &record, request, self.decide_at(db_now))?;
-            rows::apply_writes(&mut tx, Some(&record), &writes).await?;
-            #[cfg(test)]
-            self.test_kill(KillPoint::BeforeCommit, tx.id()).await?;
-            Ok(reply)
+            let reply = self.worker_in(&mut tx, lease, request).await?;
+            tx.query_drop("SAVEPOINT leasehold_claim").await.db()?;
+            let batch = match self.claim_skip_locked_in(&mut tx, claim).await {
+                Ok(batch) => batch,
+                Err(TxError::Ledger(_)) => {
+                    tx.query_drop("ROLLBACK TO SAVEPOINT leasehold_claim").await.db()?;
+                    ClaimBatch::default()
+                }
+                Err(e) => return Err(e),
+            };
+            Ok((reply, batch))
         }
         .await;
         end(tx, result, true).await
+    }
+
+    /// The request of [`Self::worker_once`] inside the transaction `tx`: lock the
+    /// record, decide, write.
+    async fn worker_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        lease: &Lease,
+        request: &WorkerRequest,
+    ) -> Result<Reply, TxError> {
+        let (record, db_now) = self.lock_record(tx, &lease.attempt_id).await?;
+        if record.command.id != lease.command_id {
+            return Err(not_found("command", &lease.command_id).into());
+        }
+        #[cfg(test)]
+        self.test_kill(KillPoint::AfterReads, tx.id()).await?;
+        #[cfg(test)]
+        self.test_stall().await;
+        let request = Request::Worker(request, &lease.token);
+        let (writes, reply) = decide(None, &record, request, self.decide_at(db_now))?;
+        rows::apply_writes(tx, Some(&record), &writes).await?;
+        #[cfg(test)]
+        self.test_kill(KillPoint::BeforeCommit, tx.id()).await?;
+        Ok(reply)
     }
 
     /// One try of an operator request: the same reads in lock order, with the plan

@@ -357,6 +357,12 @@ impl MysqlLedger {
 }
 
 impl Ledger for MysqlLedger {
+    /// Where the server has `SKIP LOCKED` (known once probed); a server without it
+    /// runs the request and the claim one after the other.
+    fn fuses_claims(&self) -> bool {
+        self.uses_skip_locked() == Some(true)
+    }
+
     async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
         self.retry(|| self.migrate_once()).await
     }
@@ -388,6 +394,28 @@ impl Ledger for MysqlLedger {
 
     async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
         self.retry(|| self.worker_once(lease, &request)).await
+    }
+
+    /// In one transaction on a server with `SKIP LOCKED`; otherwise the request,
+    /// then a claim of its own.
+    async fn worker_then_claim(
+        &self,
+        lease: &Lease,
+        request: WorkerRequest,
+        claim: ClaimRequest,
+    ) -> Result<(Reply, Vec<Claimed>), LedgerError> {
+        if claim.batch == 0 || !self.skip_locked().await? {
+            let reply = self.worker(lease, request).await?;
+            let claimed = self.claim_with(&claim).await.unwrap_or_default();
+            return Ok((reply, claimed));
+        }
+        let (reply, batch) = self
+            .retry(|| self.worker_then_claim_once(lease, &request, &claim))
+            .await?;
+        let counters = &self.shared.stats;
+        counters.claims.fetch_add(batch.claimed.len() as u64, Ordering::Relaxed);
+        counters.lost_claim_races.fetch_add(batch.lost, Ordering::Relaxed);
+        Ok((reply, batch.claimed))
     }
 
     async fn operator(

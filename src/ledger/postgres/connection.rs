@@ -213,66 +213,9 @@ impl PostgresLedger {
     /// is a lost race (counted, never a claim). The rows are locked, so a guard cannot
     /// fail; if one ever does, the whole transaction is undone and tried again.
     pub(super) async fn claim_once(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, TxError> {
-        let batch = request.batch;
-        let window = batch
-            .saturating_mul(CLAIM_SPREAD)
-            .clamp(CLAIM_WINDOW_MIN, CLAIM_WINDOW_MAX)
-            .max(batch);
         let mut client = self.connect().await?;
         let tx = begin(&mut client).await?;
-        let result: Result<_, TxError> = async {
-            let at = self.clock.as_ref().map(|c| c.now());
-            let (picked, now) = rows::lock_claimable(&tx, at, window, batch).await?;
-            let mut heads = Vec::with_capacity(picked.len());
-            for p in picked {
-                if is_claimable(&p.command, now) {
-                    heads.push((p.attempt, p.command));
-                } else {
-                    self.stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if heads.is_empty() {
-                return Ok(Vec::new());
-            }
-            let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
-            let mut receipts = rows::lock_receipts_of(&tx, &ids).await?;
-            let mut plan_ids: Vec<&PlanId> = heads.iter().map(|(a, _)| &a.plan_id).collect();
-            plan_ids.sort();
-            plan_ids.dedup();
-            let plans = rows::read_plans_by_id(&tx, &plan_ids).await?;
-            let mut claimed = Vec::with_capacity(heads.len());
-            for (attempt, command) in heads {
-                let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
-                    LedgerError::Integrity(format!(
-                        "attempt {} names a missing plan {}",
-                        attempt.id, attempt.plan_id
-                    ))
-                })?;
-                let record = AttemptRecord {
-                    receipts: receipts.remove(&attempt.id).unwrap_or_default(),
-                    attempt,
-                    command,
-                };
-                let token = self.entropy.token();
-                let Ok((writes, _)) = decide(None, &record, Request::Claim(request, &token, plan.recovery), now) else {
-                    // A terminal attempt whose command is claimable: passed over.
-                    self.stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                match rows::apply_writes(&tx, Some(&record), &writes).await {
-                    Ok(()) => {}
-                    Err(TxError::Ledger(LedgerError::Refused(refusal))) => {
-                        return Err(TxError::Retry(format!(
-                            "postgres: a guarded claim update matched no row it held ({refusal})"
-                        )));
-                    }
-                    Err(e) => return Err(e),
-                }
-                claimed.push(Claimed::applied(record, plan, token, &writes));
-            }
-            Ok(claimed)
-        }
-        .await;
+        let result = self.claim_in(&tx, request).await;
         match result {
             // Nothing was written: release the locks without a commit.
             Ok(claimed) if claimed.is_empty() => {
@@ -287,26 +230,117 @@ impl PostgresLedger {
         }
     }
 
+    /// The claim of [`Self::claim_once`] inside the transaction `tx`.
+    async fn claim_in(&self, tx: &Transaction<'_>, request: &ClaimRequest) -> Result<Vec<Claimed>, TxError> {
+        let batch = request.batch;
+        let window = batch
+            .saturating_mul(CLAIM_SPREAD)
+            .clamp(CLAIM_WINDOW_MIN, CLAIM_WINDOW_MAX)
+            .max(batch);
+        let at = self.clock.as_ref().map(|c| c.now());
+        let (picked, now) = rows::lock_claimable(tx, at, window, batch).await?;
+        let mut heads = Vec::with_capacity(picked.len());
+        for p in picked {
+            if is_claimable(&p.command, now) {
+                heads.push((p.attempt, p.command));
+            } else {
+                self.stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if heads.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
+        let mut receipts = rows::lock_receipts_of(tx, &ids).await?;
+        let mut plan_ids: Vec<&PlanId> = heads.iter().map(|(a, _)| &a.plan_id).collect();
+        plan_ids.sort();
+        plan_ids.dedup();
+        let plans = rows::read_plans_by_id(tx, &plan_ids).await?;
+        let mut claimed = Vec::with_capacity(heads.len());
+        for (attempt, command) in heads {
+            let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
+                LedgerError::Integrity(format!(
+                    "attempt {} names a missing plan {}",
+                    attempt.id, attempt.plan_id
+                ))
+            })?;
+            let record = AttemptRecord {
+                receipts: receipts.remove(&attempt.id).unwrap_or_default(),
+                attempt,
+                command,
+            };
+            let token = self.entropy.token();
+            let Ok((writes, _)) = decide(None, &record, Request::Claim(request, &token, plan.recovery), now) else {
+                // A terminal attempt whose command is claimable: passed over.
+                self.stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            match rows::apply_writes(tx, Some(&record), &writes).await {
+                Ok(()) => {}
+                Err(TxError::Ledger(LedgerError::Refused(refusal))) => {
+                    return Err(TxError::Retry(format!(
+                        "postgres: a guarded claim update matched no row it held ({refusal})"
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+            claimed.push(Claimed::applied(record, plan, token, &writes));
+        }
+        Ok(claimed)
+    }
+
     /// One try of a request of the worker holding `lease`: lock the attempt, its
     /// command and its receipts (the lock order), let the engine decide at the
     /// ledger's now, and write under the engine's guard.
     pub(super) async fn worker_once(&self, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
         let mut client = self.connect().await?;
         let tx = begin(&mut client).await?;
-        let result: Result<_, TxError> = async {
-            let (record, db_now) = rows::lock_record(&tx, &lease.attempt_id, self.clock.is_none())
-                .await?
-                .ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
-            if record.command.id != lease.command_id {
-                return Err(not_found("command", &lease.command_id).into());
-            }
-            let request = Request::Worker(request, &lease.token);
-            let (writes, reply) = decide(None, &record, request, self.decide_at(db_now)?)?;
-            rows::apply_writes(&tx, Some(&record), &writes).await?;
-            Ok(reply)
-        }
-        .await;
+        let result = self.worker_in(&tx, lease, request).await;
         end(tx, result, true).await
+    }
+
+    /// One try of a worker request and then a claim, in one transaction
+    /// ([`crate::ledger::Ledger::worker_then_claim`]): the claim runs under a
+    /// savepoint, so a claim that fails is undone alone and the request stands.
+    pub(super) async fn worker_then_claim_once(
+        &self,
+        lease: &Lease,
+        request: &WorkerRequest,
+        claim: &ClaimRequest,
+    ) -> Result<(Reply, Vec<Claimed>), TxError> {
+        let mut client = self.connect().await?;
+        let mut tx = begin(&mut client).await?;
+        let reply = match self.worker_in(&tx, lease, request).await {
+            Ok(reply) => reply,
+            Err(e) => return end(tx, Err(e), true).await,
+        };
+        // A savepoint that cannot be released or rolled back fails the whole
+        // transaction: committing past a failed statement would lose the request.
+        let claimed = match tx.transaction().await {
+            Ok(savepoint) => match self.claim_in(&savepoint, claim).await {
+                Ok(claimed) => savepoint.commit().await.map(|()| claimed).map_err(statement),
+                Err(_) => savepoint.rollback().await.map(|()| Vec::new()).map_err(statement),
+            },
+            Err(e) => Err(statement(e)),
+        };
+        let claimed = end(tx, claimed, true).await?;
+        self.stats.claims.fetch_add(claimed.len() as u64, Ordering::Relaxed);
+        Ok((reply, claimed))
+    }
+
+    /// The request of [`Self::worker_once`] inside the transaction `tx`: lock the
+    /// record, decide, write.
+    async fn worker_in(&self, tx: &Transaction<'_>, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
+        let (record, db_now) = rows::lock_record(tx, &lease.attempt_id, self.clock.is_none())
+            .await?
+            .ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
+        if record.command.id != lease.command_id {
+            return Err(not_found("command", &lease.command_id).into());
+        }
+        let request = Request::Worker(request, &lease.token);
+        let (writes, reply) = decide(None, &record, request, self.decide_at(db_now)?)?;
+        rows::apply_writes(tx, Some(&record), &writes).await?;
+        Ok(reply)
     }
 
     /// One try of an operator request (reconcile, abort): the same reads in lock

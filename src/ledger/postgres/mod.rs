@@ -192,6 +192,10 @@ impl PostgresLedger {
 }
 
 impl Ledger for PostgresLedger {
+    fn fuses_claims(&self) -> bool {
+        true
+    }
+
     async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
         PostgresLedger::migrate(self).await
     }
@@ -226,6 +230,19 @@ impl Ledger for PostgresLedger {
 
     async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
         self.retry(|| self.worker_once(lease, &request)).await
+    }
+
+    async fn worker_then_claim(
+        &self,
+        lease: &Lease,
+        request: WorkerRequest,
+        claim: ClaimRequest,
+    ) -> Result<(Reply, Vec<Claimed>), LedgerError> {
+        if claim.batch == 0 {
+            return Ok((self.worker(lease, request).await?, Vec::new()));
+        }
+        self.retry(|| self.worker_then_claim_once(lease, &request, &claim))
+            .await
     }
 
     async fn operator(

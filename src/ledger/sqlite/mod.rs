@@ -273,7 +273,9 @@ impl SqliteLedger {
 }
 
 impl Ledger for SqliteLedger {
-    const FUSED_CLAIMS: bool = true;
+    fn fuses_claims(&self) -> bool {
+        true
+    }
 
     async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
         // Alone: a migration switches foreign keys off, which only works outside a
