@@ -110,6 +110,9 @@ const MAX_GROUP: usize = 64;
 /// deliveries at batch 5 about a tenth of their throughput (the checkpointer
 /// competes for the cores with the callers).
 const CHECKPOINT_EVERY: u64 = 256;
+
+/// The writer connection's page cache ceiling, in MiB ([`SqliteCore::set_cache_mib`]).
+const WRITER_CACHE_MIB: i64 = 256;
 /// A WAL longer than this (pages) after a passive checkpoint gets a `RESTART`
 /// checkpoint, which waits for the writer: the bound on the WAL's growth when
 /// passive checkpoints cannot keep up.
@@ -193,6 +196,7 @@ impl WriterStats {
 
 impl Writer {
     pub(super) fn spawn(core: SqliteCore, checkpointer: Option<SqliteCore>) -> Result<Self, LedgerError> {
+        core.set_cache_mib(WRITER_CACHE_MIB)?;
         let checkpointer = match checkpointer {
             Some(other) => {
                 core.disable_autocheckpoint()?;
@@ -360,6 +364,15 @@ impl SqliteCore {
     /// checkpoints to its checkpointer thread.
     pub(super) fn disable_autocheckpoint(&self) -> Result<(), LedgerError> {
         self.raw_connection().pragma_update(None, "wal_autocheckpoint", 0).sql()
+    }
+
+    /// Gives the writer's connection a page cache of up to `mib` MiB (allocated as
+    /// used): every claim and completion walks the indexes by random text ids, so a
+    /// queue of 100,000 under a history of a million needs more than a reader does.
+    pub(super) fn set_cache_mib(&self, mib: i64) -> Result<(), LedgerError> {
+        self.raw_connection()
+            .pragma_update(None, "cache_size", -mib * 1024)
+            .sql()
     }
 
     /// Runs a checkpoint: `PASSIVE` (copies what it can without waiting for the
