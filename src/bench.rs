@@ -745,6 +745,33 @@ mod tests {
         assert!(report.latency_p99_ms >= report.latency_p50_ms);
     }
 
+    /// A steady worker polls twice (its first claim, and the one that finds the queue
+    /// empty): every other attempt is claimed by the write that ends the one before.
+    #[tokio::test]
+    async fn a_steady_worker_claims_each_next_attempt_in_the_write_that_ends_the_last() {
+        let ledger = Arc::new(MemoryLedger::new(
+            Arc::new(SystemClock),
+            Arc::new(SeededEntropy::new(7)),
+        ));
+        let options = BenchOptions {
+            attempts: 5,
+            workers: 1,
+            steps: 2,
+            batch: 1,
+            tag: "steady".into(),
+        };
+        let report = run(ledger, &options, Arc::default()).await.unwrap();
+        assert!(report.exactly_once(), "{report:?}");
+        let c = report.measured.counts;
+        assert_eq!((c.claims, c.empty_claims), (2, 1), "{c:?}");
+        assert_eq!(c.claims_after_writes, 5, "{c:?}");
+        assert_eq!(c.claimed, 5);
+        assert_eq!(report.transactions_per_attempt, 3.0);
+        // The memory ledger runs such a claim as a transaction of its own.
+        assert!(!report.measured.fused_claims);
+        assert_eq!(report.write_transactions_per_attempt, (2.0 + 5.0 + 10.0) / 5.0);
+    }
+
     #[test]
     fn only_a_single_successful_delivery_passes_the_check() {
         use leasehold_engine::transition::{self, NewIds};

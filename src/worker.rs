@@ -849,6 +849,35 @@ mod tests {
         assert_eq!(*events.lock().unwrap(), expected);
     }
 
+    /// Told to stop, a worker finishes what it holds within the grace period, and
+    /// its ending write claims nothing more.
+    #[tokio::test]
+    async fn a_stopping_worker_claims_nothing_with_its_ending_write() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let memory = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(5))));
+        let ledger = Arc::new(crate::bench::CountingLedger::new(Arc::clone(&memory)));
+        let mut attempts = Vec::new();
+        for i in 0..3 {
+            let plan = ledger
+                .register_plan(crate::bench::plan_spec(format!("p{i}"), 1), &Executors::new().names())
+                .await
+                .unwrap();
+            attempts.push(ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id);
+        }
+        let config = WorkerConfig::clamped(true, 10, 1, 60_000);
+        let worker = Worker::new("w", Arc::clone(&ledger), Arc::new(DryRun), clock, config);
+        let options = RunOptions {
+            until_idle: false,
+            grace_ms: 60_000,
+        };
+        // The stop is seen before the claimed delivery first runs.
+        let report = worker.run(std::future::ready(()), options).await;
+        assert_eq!((report.claimed, report.delivered), (1, 1), "{report:?}");
+        let counts = ledger.counts();
+        assert_eq!((counts.claims, counts.claims_after_writes), (1, 0), "{counts:?}");
+        assert_eq!(memory.open_attempts().await.unwrap(), 2, "two attempts stay QUEUED");
+    }
+
     #[tokio::test]
     async fn a_worker_nobody_listens_to_still_delivers() {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));

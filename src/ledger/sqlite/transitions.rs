@@ -136,7 +136,7 @@ impl SqliteCore {
         // The default 2 MiB page cache no longer holds the indexes a claim walks by
         // random text ids once some ten thousand attempts are queued; claims then read
         // most pages back from the OS. 32 MiB (a ceiling, allocated as used) keeps a
-        // queue of 20,000 cached.
+        // queue of 20,000 cached; the writer raises its own (see `writer::WRITER_CACHE_MIB`).
         conn.pragma_update(None, "cache_size", -32_768).sql()?;
         conn.set_prepared_statement_cache_capacity(64);
         Ok(Self {
