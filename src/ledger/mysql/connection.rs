@@ -10,6 +10,7 @@ use super::error::{classify, DbResult, Phase, TxError};
 use super::rows::{self, not_found, Candidate};
 use super::{schema, MysqlLedger};
 use crate::entropy::IdKind;
+use crate::ledger::sql::decode;
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::{self, is_claimable, NewIds};
 use leasehold_engine::{
@@ -589,28 +590,14 @@ impl MysqlLedger {
         #[cfg(test)]
         self.test_pause_holding().await;
         let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
-        let mut receipts = rows::lock_receipts_of(tx, &ids).await?;
+        let receipts = rows::lock_receipts_of(tx, &ids).await?;
         // Plans are immutable but for their status, which a claim does not look
         // at: a plain read.
         let mut plan_ids: Vec<&PlanId> = heads.iter().map(|(a, _)| &a.plan_id).collect();
         plan_ids.sort();
         plan_ids.dedup();
         let plans = rows::read_plans_by_id(tx, &plan_ids).await?;
-        let mut held = Vec::with_capacity(heads.len());
-        for (attempt, command) in heads {
-            let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
-                LedgerError::Integrity(format!(
-                    "attempt {} names a missing plan {}",
-                    attempt.id, attempt.plan_id
-                ))
-            })?;
-            let record = AttemptRecord {
-                receipts: receipts.remove(&attempt.id).unwrap_or_default(),
-                attempt,
-                command,
-            };
-            held.push((record, plan));
-        }
+        let held = decode::claimed_records(heads, receipts, &plans)?;
         let mut batch = self.write_claims(tx, held, request, now).await?;
         batch.lost += lost;
         Ok(batch)

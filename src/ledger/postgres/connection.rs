@@ -15,6 +15,7 @@ use super::error::{classify, Phase, TxError};
 use super::rows::{self, not_found};
 use super::PostgresLedger;
 use crate::entropy::IdKind;
+use crate::ledger::sql::decode;
 use crate::ledger::{decide, Claimed, LedgerError};
 use deadpool_postgres::{Client, Transaction};
 use leasehold_engine::transition::{self, is_claimable, NewIds};
@@ -251,24 +252,13 @@ impl PostgresLedger {
             return Ok(Vec::new());
         }
         let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
-        let mut receipts = rows::lock_receipts_of(tx, &ids).await?;
+        let receipts = rows::lock_receipts_of(tx, &ids).await?;
         let mut plan_ids: Vec<&PlanId> = heads.iter().map(|(a, _)| &a.plan_id).collect();
         plan_ids.sort();
         plan_ids.dedup();
         let plans = rows::read_plans_by_id(tx, &plan_ids).await?;
         let mut claimed = Vec::with_capacity(heads.len());
-        for (attempt, command) in heads {
-            let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
-                LedgerError::Integrity(format!(
-                    "attempt {} names a missing plan {}",
-                    attempt.id, attempt.plan_id
-                ))
-            })?;
-            let record = AttemptRecord {
-                receipts: receipts.remove(&attempt.id).unwrap_or_default(),
-                attempt,
-                command,
-            };
+        for (record, plan) in decode::claimed_records(heads, receipts, &plans)? {
             let token = self.entropy.token();
             let Ok((writes, _)) = decide(None, &record, Request::Claim(request, &token, plan.recovery), now) else {
                 // A terminal attempt whose command is claimable: passed over.

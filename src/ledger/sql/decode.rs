@@ -13,6 +13,33 @@ use leasehold_engine::{
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
+/// Joins claimed candidates (their attempt and command rows, in claim order) with
+/// their receipts and plans as read in bulk: one record with its plan per candidate,
+/// in order. A candidate whose plan is missing is [`LedgerError::Integrity`].
+pub(crate) fn claimed_records(
+    heads: Vec<(Attempt, Command)>,
+    mut receipts: BTreeMap<AttemptId, Vec<Receipt>>,
+    plans: &BTreeMap<PlanId, Plan>,
+) -> Result<Vec<(AttemptRecord, Plan)>, LedgerError> {
+    heads
+        .into_iter()
+        .map(|(attempt, command)| {
+            let plan = plans.get(&attempt.plan_id).cloned().ok_or_else(|| {
+                LedgerError::Integrity(format!(
+                    "attempt {} names a missing plan {}",
+                    attempt.id, attempt.plan_id
+                ))
+            })?;
+            let record = AttemptRecord {
+                receipts: receipts.remove(&attempt.id).unwrap_or_default(),
+                attempt,
+                command,
+            };
+            Ok((record, plan))
+        })
+        .collect()
+}
+
 /// One row of a driver's result, read a column at a time. An `Err` says what is
 /// wrong with the column (its type, its absence), never what it holds.
 pub(crate) trait ColumnReader {
