@@ -78,7 +78,8 @@ enum Command {
         /// Seconds between polls when idle (clamped to 1..=3600).
         #[arg(long, default_value_t = 5)]
         poll_secs: u64,
-        /// Commands claimed per poll (clamped to 1..=256).
+        /// Deliveries in flight, claimed per poll (clamped to 1..=256); the write
+        /// that ends one claims the next.
         #[arg(long, default_value_t = 5)]
         batch: u32,
         /// Exit once no attempt is QUEUED or RUNNING.
@@ -233,7 +234,8 @@ struct ServeArgs {
     /// Seconds between the workers' polls when idle (clamped to 1..=3600).
     #[arg(long, default_value_t = 2)]
     poll_secs: u64,
-    /// Commands each worker claims per poll (clamped to 1..=256).
+    /// Deliveries each worker has in flight, claimed per poll (clamped to 1..=256); the
+    /// write that ends one claims the next.
     #[arg(long, default_value_t = 5)]
     batch: u32,
     /// Seconds in-flight deliveries get to finish after SIGINT/SIGTERM (clamped to 0..=3600).
