@@ -42,7 +42,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 
@@ -392,7 +392,6 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
         let delivery = Delivery {
             claim_next,
             stopping: Arc::clone(stopping),
-            next: Mutex::new(Vec::new()),
             ledger: Arc::clone(&self.ledger),
             executor: Arc::clone(&self.executor),
             clock: Arc::clone(&self.clock),
@@ -493,12 +492,54 @@ fn reply(result: Result<Answer, LedgerError>) -> Reply {
     }
 }
 
+/// A ledger call's answer with the commands it claimed.
+type Answered = (Answer, Vec<Claimed>);
+
+/// A ledger call in flight.
+type LedgerCall<'a> = Boxed<'a, Result<Answered, LedgerError>>;
+
+/// The worker request a driver's ledger request stands for (`None`: the read-back).
+fn worker_request(request: LedgerRequest, lease_ms: u64) -> Option<(Sent, WorkerRequest)> {
+    Some(match request {
+        LedgerRequest::BeginStep { ordinal } => (Sent::Begin(ordinal), WorkerRequest::BeginStep { ordinal, lease_ms }),
+        LedgerRequest::CompleteAndContinue {
+            ordinal,
+            evidence,
+            target_receipt,
+        } => (
+            Sent::CompleteAndContinue(ordinal),
+            WorkerRequest::CompleteAndContinue {
+                ordinal,
+                evidence,
+                target_receipt,
+                lease_ms,
+            },
+        ),
+        LedgerRequest::Fail { ordinal, error } => (Sent::Fail, WorkerRequest::Fail { ordinal, error }),
+        LedgerRequest::Finish => (Sent::Finish, WorkerRequest::Finish),
+        LedgerRequest::Heartbeat => (Sent::Heartbeat, WorkerRequest::Heartbeat { lease_ms }),
+        LedgerRequest::ReadAttempt => return None,
+    })
+}
+
+/// What the ledger's reply to a worker request means for the driver: a completion
+/// answers what followed it, every other write that it was applied (renewed, for a
+/// heartbeat). Any other reply is a ledger bug.
+fn answer(sent: Sent, reply: leasehold_engine::Reply) -> Result<Answer, LedgerError> {
+    use leasehold_engine::Reply as R;
+    match (sent, reply) {
+        (Sent::CompleteAndContinue(_), R::Continued(continued)) => Ok(Answer::Continued(continued)),
+        (Sent::Heartbeat, R::Renewed { .. }) | (Sent::Begin(_) | Sent::Fail | Sent::Finish, R::Applied) => {
+            Ok(Answer::Done)
+        }
+        (sent, other) => Err(LedgerError::Internal(format!("{sent:?}: unexpected reply {other:?}"))),
+    }
+}
+
 struct Delivery<L, E, C> {
     /// The claim an ending write makes, if this worker claims.
     claim_next: Option<ClaimRequest>,
     stopping: Arc<AtomicBool>,
-    /// What ending writes claimed (a repeat after a lost reply may claim again).
-    next: Mutex<Vec<(Claimed, Timestamp)>>,
     ledger: Arc<L>,
     executor: Arc<E>,
     clock: Arc<C>,
@@ -537,11 +578,15 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         }
         // Boxed, like the claim: it keeps the delivery's task small.
         let mut driver = Box::new(Driver::fused(record, self.lease_ms, self.claimed_at));
-        let mut ledger_call: Option<(Sent, Boxed<'_, Result<Answer, LedgerError>>)> = None;
+        // The request in flight, when it was sent, and its call.
+        let mut ledger_call: Option<(Sent, Timestamp, LedgerCall<'_>)> = None;
         let mut executor_call: Option<(u32, Boxed<'_, ExecutorResult>)> = None;
         // The last write that may end the attempt, for the event a read-back that
         // finds it committed reports.
         let mut last_write = Sent::Heartbeat;
+        // What ending writes claimed (a repeat after a lost reply may claim again),
+        // each with when its write was sent.
+        let mut next: Vec<(Claimed, Timestamp)> = Vec::new();
         let outcome = loop {
             // One reading for the whole turn: the actions drained now are sent now.
             let now = self.clock.now();
@@ -551,11 +596,15 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                         executor_call = Some((ordinal, self.execute(ordinal)));
                     }
                     DriverAction::Ledger(request) => {
-                        let (sent, call) = self.ledger_request(request, now);
+                        let claim = self
+                            .claim_next
+                            .as_ref()
+                            .filter(|_| driver.ends_attempt(&request) && !self.stopping.load(Ordering::Relaxed));
+                        let (sent, call) = self.ledger_request(request, claim.cloned());
                         if !matches!(sent, Sent::Heartbeat | Sent::Read) {
                             last_write = sent;
                         }
-                        ledger_call = Some((sent, call));
+                        ledger_call = Some((sent, now, call));
                     }
                 }
             }
@@ -565,8 +614,12 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             let wait_ms = driver.poll_timeout().map(|d| d.at.millis_since(now));
             tokio::select! {
                 biased;
-                result = maybe(ledger_call.as_mut().map(|(_, f)| f)) => {
-                    let (sent, _) = ledger_call.take().expect("a ledger call was in flight");
+                result = maybe(ledger_call.as_mut().map(|(_, _, f)| f)) => {
+                    let (sent, sent_at, _) = ledger_call.take().expect("a ledger call was in flight");
+                    let result = result.map(|(answer, claimed)| {
+                        next.extend(claimed.into_iter().map(|c| (c, sent_at)));
+                        answer
+                    });
                     self.report_reply(sent, &result, steps);
                     driver.handle_reply(self.clock.now(), reply(result));
                     if sent == Sent::Read && driver.outcome() == Some(&Outcome::Delivered) {
@@ -588,7 +641,6 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             attempt: attempt.clone(),
             outcome: outcome.clone(),
         });
-        let next = std::mem::take(&mut *self.next.lock().unwrap_or_else(|e| e.into_inner()));
         Ended { outcome, next }
     }
 
@@ -640,108 +692,28 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         }
     }
 
-    /// Sends a ledger request at `now`; the request (and its evidence) moves into the
-    /// future. A write that ends the attempt claims the next command with it, unless
-    /// the worker is stopping.
-    fn ledger_request(&self, request: LedgerRequest, now: Timestamp) -> (Sent, Boxed<'_, Result<Answer, LedgerError>>) {
-        let request = match self
-            .claim_next
-            .as_ref()
-            .filter(|_| !self.stopping.load(Ordering::Relaxed))
-        {
-            Some(claim) => match self.ending(request) {
-                Ok((sent, ending)) => {
-                    let claim = claim.clone();
-                    let call = async move {
-                        let (reply, claimed) = self
-                            .ledger
-                            .worker_then_claim(&self.claimed.lease, ending, claim)
-                            .await?;
-                        if !claimed.is_empty() {
-                            let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-                            next.extend(claimed.into_iter().map(|c| (c, now)));
-                        }
-                        match (sent, reply) {
-                            (Sent::CompleteAndContinue(_), leasehold_engine::Reply::Continued(c)) => {
-                                Ok(Answer::Continued(c))
-                            }
-                            (Sent::CompleteAndContinue(_), other) => Err(LedgerError::Internal(format!(
-                                "complete-and-continue: unexpected reply {other:?}"
-                            ))),
-                            _ => Ok(Answer::Done),
-                        }
-                    };
-                    return (sent, Box::pin(call));
-                }
-                Err(request) => request,
-            },
-            None => request,
-        };
-        let (ledger, lease, lease_ms) = (&*self.ledger, &self.claimed.lease, self.lease_ms);
-        match request {
-            LedgerRequest::BeginStep { ordinal } => (
-                Sent::Begin(ordinal),
-                Box::pin(async move { ledger.begin_step(lease, ordinal, lease_ms).await.map(|()| Answer::Done) }),
-            ),
-            LedgerRequest::CompleteAndContinue {
-                ordinal,
-                evidence,
-                target_receipt,
-            } => (
-                Sent::CompleteAndContinue(ordinal),
-                Box::pin(async move {
-                    ledger
-                        .complete_and_continue(lease, ordinal, &evidence, &target_receipt, lease_ms)
-                        .await
-                        .map(Answer::Continued)
-                }),
-            ),
-            LedgerRequest::Fail { ordinal, error } => (
-                Sent::Fail,
-                Box::pin(async move { ledger.fail(lease, ordinal, &error).await.map(|()| Answer::Done) }),
-            ),
-            LedgerRequest::Finish => (
-                Sent::Finish,
-                Box::pin(async move { ledger.finish(lease).await.map(|()| Answer::Done) }),
-            ),
-            LedgerRequest::Heartbeat => (
-                Sent::Heartbeat,
-                Box::pin(async move { ledger.heartbeat(lease, lease_ms).await.map(|_| Answer::Done) }),
-            ),
-            LedgerRequest::ReadAttempt => (
+    /// Sends a ledger request; the request (and its evidence) moves into the future.
+    /// With `claim`, a write that ends the attempt claims the worker's next command in
+    /// the same call ([`Ledger::worker_then_claim`]); the call answers what it claimed.
+    fn ledger_request(&self, request: LedgerRequest, claim: Option<ClaimRequest>) -> (Sent, LedgerCall<'_>) {
+        let (ledger, lease) = (&*self.ledger, &self.claimed.lease);
+        let Some((sent, request)) = worker_request(request, self.lease_ms) else {
+            return (
                 Sent::Read,
                 Box::pin(async move {
-                    ledger
-                        .attempt(&lease.attempt_id)
-                        .await
-                        .map(|record| Answer::Read(Box::new(record)))
+                    let record = ledger.attempt(&lease.attempt_id).await?;
+                    Ok((Answer::Read(Box::new(record)), Vec::new()))
                 }),
-            ),
-        }
-    }
-
-    /// The worker request of a ledger request that ends the attempt (finish, fail,
-    /// the last step's completion); any other request back as it was.
-    fn ending(&self, request: LedgerRequest) -> Result<(Sent, WorkerRequest), LedgerRequest> {
-        let last = self.claimed.record.receipts.iter().map(|r| r.ordinal).max();
-        match request {
-            LedgerRequest::CompleteAndContinue {
-                ordinal,
-                evidence,
-                target_receipt,
-            } if Some(ordinal) >= last => Ok((
-                Sent::CompleteAndContinue(ordinal),
-                WorkerRequest::CompleteAndContinue {
-                    ordinal,
-                    evidence,
-                    target_receipt,
-                    lease_ms: self.lease_ms,
-                },
-            )),
-            LedgerRequest::Fail { ordinal, error } => Ok((Sent::Fail, WorkerRequest::Fail { ordinal, error })),
-            LedgerRequest::Finish => Ok((Sent::Finish, WorkerRequest::Finish)),
-            other => Err(other),
-        }
+            );
+        };
+        let call = async move {
+            let (reply, claimed) = match claim {
+                Some(claim) => ledger.worker_then_claim(lease, request, claim).await?,
+                None => (ledger.worker(lease, request).await?, Vec::new()),
+            };
+            Ok((answer(sent, reply)?, claimed))
+        };
+        (sent, Box::pin(call))
     }
 
     /// Calls the executor for a step (the request is built now, the call runs when

@@ -484,7 +484,7 @@ impl Driver {
     }
 
     fn refused(&mut self, sent: Sent, refusal: Refusal) {
-        if self.uncertain && self.ends_attempt(sent) {
+        if self.uncertain && self.ends(sent) {
             let failed = (sent == Sent::Fail).then(|| self.failing_error());
             self.phase = Phase::Verify { refusal, failed };
             return;
@@ -511,7 +511,22 @@ impl Driver {
         });
     }
 
-    fn ends_attempt(&self, sent: Sent) -> bool {
+    /// Whether `request`, once committed, ends the attempt: a finish, a fail, or the
+    /// last step's completion (the write a worker may claim its next command with).
+    #[must_use]
+    pub fn ends_attempt(&self, request: &LedgerRequest) -> bool {
+        let sent = match request {
+            LedgerRequest::BeginStep { ordinal } => Sent::Begin(*ordinal),
+            LedgerRequest::CompleteAndContinue { ordinal, .. } => Sent::CompleteAndContinue(*ordinal),
+            LedgerRequest::Fail { .. } => Sent::Fail,
+            LedgerRequest::Finish => Sent::Finish,
+            LedgerRequest::Heartbeat => Sent::Heartbeat,
+            LedgerRequest::ReadAttempt => Sent::Read,
+        };
+        self.ends(sent)
+    }
+
+    fn ends(&self, sent: Sent) -> bool {
         match sent {
             Sent::Fail | Sent::Finish => true,
             Sent::CompleteAndContinue(o) => self.ordinals.last().is_some_and(|last| *last <= o),

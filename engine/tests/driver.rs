@@ -1156,3 +1156,32 @@ fn a_repeated_write_that_commits_settles_the_uncertainty_so_a_later_refusal_need
     assert!(!h.log.contains(&read()));
     h.assert_stopped();
 }
+
+/// The writes that end an attempt (the ones a worker claims its next command with):
+/// a finish, a fail, the last step's completion; no begin, earlier completion,
+/// heartbeat or read.
+#[test]
+fn only_a_finish_a_fail_or_the_last_completion_ends_the_attempt() {
+    let driver = Driver::fused(&claimed(&running(3)), LEASE_MS, t(0));
+    let complete = |ordinal| LedgerRequest::CompleteAndContinue {
+        ordinal,
+        evidence: evidence(ordinal),
+        target_receipt: target_receipt(ordinal),
+    };
+    let fail = LedgerRequest::Fail {
+        ordinal: Some(1),
+        error: "no".into(),
+    };
+    for (request, ends) in [
+        (LedgerRequest::Finish, true),
+        (fail, true),
+        (complete(3), true),
+        (complete(2), false),
+        (complete(1), false),
+        (LedgerRequest::BeginStep { ordinal: 3 }, false),
+        (LedgerRequest::Heartbeat, false),
+        (LedgerRequest::ReadAttempt, false),
+    ] {
+        assert_eq!(driver.ends_attempt(&request), ends, "{request:?}");
+    }
+}

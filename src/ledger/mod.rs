@@ -135,6 +135,19 @@ fn unexpected(op: &str, reply: Reply) -> LedgerError {
     LedgerError::Internal(format!("{op}: unexpected reply {reply:?}"))
 }
 
+/// [`Ledger::worker_then_claim`] as two transactions: the request, then (once it is
+/// applied) the claim, whose failure claims nothing and leaves the request standing.
+pub(crate) async fn worker_then_claim_apart<L: Ledger + ?Sized>(
+    ledger: &L,
+    lease: &Lease,
+    request: WorkerRequest,
+    claim: ClaimRequest,
+) -> Result<(Reply, Vec<Claimed>), LedgerError> {
+    let reply = ledger.worker(lease, request).await?;
+    let claimed = ledger.claim_batch(claim).await.unwrap_or_default();
+    Ok((reply, claimed))
+}
+
 /// The operations of a ledger. Each transition is atomic; reads are consistent
 /// snapshots.
 ///
@@ -191,7 +204,8 @@ pub trait Ledger: Send + Sync + 'static {
     /// Applies a request of the worker holding `lease` like [`Ledger::worker`] and,
     /// once it is applied, claims like [`Ledger::claim_batch`]: the worker that ends
     /// one attempt claims its next in the same transaction where the ledger can (the
-    /// SQLite ledger does; this default runs the two one after the other). The claim
+    /// SQLite and PostgreSQL ledgers do, and MySQL's with `SKIP LOCKED`; this default
+    /// runs the two one after the other). The claim
     /// never undoes the request: a claim that fails claims nothing and the request
     /// stands; a refused request claims nothing.
     fn worker_then_claim(
@@ -200,11 +214,7 @@ pub trait Ledger: Send + Sync + 'static {
         request: WorkerRequest,
         claim: ClaimRequest,
     ) -> impl Future<Output = Result<(Reply, Vec<Claimed>), LedgerError>> + Send {
-        async move {
-            let reply = self.worker(lease, request).await?;
-            let claimed = self.claim_batch(claim).await.unwrap_or_default();
-            Ok((reply, claimed))
-        }
+        worker_then_claim_apart(self, lease, request, claim)
     }
 
     /// Applies an operator request to an attempt, in one transaction; answers the

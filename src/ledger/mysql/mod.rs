@@ -308,6 +308,15 @@ impl MysqlLedger {
         (reached_rx, resume_tx)
     }
 
+    /// The commands a committed claim transaction took, counted (with its lost races)
+    /// in the ledger's stats.
+    fn counted(&self, batch: connection::ClaimBatch) -> Vec<Claimed> {
+        let counters = &self.shared.stats;
+        counters.claims.fetch_add(batch.claimed.len() as u64, Ordering::Relaxed);
+        counters.lost_claim_races.fetch_add(batch.lost, Ordering::Relaxed);
+        batch.claimed
+    }
+
     async fn claim_with(&self, request: &ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
         let batch = request.batch;
         if batch == 0 {
@@ -315,10 +324,7 @@ impl MysqlLedger {
         }
         if self.skip_locked().await? {
             let b = self.retry(|| self.claim_skip_locked_once(request)).await?;
-            let counters = &self.shared.stats;
-            counters.claims.fetch_add(b.claimed.len() as u64, Ordering::Relaxed);
-            counters.lost_claim_races.fetch_add(b.lost, Ordering::Relaxed);
-            return Ok(b.claimed);
+            return Ok(self.counted(b));
         }
         let spread = self.shared.url.options.claim_spread.max(1);
         let window = batch.saturating_mul(spread).min(1_000);
@@ -334,7 +340,6 @@ impl MysqlLedger {
             _ => 0,
         };
         let (head, tail) = candidates.split_at(start);
-        let counters = &self.shared.stats;
         let mut claimed: Vec<Claimed> = Vec::new();
         for part in [tail, head] {
             let want = (batch as usize).saturating_sub(claimed.len());
@@ -342,11 +347,7 @@ impl MysqlLedger {
                 continue;
             }
             match self.retry(|| self.claim_batch_once(part, request, want)).await {
-                Ok(b) => {
-                    counters.claims.fetch_add(b.claimed.len() as u64, Ordering::Relaxed);
-                    counters.lost_claim_races.fetch_add(b.lost, Ordering::Relaxed);
-                    claimed.extend(b.claimed);
-                }
+                Ok(b) => claimed.extend(self.counted(b)),
                 // The leases already committed are real: hand them to the worker.
                 Err(_) if !claimed.is_empty() => break,
                 Err(e) => return Err(e),
@@ -405,17 +406,12 @@ impl Ledger for MysqlLedger {
         claim: ClaimRequest,
     ) -> Result<(Reply, Vec<Claimed>), LedgerError> {
         if claim.batch == 0 || !self.skip_locked().await? {
-            let reply = self.worker(lease, request).await?;
-            let claimed = self.claim_with(&claim).await.unwrap_or_default();
-            return Ok((reply, claimed));
+            return crate::ledger::worker_then_claim_apart(self, lease, request, claim).await;
         }
         let (reply, batch) = self
             .retry(|| self.worker_then_claim_once(lease, &request, &claim))
             .await?;
-        let counters = &self.shared.stats;
-        counters.claims.fetch_add(batch.claimed.len() as u64, Ordering::Relaxed);
-        counters.lost_claim_races.fetch_add(batch.lost, Ordering::Relaxed);
-        Ok((reply, batch.claimed))
+        Ok((reply, self.counted(batch)))
     }
 
     async fn operator(

@@ -113,6 +113,7 @@ const CHECKPOINT_EVERY: u64 = 256;
 
 /// The writer connection's page cache ceiling, in MiB ([`SqliteCore::set_cache_mib`]).
 const WRITER_CACHE_MIB: i64 = 256;
+
 /// A WAL longer than this (pages) after a passive checkpoint gets a `RESTART`
 /// checkpoint, which waits for the writer: the bound on the WAL's growth when
 /// passive checkpoints cannot keep up.
