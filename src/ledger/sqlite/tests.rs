@@ -1284,3 +1284,52 @@ fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
         "{text}"
     );
 }
+
+#[test]
+fn an_ending_write_and_the_claim_after_it_commit_once_outside_a_group() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plans = three_queued(&core, &clock);
+    let first = core.claim_and_begin("w1", 1, LEASE_MS).unwrap().remove(0);
+    let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&commits);
+    core.connection().commit_hook(Some(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        false
+    }));
+    let claim = leasehold_engine::ClaimRequest {
+        owner: "w1".into(),
+        batch: 1,
+        lease_ms: LEASE_MS,
+        begin: true,
+    };
+    let fail = WorkerRequest::Fail {
+        ordinal: Some(1),
+        error: "gave up".into(),
+    };
+    let (_, claimed) = core.worker_then_claim(&first.lease, fail, claim.clone()).unwrap();
+    assert_eq!(claimed.len(), 1, "the freed slot took the next command");
+    assert_eq!(
+        commits.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one commit for both"
+    );
+    // A refused request (the old lease again) writes nothing, claims nothing, commits nothing.
+    let again = WorkerRequest::Fail {
+        ordinal: Some(1),
+        error: "twice".into(),
+    };
+    assert!(core.worker_then_claim(&first.lease, again, claim).is_err());
+    assert_eq!(commits.load(std::sync::atomic::Ordering::SeqCst), 1);
+    core.connection().commit_hook(None::<fn() -> bool>);
+    let statuses: Vec<AttemptStatus> = plans
+        .iter()
+        .map(|p| core.history(p).unwrap().remove(0).attempt.status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [AttemptStatus::Failed, AttemptStatus::Running, AttemptStatus::Queued]
+    );
+}

@@ -369,17 +369,27 @@ impl SqliteCore {
     }
 
     /// Applies a worker request, then claims ([`crate::ledger::Ledger::worker_then_claim`]):
-    /// inside a group (the writer thread) both are savepoints of the group's one
-    /// transaction, so a worker that ends an attempt claims its next in the same
-    /// commit; the claim rolls back alone if it fails, and the request stands.
+    /// both are savepoints of one transaction (the call's own, or its group's on the
+    /// writer thread), so a worker that ends an attempt claims its next in the same
+    /// commit; the claim rolls back alone if it fails, and the request stands. A
+    /// refused or failed request writes nothing and claims nothing.
     pub fn worker_then_claim(
         &self,
         lease: &Lease,
         request: WorkerRequest,
         claim: ClaimRequest,
     ) -> Result<(Reply, Vec<Claimed>), LedgerError> {
+        // Alone, one transaction holds both; in a group, the group's already does.
+        let both = if self.conn.is_autocommit() {
+            Some(self.write_tx()?)
+        } else {
+            None
+        };
         let reply = self.worker(lease, request)?;
         let claimed = self.claim_batch(claim).unwrap_or_default();
+        if let Some(both) = both {
+            both.commit()?;
+        }
         Ok((reply, claimed))
     }
 
