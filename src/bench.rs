@@ -20,6 +20,7 @@
 //! backlog of `attempts` takes to drain, not the latency of a lone attempt.
 
 pub mod raw;
+pub mod server;
 
 use crate::clock::{Clock, SystemClock};
 use crate::executor::Executors;
@@ -566,6 +567,9 @@ pub struct BenchReport {
     /// The raw baseline run beside it, when one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Baseline>,
+    /// The database server's own figures over the deliveries (MySQL, MariaDB).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<server::ServerFigures>,
 }
 
 /// A raw baseline run beside a bench: before and after it, so that a drift of the
@@ -621,6 +625,7 @@ impl BenchReport {
             measured,
             verified,
             baseline: None,
+            server: None,
         }
     }
 
@@ -682,13 +687,20 @@ pub async fn setup<L: Ledger>(
     Ok((counting, prepared))
 }
 
-/// The timed part of [`run`] on what [`setup`] answered: drives, then verifies.
+/// The timed part of [`run`] on what [`setup`] answered: drives, then verifies. On a
+/// server ledger the server's own counters are read just before and just after the
+/// deliveries ([`server`]).
 pub async fn measure<L: Ledger>(
     counting: Arc<CountingLedger<L>>,
     prepared: &Prepared,
     options: &BenchOptions,
     progress: Arc<Progress>,
 ) -> Result<BenchReport, LedgerError> {
+    let probe = server::probe_for(counting.inner.as_ref() as &dyn std::any::Any);
+    let before = match &probe {
+        Some(probe) => Some(probe.snapshot().await?),
+        None => None,
+    };
     let measured = drive(
         Arc::clone(&counting),
         &options.tag,
@@ -697,8 +709,14 @@ pub async fn measure<L: Ledger>(
         progress,
     )
     .await;
+    let figures = match (&probe, before) {
+        (Some(probe), Some(before)) => Some(server::ServerFigures::between(&before, &probe.snapshot().await?)),
+        _ => None,
+    };
     let verified = verify(counting, prepared, options.workers.max(1) * 2).await?;
-    Ok(BenchReport::new(prepared, measured, verified))
+    let mut report = BenchReport::new(prepared, measured, verified);
+    report.server = figures;
+    Ok(report)
 }
 
 /// A tag no earlier bench on the same ledger used: `bench-` and the wall clock.

@@ -118,6 +118,7 @@ fn bench_json_reports_the_exactly_once_check_and_a_second_run_uses_new_plans() {
         assert!(report["deliveries_per_s"].as_f64().unwrap() > 0.0);
         assert!(report["latency_p99_ms"].as_u64() >= report["latency_p50_ms"].as_u64());
         assert!(report.get("baseline").is_none(), "no baseline unless asked for");
+        assert!(report.get("server").is_none(), "SQLite has no server to read");
     }
     let plans: Value = serde_json::from_str(&db.ok(&["plan", "list", "--json"])).unwrap();
     assert_eq!(plans.as_array().unwrap().len(), 24);
@@ -183,5 +184,64 @@ fn bench_refuses_zero_attempts_as_bad_input() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim(),
         "error: --attempts: must be at least 1"
+    );
+}
+
+/// On MySQL or MariaDB the bench reads the server's own counters around the
+/// deliveries. Needs `LEASEHOLD_TEST_MYSQL_URL`; without it the test says it is
+/// skipped and passes.
+#[test]
+fn bench_on_mysql_reports_what_the_server_did_per_delivery() {
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
+        println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
+        return;
+    };
+    let admin = leasehold::ledger::mysql::MysqlUrl::parse(&admin).expect("LEASEHOLD_TEST_MYSQL_URL");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let scratch = rt
+        .block_on(leasehold::ledger::mysql::scratch::ScratchDatabase::create(
+            &admin,
+            "lh_bench_",
+        ))
+        .expect("create a test database");
+    let out = Command::new(BIN)
+        .arg("--db")
+        .arg(scratch.url().expose())
+        .args(["bench", "--attempts", "30", "--workers", "2", "--batch", "1", "--json"])
+        .env_remove("LEASEHOLD_DB")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["verified"]["exactly_once"], 30);
+    let server = &report["server"];
+    let count = |k: &str| server[k].as_u64().unwrap_or_else(|| panic!("no {k}: {server}"));
+    assert!(!server["version"].as_str().unwrap().is_empty(), "{server}");
+    // Every delivery's ending write commits (with the next claim); claims and empty
+    // polls add more.
+    assert!(count("commits") >= 30, "{server}");
+    assert!(count("statements") > count("commits"), "{server}");
+    // A claim updates the command, the attempt and the receipt; so does the ending write.
+    assert!(count("rows_updated") >= 6 * 30, "{server}");
+    assert!(count("rows_read") >= count("rows_updated"), "{server}");
+    assert!(count("window_ms") > 0, "{server}");
+    if let Some(cpu) = server["cpu_ms"].as_u64() {
+        let cores = count("machine_cores");
+        assert!(cpu <= count("window_ms") * cores + 50, "{server}");
+    }
+    let text = Command::new(BIN)
+        .arg("--db")
+        .arg(scratch.url().expose())
+        .args(["bench", "--attempts", "10", "--workers", "1"])
+        .env_remove("LEASEHOLD_DB")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        figure(&text, "server").contains(" statements, ") && figure(&text, "server").contains(" commits, "),
+        "{text}"
     );
 }

@@ -164,6 +164,27 @@ fn render(report: &BenchReport, backend: &str) -> String {
             b.ratio
         ));
     }
+    if let Some(s) = &report.server {
+        let per = |n: u64| n as f64 / (m.report.delivered.max(1) as f64);
+        out.push_str(&format!(
+            "server                    {}, per delivery: {:.1} statements, {:.2} commits, {:.2} fsyncs, {:.1} rows \
+             read, {:.1} updated, {:.1} temporary-table rows; {} row-lock waits in all\n",
+            s.version,
+            per(s.statements),
+            per(s.commits),
+            per(s.fsyncs),
+            per(s.rows_read),
+            per(s.rows_updated),
+            per(s.temp_table_rows),
+            s.row_lock_waits
+        ));
+        if let Some(cpu) = s.cpu_percent_of_one_core() {
+            out.push_str(&format!(
+                "server CPU                {cpu:.0} % of one core over the deliveries (this machine has {})\n",
+                s.machine_cores
+            ));
+        }
+    }
     if report.exactly_once() {
         out.push_str(&format!(
             "exactly once              ok: {} attempts SUCCEEDED, commands DELIVERED, delivery_count 1\n",
