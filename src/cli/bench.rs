@@ -7,6 +7,8 @@
 //! after the bench, in this process, on a scratch queue of the same database kind
 //! (SQLite: a file in the temporary directory; MySQL: a table in the same database,
 //! dropped after), and the deliveries/s are reported as a ratio to it.
+//! On MySQL or MariaDB the server's own counters are read around the deliveries and
+//! printed per delivery ([`leasehold::bench::server`]).
 //! A run that did not deliver every attempt exactly once fails with exit code 1.
 
 use super::{Failure, Outcome};
