@@ -700,16 +700,9 @@ impl MysqlLedger {
         tx: &mut Transaction<'_>,
         attempt: &AttemptId,
     ) -> Result<(AttemptRecord, Timestamp), TxError> {
-        let (a, command, db_now) = rows::lock_head(tx, attempt)
+        Ok(rows::lock_record(tx, attempt)
             .await?
-            .ok_or_else(|| not_found("attempt", attempt))?;
-        let receipts = rows::read_receipts(tx, &a.id, true).await?;
-        let record = AttemptRecord {
-            attempt: a,
-            command,
-            receipts,
-        };
-        Ok((record, db_now))
+            .ok_or_else(|| not_found("attempt", attempt))?)
     }
 
     /// An attempt with its command and receipts, from one snapshot.

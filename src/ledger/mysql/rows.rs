@@ -240,6 +240,72 @@ pub(super) async fn lock_head(
     Ok(Some((attempt, command, now)))
 }
 
+/// The database clock's now when the expression runs (`SYSDATE`), in milliseconds:
+/// in a locking read's select list it runs for each row once that row is held, where
+/// `NOW` would be the statement's start, before any lock wait.
+const SYSDATE_SQL: &str = "CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000) AS SIGNED)";
+
+/// [`lock_record`]'s statement: one row per receipt (or one with NULL receipt
+/// columns), the tables joined in the lock order (`STRAIGHT_JOIN` keeps the nested
+/// loop in `FROM` order: the attempt, its command, then its receipts).
+static LOCK_RECORD_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT STRAIGHT_JOIN {}, {}, {}, {SYSDATE_SQL} FROM attempt a \
+         JOIN command c ON c.attempt_id = a.id LEFT JOIN receipt r ON r.attempt_id = a.id \
+         WHERE a.id = ? FOR UPDATE",
+        ATTEMPT.column_list(Some("a")),
+        COMMAND.column_list(Some("c")),
+        RECEIPT.column_list(Some("r")),
+    )
+});
+
+/// An attempt with its command and receipts (by ordinal), locked in the lock order by
+/// one statement, with the database clock's now read once every row was held (the
+/// latest of the rows' `SYSDATE`s), so a lock wait does not age it. An attempt without
+/// a command is an integrity error; no attempt is `None`.
+pub(super) async fn lock_record(
+    tx: &mut Transaction<'_>,
+    id: &AttemptId,
+) -> Result<Option<(AttemptRecord, Timestamp)>, TxError> {
+    let (attempt_columns, command_columns) = (ATTEMPT.columns.len(), COMMAND.columns.len());
+    let receipt_base = attempt_columns + command_columns;
+    let now_at = receipt_base + RECEIPT.columns.len();
+    // Every row repeats the attempt and the command; each is parsed (strictly), the
+    // first kept.
+    let rows = query_all(tx, &LOCK_RECORD_SQL, &[Value::Text(id.as_str())], |row| {
+        let attempt = decode::attempt(row, 0)?;
+        let command = decode::command(row, attempt_columns)?;
+        let receipt = decode::receipt_if_any(row, receipt_base)?;
+        let now = decode::scalar(row, now_at, "the database's now")?;
+        Ok((attempt, command, receipt, now))
+    })
+    .await?;
+    let mut rows = rows.into_iter();
+    let Some((attempt, command, first, now)) = rows.next() else {
+        // No row: no attempt, or an attempt without its command.
+        let key = [Value::Text(id.as_str())];
+        return match query_one(tx, &queries(&MYSQL).attempt_by_id, &key, |r| decode::attempt(r, 0)).await? {
+            Some(_) => Err(decode::no_command(id).into()),
+            None => Ok(None),
+        };
+    };
+    let mut receipts: Vec<Receipt> = first.into_iter().collect();
+    let mut latest = now;
+    for (_, _, receipt, now) in rows {
+        receipts.extend(receipt);
+        latest = latest.max(now);
+    }
+    receipts.sort_by_key(|r| r.ordinal);
+    Ok(Some((
+        AttemptRecord {
+            attempt,
+            command,
+            receipts,
+        },
+        Timestamp::from_millis(latest),
+    )))
+}
+
 /// An attempt's receipts by ordinal; `lock` takes them `FOR UPDATE`.
 pub(super) async fn read_receipts<Q: Queryable + Send>(
     q: &mut Q,

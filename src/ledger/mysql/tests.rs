@@ -444,6 +444,63 @@ async fn leases_are_decided_on_the_database_clock_by_default() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_that_waited_for_a_lock_decides_at_the_time_it_got_it() {
+    let Some(db) = scratch().await else { return };
+    let ledger = MysqlLedger::open(db.url(), entropy(12));
+    ledger.migrate().await.unwrap();
+    let plan = ledger.register_plan(spec("p", 1), KNOWN).await.unwrap();
+    ledger.enqueue(&plan.id, Action::Execute).await.unwrap();
+    let lease = ledger.claim("w", 1, LEASE_MS).await.unwrap().remove(0).lease;
+    // Another session holds the attempt's row.
+    let mut holder = ledger.connect().await.map_err(|_| ()).unwrap();
+    holder.query_drop("START TRANSACTION").await.unwrap();
+    holder
+        .exec_drop(
+            "SELECT id FROM attempt WHERE id = ? FOR UPDATE",
+            (lease.attempt_id.as_str(),),
+        )
+        .await
+        .unwrap();
+    let heartbeat = {
+        let (ledger, lease) = (ledger.clone(), lease.clone());
+        tokio::spawn(async move { ledger.heartbeat(&lease, LEASE_MS).await })
+    };
+    // Wait (by the server's own account) until a statement of the heartbeat runs, held
+    // up by that row (the holder itself is idle inside its transaction), then until
+    // the database clock has moved on by a second.
+    let mut watcher = ledger.connect().await.map_err(|_| ()).unwrap();
+    loop {
+        let running: Option<i64> = watcher
+            .query_first(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE db = DATABASE() \
+                 AND command IN ('Query', 'Execute') AND id <> CONNECTION_ID()",
+            )
+            .await
+            .unwrap();
+        if running.unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(!heartbeat.is_finished(), "the heartbeat did not wait for the row");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let waiting_since = super::rows::db_now(&mut watcher).await.map_err(|_| ()).unwrap();
+    let released_at = loop {
+        let now = super::rows::db_now(&mut watcher).await.map_err(|_| ()).unwrap();
+        if now >= waiting_since.plus_ms(1_000) {
+            break now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    holder.query_drop("COMMIT").await.unwrap();
+    let until = heartbeat.await.unwrap().unwrap();
+    // Decided at the time its locks were held, not when its statement started.
+    assert!(
+        until >= released_at.plus_ms(LEASE_MS),
+        "lease until {until:?}, lock released at {released_at:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_migrators_apply_each_version_once() {
     let Some(db) = scratch().await else { return };
     let ledgers: Vec<MysqlLedger> = (0..4).map(|i| MysqlLedger::open(db.url(), entropy(i))).collect();
