@@ -46,6 +46,11 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use tokio::task::JoinSet;
 
+/// The allocator the `leasehold` binary runs with, so that both harnesses measure the
+/// same program (see `src/main.rs`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Threads of the raw baselines (and claimers compared with them).
 const BASELINE_THREADS: u32 = 4;
 /// The claim batch sizes and claimer counts of the grid.

@@ -6,6 +6,11 @@ mod cli;
 
 use std::process::ExitCode;
 
+/// mimalloc instead of the system allocator: a transition allocates and frees many
+/// small strings (ids, tokens, decoded rows), on the SQLite writer thread among others.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     cli::main()
 }
