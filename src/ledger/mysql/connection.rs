@@ -75,7 +75,8 @@ impl MysqlLedger {
         }
     }
 
-    /// `now` as read by a locking read ([`rows::lock_head`]), unless a clock is injected.
+    /// `now` as read by a locking read ([`rows::lock_record`], [`rows::lock_head`]), unless a
+    /// clock is injected.
     fn decide_at(&self, db_now: Timestamp) -> Timestamp {
         self.shared.clock.as_ref().map_or(db_now, |c| c.now())
     }

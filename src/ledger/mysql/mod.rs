@@ -13,11 +13,14 @@
 //! back. Reads are consistent snapshots (`START TRANSACTION WITH CONSISTENT SNAPSHOT`).
 //! The semantics are those of the reference [`super::memory::MemoryLedger`].
 //!
-//! Time: lease decisions use the database's clock, `UNIX_TIMESTAMP(NOW(6))` in a UTC
-//! session, read inside the transaction once its rows are locked — never a worker's
-//! clock, so workers on machines with skewed clocks agree. Tests may inject a
-//! [`Clock`] instead ([`MysqlLedger::open_with_clock`]). Ids and lease tokens come
-//! from the [`Entropy`] (the OS in production).
+//! Time: lease decisions use the database's clock in a UTC session, read inside the
+//! transaction once its rows are locked (a worker or operator request locks its
+//! record with one statement and reads `SYSDATE(6)` as each row is produced, keeping
+//! the latest; a claim reads `NOW(6)` in a statement that never waits for a lock,
+//! `SKIP LOCKED`, or, on the portable path, in the one after the attempt's lock) —
+//! never a worker's clock, so workers on machines with skewed clocks agree. Tests may
+//! inject a [`Clock`] instead ([`MysqlLedger::open_with_clock`]). Ids and lease tokens
+//! come from the [`Entropy`] (the OS in production).
 //!
 //! Claims take one of two paths, chosen once per ledger: the first claim asks the
 //! server whether it understands `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6+,

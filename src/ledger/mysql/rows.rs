@@ -242,7 +242,9 @@ pub(super) async fn lock_head(
 
 /// The database clock's now when the expression runs (`SYSDATE`), in milliseconds:
 /// in a locking read's select list it runs for each row once that row is held, where
-/// `NOW` would be the statement's start, before any lock wait.
+/// `NOW` would be the statement's start, before any lock wait. (A server started with
+/// `--sysdate-is-now` reads it as `NOW`: a decision after a lock wait is then made at
+/// the time the statement started, at most the lock-wait timeout earlier.)
 const SYSDATE_SQL: &str = "CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(6)) * 1000) AS SIGNED)";
 
 /// [`lock_record`]'s statement: one row per receipt (or one with NULL receipt
