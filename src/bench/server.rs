@@ -5,8 +5,8 @@
 //! Contract: [`probe_for`] answers a probe for a MySQL or MariaDB ledger (none for
 //! the others). [`ServerProbe::snapshot`] reads `SHOW GLOBAL STATUS` (statements,
 //! commits, InnoDB fsyncs, row-lock waits, the handler's row reads, updates and
-//! temporary-table writes, counters MariaDB and MySQL both keep) on a
-//! connection of its own, and, when the server runs on this machine (a loopback
+//! temporary-table writes, counters MariaDB and MySQL both keep) on one of the
+//! ledger's own connections, and, when the server runs on this machine (a loopback
 //! host, and the process named by its `@@pid_file` is a `mariadbd` or `mysqld`), the
 //! CPU time of every thread of that process from `/proc`. [`ServerFigures::between`]
 //! turns two snapshots into the figures of the window between them. The counters are
@@ -14,7 +14,7 @@
 //! own two statements per snapshot included). Threads that end inside the window take
 //! their CPU time with them, so the CPU figure is a lower bound.
 
-use crate::ledger::mysql::{MysqlLedger, MysqlUrl};
+use crate::ledger::mysql::MysqlLedger;
 use crate::ledger::LedgerError;
 use serde::Serialize;
 use std::any::Any;
@@ -108,56 +108,44 @@ impl ServerFigures {
 }
 
 /// Reads a server's counters (see the module's contract).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerProbe {
-    url: MysqlUrl,
+    ledger: MysqlLedger,
+}
+
+impl std::fmt::Debug for ServerProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerProbe").field("url", self.ledger.url()).finish()
+    }
 }
 
 /// A probe for the server behind `ledger`, if it is a MySQL or MariaDB ledger.
 pub fn probe_for(ledger: &dyn Any) -> Option<ServerProbe> {
-    ledger.downcast_ref::<MysqlLedger>().map(|mysql| ServerProbe {
-        url: mysql.url().clone(),
-    })
+    ledger
+        .downcast_ref::<MysqlLedger>()
+        .map(|mysql| ServerProbe { ledger: mysql.clone() })
 }
 
 impl ServerProbe {
-    /// The server's counters now.
+    /// The server's counters now, read on one of the ledger's own connections.
     pub async fn snapshot(&self) -> Result<Snapshot, LedgerError> {
-        use mysql_async::prelude::Queryable;
-        let opts = mysql_async::OptsBuilder::default()
-            .ip_or_hostname(self.url.host.clone())
-            .tcp_port(self.url.port)
-            .user(self.url.user.clone())
-            .pass(self.url.expose_password().map(str::to_owned))
-            .db_name(Some(self.url.database.clone()));
-        let failed =
-            |e: mysql_async::Error| LedgerError::Unavailable(format!("server figures: mysql at {}: {e}", self.url));
-        let mut conn = mysql_async::Conn::new(opts).await.map_err(failed)?;
-        let names = COUNTERS.map(|c| format!("'{c}'")).join(", ");
-        let rows: Vec<(String, String)> = conn
-            .query(format!("SHOW GLOBAL STATUS WHERE Variable_name IN ({names})"))
-            .await
-            .map_err(failed)?;
-        let about: Option<(String, Option<String>)> =
-            conn.query_first("SELECT @@version, @@pid_file").await.map_err(failed)?;
+        let status = self.ledger.server_status(&COUNTERS).await?;
         let at = Instant::now();
-        let _ = conn.disconnect().await;
         let mut counters = BTreeMap::new();
-        for (name, value) in rows {
+        for (name, value) in status.variables {
             let value = value
                 .parse::<u64>()
                 .map_err(|_| LedgerError::Internal(format!("server figures: {name} is {value:?}, not a count")))?;
             counters.insert(name, value);
         }
-        let (version, pid_file) = about.unwrap_or_default();
-        let cpu_ns = if is_loopback(&self.url.host) {
-            pid_file.and_then(|f| local_server_cpu_ns(Path::new(&f)))
+        let cpu_ns = if is_loopback(&self.ledger.url().host) {
+            status.pid_file.and_then(|f| local_server_cpu_ns(Path::new(&f)))
         } else {
             None
         };
         Ok(Snapshot {
             at,
-            version,
+            version: status.version,
             counters,
             cpu_ns,
         })

@@ -132,6 +132,17 @@ struct Shared {
     hooks: connection::Hooks,
 }
 
+/// What [`MysqlLedger::server_status`] read.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerStatus {
+    /// `@@version`.
+    pub(crate) version: String,
+    /// `@@pid_file`, if the server has one.
+    pub(crate) pid_file: Option<String>,
+    /// The status variables asked for, name and value.
+    pub(crate) variables: Vec<(String, String)>,
+}
+
 /// The MySQL / MariaDB ledger: an async [`Ledger`] over a connection pool.
 ///
 /// Clones share the pool and the counters. Any number of ledgers, in any number of
@@ -263,6 +274,32 @@ impl MysqlLedger {
         let state = if supported { SKIP_LOCKED_YES } else { SKIP_LOCKED_NO };
         self.shared.skip_locked.store(state, Ordering::Relaxed);
         Ok(supported)
+    }
+
+    /// The server's global status variables named in `names` (`SHOW GLOBAL STATUS`,
+    /// as the server prints them), its `@@version` and its `@@pid_file`, on one of
+    /// the pool's connections: what `leasehold bench` reads around its deliveries
+    /// ([`crate::bench::server`]).
+    pub(crate) async fn server_status(&self, names: &[&str]) -> Result<ServerStatus, LedgerError> {
+        use error::DbResult;
+        use mysql_async::prelude::Queryable;
+        let list = names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ");
+        self.retry(|| async {
+            let mut conn = self.connect().await?;
+            let variables: Vec<(String, String)> = conn
+                .query(format!("SHOW GLOBAL STATUS WHERE Variable_name IN ({list})"))
+                .await
+                .db()?;
+            let about: Option<(String, Option<String>)> =
+                conn.query_first("SELECT @@version, @@pid_file").await.db()?;
+            let (version, pid_file) = about.unwrap_or_default();
+            Ok(ServerStatus {
+                version,
+                pid_file,
+                variables,
+            })
+        })
+        .await
     }
 
     /// Closes the pool's connections once they are idle. Other clones stop working.
