@@ -24,6 +24,7 @@ pub mod server;
 
 use crate::clock::{Clock, SystemClock};
 use crate::executor::Executors;
+use crate::ledger::sqlite::{SqliteLedger, WriterStats};
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
 use leasehold_engine::driver::Outcome;
@@ -570,6 +571,35 @@ pub struct BenchReport {
     /// The database server's own figures over the deliveries (MySQL, MariaDB).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<server::ServerFigures>,
+    /// How the SQLite writer thread committed the deliveries (SQLite).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub writer: Option<WriterFigures>,
+}
+
+/// What a SQLite ledger's writer thread did over a bench's deliveries: the
+/// transactions it committed and the calls it ran in them (group commit; see
+/// [`crate::ledger::sqlite::SqliteLedger::writer_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WriterFigures {
+    /// Transactions the writer committed.
+    pub commits: u64,
+    /// Calls it ran in them.
+    pub calls: u64,
+}
+
+impl WriterFigures {
+    /// The figures between two readings of the writer's counters.
+    pub fn between(before: WriterStats, after: WriterStats) -> Self {
+        Self {
+            commits: after.groups.saturating_sub(before.groups),
+            calls: after.calls.saturating_sub(before.calls),
+        }
+    }
+
+    /// Calls per committed transaction.
+    pub fn calls_per_commit(&self) -> f64 {
+        self.calls as f64 / self.commits.max(1) as f64
+    }
 }
 
 /// A raw baseline run beside a bench: before and after it, so that a drift of the
@@ -626,6 +656,7 @@ impl BenchReport {
             verified,
             baseline: None,
             server: None,
+            writer: None,
         }
     }
 
@@ -697,6 +728,8 @@ pub async fn measure<L: Ledger>(
     progress: Arc<Progress>,
 ) -> Result<BenchReport, LedgerError> {
     let probe = server::probe_for(counting.inner.as_ref() as &dyn std::any::Any);
+    let sqlite = (counting.inner.as_ref() as &dyn std::any::Any).downcast_ref::<SqliteLedger>();
+    let writer_before = sqlite.map(SqliteLedger::writer_stats);
     let before = match &probe {
         Some(probe) => Some(probe.snapshot().await?),
         None => None,
@@ -709,6 +742,10 @@ pub async fn measure<L: Ledger>(
         progress,
     )
     .await;
+    let writer = match (sqlite, writer_before) {
+        (Some(ledger), Some(before)) => Some(WriterFigures::between(before, ledger.writer_stats())),
+        _ => None,
+    };
     let figures = match (&probe, before) {
         (Some(probe), Some(before)) => Some(server::ServerFigures::between(&before, &probe.snapshot().await?)),
         _ => None,
@@ -716,6 +753,7 @@ pub async fn measure<L: Ledger>(
     let verified = verify(counting, prepared, options.workers.max(1) * 2).await?;
     let mut report = BenchReport::new(prepared, measured, verified);
     report.server = figures;
+    report.writer = writer;
     Ok(report)
 }
 

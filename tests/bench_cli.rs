@@ -82,6 +82,7 @@ fn bench_delivers_every_attempt_exactly_once_and_prints_its_figures() {
         figure(&out, "latency p50 / p99").ends_with("all enqueued before the workers started)"),
         "{out}"
     );
+    assert!(figure(&out, "sqlite writer").ends_with(" calls per commit"), "{out}");
     assert_eq!(
         figure(&out, "exactly once"),
         "ok: 30 attempts SUCCEEDED, commands DELIVERED, delivery_count 1",
@@ -119,6 +120,15 @@ fn bench_json_reports_the_exactly_once_check_and_a_second_run_uses_new_plans() {
         assert!(report["latency_p99_ms"].as_u64() >= report["latency_p50_ms"].as_u64());
         assert!(report.get("baseline").is_none(), "no baseline unless asked for");
         assert!(report.get("server").is_none(), "SQLite has no server to read");
+        // The writer thread ran every delivery's ending write (its next claim fused
+        // in) and committed them, several to a commit when they waited together.
+        let writer = &report["writer"];
+        let commits = writer["commits"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no commits: {writer}"));
+        let calls = writer["calls"].as_u64().unwrap_or_else(|| panic!("no calls: {writer}"));
+        assert!(calls >= 12, "{writer}");
+        assert!((1..=calls).contains(&commits), "{writer}");
     }
     let plans: Value = serde_json::from_str(&db.ok(&["plan", "list", "--json"])).unwrap();
     assert_eq!(plans.as_array().unwrap().len(), 24);
@@ -217,6 +227,7 @@ fn bench_on_mysql_reports_what_the_server_did_per_delivery() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["verified"]["exactly_once"], 30);
+    assert!(report.get("writer").is_none(), "MySQL has no SQLite writer thread");
     let server = &report["server"];
     let count = |k: &str| server[k].as_u64().unwrap_or_else(|| panic!("no {k}: {server}"));
     assert!(!server["version"].as_str().unwrap().is_empty(), "{server}");

@@ -8,7 +8,8 @@
 //! (SQLite: a file in the temporary directory; MySQL: a table in the same database,
 //! dropped after), and the deliveries/s are reported as a ratio to it.
 //! On MySQL or MariaDB the server's own counters are read around the deliveries and
-//! printed per delivery ([`leasehold::bench::server`]).
+//! printed per delivery ([`leasehold::bench::server`]); on SQLite, the writer
+//! thread's commits and the calls each held ([`leasehold::bench::WriterFigures`]).
 //! A run that did not deliver every attempt exactly once fails with exit code 1.
 
 use super::{Failure, Outcome};
@@ -164,6 +165,14 @@ fn render(report: &BenchReport, backend: &str) -> String {
         out.push_str(&format!(
             "deliveries / raw          {:.2} (deliveries/s over the mean of the two baseline runs)\n",
             b.ratio
+        ));
+    }
+    if let Some(w) = &report.writer {
+        out.push_str(&format!(
+            "sqlite writer             {} commits over the deliveries, {:.2} per delivery, {:.2} calls per commit\n",
+            w.commits,
+            w.commits as f64 / (m.report.delivered.max(1) as f64),
+            w.calls_per_commit()
         ));
     }
     if let Some(s) = &report.server {

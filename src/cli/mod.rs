@@ -152,9 +152,11 @@ enum Command {
     /// Measure end-to-end dry-run deliveries on this database (writes bench plans to it).
     ///
     /// Prints deliveries/s, transactions per attempt, latency and the exactly-once check
-    /// (exit code 1 if it fails). On MySQL or MariaDB it also prints what the server
-    /// counted per delivery (statements, commits, fsyncs, rows) and, when the server
-    /// runs on this machine, its CPU over the deliveries.
+    /// (exit code 1 if it fails). On SQLite it also prints how many transactions the
+    /// writer thread committed and how many calls each held (group commit). On MySQL or
+    /// MariaDB it prints what the server counted per delivery (statements, commits,
+    /// fsyncs, rows) and, when the server runs on this machine, its CPU over the
+    /// deliveries.
     Bench(bench::BenchArgs),
     /// Serve the reference idempotent HTTP receiver, storing its keys in --db (its own tables).
     Target(TargetArgs),
