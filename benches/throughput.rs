@@ -386,11 +386,7 @@ fn deliveries(c: &mut Criterion, rt: &Runtime, scale: Scale) {
                         let before = inner.writer_stats();
                         let (elapsed, tx) = rt.block_on(deliver(ledger, &prepared, &options));
                         let after = inner.writer_stats();
-                        let grouped = leasehold::ledger::sqlite::WriterStats {
-                            groups: after.groups - before.groups,
-                            calls: after.calls - before.calls,
-                        }
-                        .calls_per_group();
+                        let grouped = bench::WriterFigures::between(before, after).calls_per_commit();
                         record_grouped(&id, attempts, elapsed, Some(tx), Some(grouped));
                         elapsed
                     })

@@ -585,6 +585,11 @@ pub struct WriterFigures {
     pub commits: u64,
     /// Calls it ran in them.
     pub calls: u64,
+    /// The CPU time the writer thread used over the deliveries, in microseconds
+    /// (Linux only): the thread runs every write, so against the run's wall time it
+    /// shows whether it is the bottleneck.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_us: Option<u64>,
 }
 
 impl WriterFigures {
@@ -593,6 +598,10 @@ impl WriterFigures {
         Self {
             commits: after.groups.saturating_sub(before.groups),
             calls: after.calls.saturating_sub(before.calls),
+            cpu_us: match (before.cpu_ns, after.cpu_ns) {
+                (Some(b), Some(a)) => Some(a.saturating_sub(b) / 1_000),
+                _ => None,
+            },
         }
     }
 

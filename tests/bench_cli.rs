@@ -129,6 +129,17 @@ fn bench_json_reports_the_exactly_once_check_and_a_second_run_uses_new_plans() {
         let calls = writer["calls"].as_u64().unwrap_or_else(|| panic!("no calls: {writer}"));
         assert!(calls >= 12, "{writer}");
         assert!((1..=calls).contains(&commits), "{writer}");
+        if cfg!(target_os = "linux") {
+            // The writer thread's CPU time: some, and no more than the run lasted.
+            let cpu_us = writer["cpu_us"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no cpu_us: {writer}"));
+            let elapsed_us = report["elapsed_ms"].as_f64().unwrap() * 1000.0;
+            assert!(
+                cpu_us > 0 && cpu_us as f64 <= elapsed_us + 1000.0,
+                "{writer} over {elapsed_us} µs"
+            );
+        }
     }
     let plans: Value = serde_json::from_str(&db.ok(&["plan", "list", "--json"])).unwrap();
     assert_eq!(plans.as_array().unwrap().len(), 24);

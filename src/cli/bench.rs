@@ -174,6 +174,14 @@ fn render(report: &BenchReport, backend: &str) -> String {
             w.commits as f64 / (m.report.delivered.max(1) as f64),
             w.calls_per_commit()
         ));
+        if let Some(cpu_us) = w.cpu_us {
+            let wall_us = (m.elapsed.as_secs_f64() * 1e6).max(1.0);
+            out.push_str(&format!(
+                "sqlite writer CPU         {:.1} µs per delivery, busy {:.0} % of the run\n",
+                cpu_us as f64 / (m.report.delivered.max(1) as f64),
+                100.0 * cpu_us as f64 / wall_us
+            ));
+        }
     }
     if let Some(s) = &report.server {
         let per = |n: u64| n as f64 / (m.report.delivered.max(1) as f64);

@@ -153,7 +153,8 @@ enum Command {
     ///
     /// Prints deliveries/s, transactions per attempt, latency and the exactly-once check
     /// (exit code 1 if it fails). On SQLite it also prints how many transactions the
-    /// writer thread committed and how many calls each held (group commit). On MySQL or
+    /// writer thread committed, how many calls each held (group commit) and, on Linux,
+    /// the writer thread's CPU time per delivery and its share of the run. On MySQL or
     /// MariaDB it prints what the server counted per delivery (statements, commits,
     /// fsyncs, rows) and, when the server runs on this machine, its CPU over the
     /// deliveries.

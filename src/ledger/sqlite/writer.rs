@@ -172,6 +172,8 @@ pub(super) struct Writer {
 struct Counters {
     groups: AtomicU64,
     calls: AtomicU64,
+    /// The writer thread's id in `/proc` (0 where there is none).
+    tid: AtomicU64,
 }
 
 /// How a [`SqliteLedger`]'s writer thread grouped the writes it ran (see
@@ -182,6 +184,9 @@ pub struct WriterStats {
     pub groups: u64,
     /// Calls it ran in them (every write, and the reads of a private database).
     pub calls: u64,
+    /// The CPU time the writer thread has used, in nanoseconds (Linux: from
+    /// `/proc/self/task/<id>/schedstat`; `None` elsewhere).
+    pub cpu_ns: Option<u64>,
 }
 
 impl WriterStats {
@@ -211,6 +216,7 @@ impl Writer {
         let thread = std::thread::Builder::new()
             .name("leasehold-sqlite-writer".into())
             .spawn(move || {
+                counters.tid.store(this_thread_id().unwrap_or(0), Ordering::Relaxed);
                 let mut commits = 0u64;
                 // A call that must run alone, received while gathering a group.
                 let mut held: Option<Job> = None;
@@ -276,8 +282,33 @@ impl Writer {
         WriterStats {
             groups: self.stats.groups.load(Ordering::Relaxed),
             calls: self.stats.calls.load(Ordering::Relaxed),
+            cpu_ns: match self.stats.tid.load(Ordering::Relaxed) {
+                0 => None,
+                tid => thread_cpu_ns(tid),
+            },
         }
     }
+}
+
+/// The calling thread's id in `/proc` (Linux), from the `/proc/thread-self` link.
+fn this_thread_id() -> Option<u64> {
+    std::fs::read_link("/proc/thread-self")
+        .ok()?
+        .file_name()?
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// The CPU time a thread of this process has used, in nanoseconds: the first field
+/// of its `schedstat`.
+fn thread_cpu_ns(tid: u64) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// How long the writer thread polls its empty queue before it parks: callers
