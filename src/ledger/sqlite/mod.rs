@@ -240,7 +240,9 @@ impl SqliteLedger {
     }
 
     /// Runs `f` on the writer thread's connection, after the writes sent before it:
-    /// for stores kept beside the ledger's tables ([`crate::tokens`]).
+    /// for stores kept beside the ledger's tables ([`crate::tokens`]). `f` must not
+    /// write the attempt, command or receipt tables: the writer keeps the records of
+    /// the attempts it wrote and trusts them while no other connection commits.
     pub(crate) async fn write_with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, LedgerError> + Send + 'static,

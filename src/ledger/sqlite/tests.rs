@@ -1333,3 +1333,60 @@ fn an_ending_write_and_the_claim_after_it_commit_once_outside_a_group() {
         [AttemptStatus::Failed, AttemptStatus::Running, AttemptStatus::Queued]
     );
 }
+
+#[test]
+fn a_claimed_attempt_is_cached_until_its_terminal_write() {
+    let (_dir, clock, core, lease) = claimed_fixture();
+    assert_eq!(core.cached_records(), vec![lease.attempt_id.clone()]);
+    for ordinal in 1..=2 {
+        clock.advance_ms(1);
+        core.begin_step(&lease, ordinal, LEASE_MS).unwrap();
+        core.complete_step(&lease, ordinal, &json!({"n": ordinal}), &json!(null), LEASE_MS)
+            .unwrap();
+        assert_eq!(core.cached_records(), vec![lease.attempt_id.clone()]);
+    }
+    core.finish(&lease).unwrap();
+    assert!(core.cached_records().is_empty(), "a delivered attempt is dropped");
+    let record = core.attempt(&lease.attempt_id).unwrap();
+    assert_eq!(record.attempt.status, AttemptStatus::Succeeded);
+    assert_eq!(record.command.status, CommandStatus::Delivered);
+}
+
+#[test]
+fn another_connections_commit_empties_the_record_cache() {
+    let (dir, clock, core, lease) = claimed_fixture();
+    let path = dir.path().join("ledger.db").to_str().unwrap().to_owned();
+    assert_eq!(core.cached_records(), vec![lease.attempt_id.clone()]);
+    // An operator on another connection aborts the attempt the cache holds as RUNNING.
+    let other = core_at(&path, &clock, 2);
+    other.abort(&lease.attempt_id, "operator").unwrap();
+    clock.advance_ms(1);
+    // An abort through the first connection is decided on the aborted rows: the
+    // engine's answer for an attempt already aborted, as a fresh connection gets it,
+    // not a write built on the cached RUNNING rows that the guard then refuses.
+    let again = core.abort(&lease.attempt_id, "again");
+    let fresh = core_at(&path, &clock, 3).abort(&lease.attempt_id, "again");
+    assert_eq!(again, fresh);
+    assert!(
+        !matches!(again, Err(LedgerError::Refused(Refusal::StaleToken { .. }))),
+        "{again:?}"
+    );
+    assert_eq!(
+        core.attempt(&lease.attempt_id).unwrap().attempt.status,
+        AttemptStatus::Aborted
+    );
+}
+
+#[test]
+fn a_rolled_back_write_empties_the_record_cache() {
+    let (_dir, clock, core, lease) = claimed_fixture();
+    clock.advance_ms(1);
+    let outer = core.write_tx().unwrap();
+    core.begin_step(&lease, 1, LEASE_MS).unwrap();
+    drop(outer);
+    assert!(core.cached_records().is_empty());
+    // Step 1 never began: beginning it now is a first begin, decided on the rows.
+    core.begin_step(&lease, 1, LEASE_MS).unwrap();
+    let record = core.attempt(&lease.attempt_id).unwrap();
+    assert_eq!(record.receipts[0].status, ReceiptStatus::Running);
+}

@@ -14,6 +14,8 @@ use leasehold_engine::{
 };
 use rusqlite::Connection;
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +41,65 @@ pub struct SqliteCore {
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     writes_hook: Option<crate::ledger::WritesHook>,
+    records: RefCell<Records>,
+}
+
+/// The records of the open attempts this connection last wrote, as it wrote them, so
+/// that the next transition of one does not read its rows again (a worker's step
+/// write after its claim, the claim after it).
+///
+/// Contract: an entry is used only inside a write transaction, and only while the
+/// database is known to hold exactly what this connection wrote: the outermost write
+/// transaction reads `PRAGMA data_version` under its write lock and empties the cache
+/// if another connection (in this process or any other) has committed since; any
+/// rollback (a call's savepoint or a whole transaction) empties it too. A transition
+/// stores the record as the engine's writes left it ([`Writes::apply_to`]), only when
+/// every image it wrote belongs to that attempt, and drops it once the attempt is
+/// terminal. Debug builds check every entry used against a fresh read.
+#[derive(Default)]
+struct Records {
+    /// `PRAGMA data_version` as the current (or last) write transaction read it.
+    version: Option<i64>,
+    map: HashMap<AttemptId, AttemptRecord>,
+}
+
+/// The most records kept: past it the cache starts over (open attempts under way on
+/// a writer number in the tens to hundreds).
+const MAX_RECORDS: usize = 4096;
+
+impl Records {
+    /// Stores `record` as its attempt's rows now are, or drops it if it is terminal.
+    fn store(&mut self, record: AttemptRecord) {
+        if record.command.status.is_terminal() {
+            self.map.remove(&record.attempt.id);
+            return;
+        }
+        if self.map.len() >= MAX_RECORDS {
+            self.map.clear();
+        }
+        self.map.insert(record.attempt.id.clone(), record);
+    }
+
+    /// Stores `before` with `writes` applied, if every image written is one of its
+    /// rows; otherwise forgets everything (the writes touched rows it cannot place).
+    fn store_written(&mut self, mut before: AttemptRecord, writes: &Writes) {
+        let id = &before.attempt.id;
+        let own = writes.attempt.as_ref().map_or(true, |a| &a.id == id)
+            && writes
+                .command
+                .as_ref()
+                .map_or(true, |c| c.id == before.command.id && &c.attempt_id == id)
+            && writes
+                .receipts
+                .iter()
+                .all(|r| &r.attempt_id == id && before.receipt(r.ordinal).is_some());
+        if !own {
+            self.map.clear();
+            return;
+        }
+        writes.apply_to(&mut before);
+        self.store(before);
+    }
 }
 
 /// A transaction on a core's connection: `BEGIN …` … `COMMIT`, or, when the
@@ -48,18 +109,34 @@ pub(super) struct Tx<'c> {
     conn: &'c Connection,
     nested: bool,
     open: bool,
+    /// The connection's record cache, emptied if this rolls back (`None` for a read).
+    records: Option<&'c RefCell<Records>>,
 }
 
 impl<'c> Tx<'c> {
-    fn begin(conn: &'c Connection, begin: &str) -> Result<Self, LedgerError> {
+    fn begin(conn: &'c Connection, begin: &str, records: Option<&'c RefCell<Records>>) -> Result<Self, LedgerError> {
         let nested = !conn.is_autocommit();
         let sql = if nested { "SAVEPOINT leasehold_call" } else { begin };
         conn.prepare_cached(sql).and_then(|mut s| s.execute([])).sql()?;
-        Ok(Self {
+        let tx = Self {
             conn,
             nested,
             open: true,
-        })
+            records,
+        };
+        if let (Some(records), false) = (records, nested) {
+            // The write lock is held: no other connection commits until this ends.
+            let version: i64 = conn
+                .prepare_cached("PRAGMA data_version")
+                .and_then(|mut s| s.query_row([], |row| row.get(0)))
+                .sql()?;
+            let mut records = records.borrow_mut();
+            if records.version != Some(version) {
+                records.map.clear();
+                records.version = Some(version);
+            }
+        }
+        Ok(tx)
     }
 
     /// Commits (or releases the savepoint).
@@ -79,6 +156,9 @@ impl<'c> Tx<'c> {
 impl Drop for Tx<'_> {
     fn drop(&mut self) {
         if self.open {
+            if let Some(records) = self.records {
+                records.borrow_mut().map.clear();
+            }
             let sql = if self.nested {
                 "ROLLBACK TO leasehold_call; RELEASE leasehold_call"
             } else {
@@ -144,6 +224,7 @@ impl SqliteCore {
             clock,
             entropy,
             writes_hook: None,
+            records: RefCell::default(),
         })
     }
 
@@ -158,6 +239,12 @@ impl SqliteCore {
         &self.conn
     }
 
+    /// The attempts whose records this connection holds (tests).
+    #[cfg(test)]
+    pub(super) fn cached_records(&self) -> Vec<AttemptId> {
+        self.records.borrow().map.keys().cloned().collect()
+    }
+
     /// The underlying connection, for stores kept beside the ledger's tables
     /// ([`crate::tokens`]) and the listing reads ([`super::listing`]).
     pub(crate) fn raw_connection(&self) -> &Connection {
@@ -168,11 +255,29 @@ impl SqliteCore {
     /// reads cannot change before it writes. Inside a group (see
     /// [`SqliteCore::group`]) it is a savepoint of the group's transaction instead.
     pub(super) fn write_tx(&self) -> Result<Tx<'_>, LedgerError> {
-        Tx::begin(&self.conn, "BEGIN IMMEDIATE")
+        Tx::begin(&self.conn, "BEGIN IMMEDIATE", Some(&self.records))
     }
 
     fn read_tx(&self) -> Result<Tx<'_>, LedgerError> {
-        Tx::begin(&self.conn, "BEGIN DEFERRED")
+        Tx::begin(&self.conn, "BEGIN DEFERRED", None)
+    }
+
+    /// An attempt's record inside the write transaction `tx`: the one this connection
+    /// last wrote if it still holds (see [`Records`]), else read.
+    fn locked_record(&self, tx: &Tx<'_>, id: &AttemptId) -> Result<Option<AttemptRecord>, LedgerError> {
+        if let Some(record) = self.records.borrow().map.get(id) {
+            #[cfg(debug_assertions)]
+            {
+                let read = rows::read_record(tx, id)?;
+                assert_eq!(
+                    read.as_ref(),
+                    Some(record),
+                    "the cached record of attempt {id} is stale"
+                );
+            }
+            return Ok(Some(record.clone()));
+        }
+        rows::read_record(tx, id)
     }
 
     /// Applies pending schema migrations; answers the versions applied now.
@@ -337,11 +442,14 @@ impl SqliteCore {
         // is refused and skipped (nothing was written for it).
         let applied = rows::update_many(&tx, &items)?;
         let mut claimed: Vec<Vec<Claimed>> = requests.iter().map(|_| Vec::new()).collect();
+        let mut records = self.records.borrow_mut();
         for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
             if applied {
+                records.store_written(record.clone(), &writes);
                 claimed[k].push(Claimed::applied(record, plan, token, &writes));
             }
         }
+        drop(records);
         tx.commit()?;
         Ok(claimed)
     }
@@ -352,8 +460,9 @@ impl SqliteCore {
     pub fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
         let tx = self.write_tx()?;
         let now = self.clock.now();
-        let record =
-            rows::read_record(&tx, &lease.attempt_id)?.ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
+        let record = self
+            .locked_record(&tx, &lease.attempt_id)?
+            .ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
         if record.command.id != lease.command_id {
             return Err(not_found("command", &lease.command_id));
         }
@@ -364,6 +473,7 @@ impl SqliteCore {
             now,
         )?;
         rows::update_writes(&tx, &record, &writes)?;
+        self.records.borrow_mut().store_written(record, &writes);
         tx.commit()?;
         Ok(reply)
     }
@@ -403,7 +513,9 @@ impl SqliteCore {
     ) -> Result<(Reply, AttemptRecord), LedgerError> {
         let tx = self.write_tx()?;
         let now = self.clock.now();
-        let mut record = rows::read_record(&tx, attempt)?.ok_or_else(|| not_found("attempt", attempt))?;
+        let mut record = self
+            .locked_record(&tx, attempt)?
+            .ok_or_else(|| not_found("attempt", attempt))?;
         let plan =
             rows::read_plan(&tx, &record.attempt.plan_id)?.ok_or_else(|| not_found("plan", &record.attempt.plan_id))?;
         let (writes, reply) = decide(
@@ -413,6 +525,7 @@ impl SqliteCore {
             now,
         )?;
         rows::update_writes(&tx, &record, &writes)?;
+        self.records.borrow_mut().store_written(record.clone(), &writes);
         writes.apply_to(&mut record);
         tx.commit()?;
         Ok((reply, record))
