@@ -1390,3 +1390,54 @@ fn a_rolled_back_write_empties_the_record_cache() {
     let record = core.attempt(&lease.attempt_id).unwrap();
     assert_eq!(record.receipts[0].status, ReceiptStatus::Running);
 }
+
+#[tokio::test]
+async fn a_call_that_arrives_while_a_group_runs_joins_its_transaction() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 5);
+    core.migrate().unwrap();
+    let first = core.register_plan(spec("first", "resume", 1), KNOWN).unwrap();
+    let second = core.register_plan(spec("second", "resume", 1), KNOWN).unwrap();
+    drop(core);
+    let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(5))).unwrap();
+    let before = ledger.writer_stats();
+
+    // The first call holds the writer until the second has been sent to it.
+    let (started, running) = tokio::sync::oneshot::channel();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let first_id = first.id.clone();
+    let held = ledger.clone();
+    let a = async move {
+        held.write(move |core| {
+            let _ = started.send(());
+            wait.recv().expect("the test lets the first call go");
+            core.enqueue(&first_id, Action::Execute)
+        })
+        .await
+    };
+    let a = tokio::spawn(a);
+    running.await.unwrap();
+    let second_id = second.id.clone();
+    let b = ledger.write(move |core| core.enqueue(&second_id, Action::Execute));
+    tokio::pin!(b);
+    // Polled once, the second call is sent to the writer's queue and waits.
+    tokio::select! {
+        biased;
+        _ = &mut b => panic!("the second call cannot finish while the writer is held"),
+        _ = std::future::ready(()) => {}
+    }
+    go.send(()).unwrap();
+    let a = a.await.unwrap().unwrap();
+    let b = b.await.unwrap();
+
+    let after = ledger.writer_stats();
+    assert_eq!(after.calls - before.calls, 2);
+    assert_eq!(
+        after.groups - before.groups,
+        1,
+        "both calls committed in one transaction"
+    );
+    assert_eq!(ledger.attempt(&a.attempt.id).await.unwrap(), a);
+    assert_eq!(ledger.attempt(&b.attempt.id).await.unwrap(), b);
+}

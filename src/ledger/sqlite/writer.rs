@@ -4,8 +4,9 @@
 //!
 //! Contract: every write (and every read of a private in-memory database, whose one
 //! connection the writer owns) is a [`Job`] sent to the writer's queue, run once in
-//! order. The jobs waiting together (at most [`MAX_GROUP`]) run in one transaction,
-//! each in its own savepoint ([`SqliteCore::group`]): a failing call rolls back only
+//! order. The jobs waiting together, and those that arrive while they run (at most
+//! [`MAX_GROUP`] in all), run in one transaction, each in its own savepoint
+//! ([`SqliteCore::group_extending`]): a failing call rolls back only
 //! its own writes, every reply is sent only after the group's `COMMIT`, and a failed
 //! `COMMIT` fails every call of the group. The claims of a group run merged, as one
 //! [`SqliteCore::claim_many`] at the first claim's place: one candidate read for all
@@ -99,6 +100,42 @@ fn units(jobs: Vec<Job>) -> Vec<Unit> {
     }
     units
 }
+/// Moves the jobs waiting in `queue` into `jobs`, while the group holds fewer than
+/// [`MAX_GROUP`] (`taken` counts them); a job that must run alone is `held` for
+/// after the group, and ends the gathering.
+fn gather(queue: &mpsc::Receiver<Job>, jobs: &mut Vec<Job>, held: &mut Option<Job>, taken: &mut usize) {
+    if matches!(jobs.first(), Some(Job::Alone(_))) {
+        return;
+    }
+    while *taken < MAX_GROUP {
+        match queue.try_recv() {
+            Ok(job @ Job::Alone(_)) => {
+                *held = Some(job);
+                return;
+            }
+            Ok(job) => {
+                jobs.push(job);
+                *taken += 1;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// A group's jobs as the calls [`SqliteCore::group_extending`] runs (see [`units`]).
+fn group_calls<'a>(jobs: Vec<Job>) -> Vec<GroupCall<'a, Option<Answer>>> {
+    units(jobs)
+        .into_iter()
+        .map(|unit| {
+            Box::new(move |core: &SqliteCore| {
+                // A panicking unit loses only its own replies (its callers see an
+                // internal error); its transaction or savepoint rolled back on unwind.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unit.run(core))).ok()
+            }) as GroupCall<'a, Option<Answer>>
+        })
+        .collect()
+}
+
 /// Sends a call's result, given its group's commit outcome.
 pub(super) type Answer = Box<dyn FnOnce(Result<(), LedgerError>) + Send>;
 
@@ -228,32 +265,29 @@ impl Writer {
                             Err(_) => break,
                         },
                     };
-                    // Group commit: the calls already waiting join the first one.
+                    // Group commit: the calls already waiting join the first one,
+                    // and those that arrive while the group runs join it too.
+                    let alone = matches!(first, Job::Alone(_));
                     let mut jobs = vec![first];
-                    while jobs.len() < MAX_GROUP && !matches!(jobs[0], Job::Alone(_)) {
-                        match queue.try_recv() {
-                            Ok(job @ Job::Alone(_)) => {
-                                held = Some(job);
-                                break;
-                            }
-                            Ok(job) => jobs.push(job),
-                            Err(_) => break,
+                    let mut taken = 1;
+                    gather(&queue, &mut jobs, &mut held, &mut taken);
+                    let first_units = group_calls(jobs);
+                    let more = || {
+                        if held.is_some() {
+                            return Vec::new();
                         }
-                    }
+                        let mut jobs = Vec::new();
+                        gather(&queue, &mut jobs, &mut held, &mut taken);
+                        group_calls(jobs)
+                    };
+                    let replies = if alone {
+                        core.group(first_units)
+                    } else {
+                        core.group_extending(first_units, more)
+                    };
                     counters.groups.fetch_add(1, Ordering::Relaxed);
-                    counters.calls.fetch_add(jobs.len() as u64, Ordering::Relaxed);
-                    let calls: Vec<GroupCall<'_, Option<Answer>>> = units(jobs)
-                        .into_iter()
-                        .map(|unit| {
-                            Box::new(move |core: &SqliteCore| {
-                                // A panicking unit loses only its own replies (its
-                                // callers see an internal error); its transaction
-                                // or savepoint rolled back on unwind.
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unit.run(core))).ok()
-                            }) as GroupCall<'_, Option<Answer>>
-                        })
-                        .collect();
-                    for (reply, committed) in core.group(calls) {
+                    counters.calls.fetch_add(taken as u64, Ordering::Relaxed);
+                    for (reply, committed) in replies {
                         if let Some(reply) = reply {
                             reply(committed);
                         }
@@ -358,10 +392,22 @@ impl SqliteCore {
     /// I/O error, a full disk), the calls run so far answer that error and the
     /// others run alone, each in its own transaction.
     pub fn group<T>(&self, calls: Vec<GroupCall<'_, T>>) -> Vec<(T, Result<(), LedgerError>)> {
-        let alone = |call: GroupCall<'_, T>| (call(self), Ok(()));
         if calls.len() <= 1 {
-            return calls.into_iter().map(alone).collect();
+            return calls.into_iter().map(|call| (call(self), Ok(()))).collect();
         }
+        self.group_extending(calls, Vec::new)
+    }
+
+    /// [`SqliteCore::group`], always in one transaction (a group of one too), that
+    /// then runs the calls `more` answers, again and again, before it commits: the
+    /// writer's calls that arrive while its group runs join it. `more` answering
+    /// none ends the group.
+    pub(super) fn group_extending<'a, T>(
+        &self,
+        calls: Vec<GroupCall<'a, T>>,
+        mut more: impl FnMut() -> Vec<GroupCall<'a, T>>,
+    ) -> Vec<(T, Result<(), LedgerError>)> {
+        let alone = |call: GroupCall<'a, T>| (call(self), Ok(()));
         let Ok(outer) = self.write_tx() else {
             // No group (another process holds the lock past the busy timeout): each
             // call tries alone and answers its own error.
@@ -370,12 +416,19 @@ impl SqliteCore {
         let mut calls = calls.into_iter();
         let mut grouped = Vec::new();
         let mut lost = false;
-        for call in calls.by_ref() {
-            grouped.push(call(self));
-            if self.raw_connection().is_autocommit() {
-                lost = true;
+        'group: loop {
+            for call in calls.by_ref() {
+                grouped.push(call(self));
+                if self.raw_connection().is_autocommit() {
+                    lost = true;
+                    break 'group;
+                }
+            }
+            let next = more();
+            if next.is_empty() {
                 break;
             }
+            calls = next.into_iter();
         }
         let committed = if lost {
             drop(outer);
