@@ -80,26 +80,30 @@ impl Records {
         self.map.insert(record.attempt.id.clone(), record);
     }
 
-    /// Stores `before` with `writes` applied, if every image written is one of its
-    /// rows; otherwise forgets everything (the writes touched rows it cannot place).
-    fn store_written(&mut self, mut before: AttemptRecord, writes: &Writes) {
-        let id = &before.attempt.id;
-        let own = writes.attempt.as_ref().map_or(true, |a| &a.id == id)
-            && writes
-                .command
-                .as_ref()
-                .map_or(true, |c| c.id == before.command.id && &c.attempt_id == id)
-            && writes
-                .receipts
-                .iter()
-                .all(|r| &r.attempt_id == id && before.receipt(r.ordinal).is_some());
-        if !own {
+    /// Stores `after`, the record a transition's writes left, if `owned` (see
+    /// [`owns`]); otherwise forgets everything (the writes touched rows it cannot place).
+    fn store_written(&mut self, owned: bool, after: AttemptRecord) {
+        if owned {
+            self.store(after);
+        } else {
             self.map.clear();
-            return;
         }
-        writes.apply_to(&mut before);
-        self.store(before);
     }
+}
+
+/// Whether every image in `writes` is one of `before`'s rows, so that `before` with
+/// `writes` applied is what the attempt's rows now hold.
+fn owns(before: &AttemptRecord, writes: &Writes) -> bool {
+    let id = &before.attempt.id;
+    writes.attempt.as_ref().map_or(true, |a| &a.id == id)
+        && writes
+            .command
+            .as_ref()
+            .map_or(true, |c| c.id == before.command.id && &c.attempt_id == id)
+        && writes
+            .receipts
+            .iter()
+            .all(|r| &r.attempt_id == id && before.receipt(r.ordinal).is_some())
 }
 
 /// A transaction on a core's connection: `BEGIN …` … `COMMIT`, or, when the
@@ -445,8 +449,10 @@ impl SqliteCore {
         let mut records = self.records.borrow_mut();
         for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
             if applied {
-                records.store_written(record.clone(), &writes);
-                claimed[k].push(Claimed::applied(record, plan, token, &writes));
+                let owned = owns(&record, &writes);
+                let claim = Claimed::applied(record, plan, token, &writes);
+                records.store_written(owned, claim.record.clone());
+                claimed[k].push(claim);
             }
         }
         drop(records);
@@ -460,7 +466,7 @@ impl SqliteCore {
     pub fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
         let tx = self.write_tx()?;
         let now = self.clock.now();
-        let record = self
+        let mut record = self
             .locked_record(&tx, &lease.attempt_id)?
             .ok_or_else(|| not_found("attempt", &lease.attempt_id))?;
         if record.command.id != lease.command_id {
@@ -473,7 +479,9 @@ impl SqliteCore {
             now,
         )?;
         rows::update_writes(&tx, &record, &writes)?;
-        self.records.borrow_mut().store_written(record, &writes);
+        let owned = owns(&record, &writes);
+        writes.apply_to(&mut record);
+        self.records.borrow_mut().store_written(owned, record);
         tx.commit()?;
         Ok(reply)
     }
@@ -525,8 +533,9 @@ impl SqliteCore {
             now,
         )?;
         rows::update_writes(&tx, &record, &writes)?;
-        self.records.borrow_mut().store_written(record.clone(), &writes);
+        let owned = owns(&record, &writes);
         writes.apply_to(&mut record);
+        self.records.borrow_mut().store_written(owned, record.clone());
         tx.commit()?;
         Ok((reply, record))
     }

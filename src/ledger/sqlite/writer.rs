@@ -102,12 +102,9 @@ fn units(jobs: Vec<Job>) -> Vec<Unit> {
 }
 /// Moves the jobs waiting in `queue` into `jobs`, while the group holds fewer than
 /// [`MAX_GROUP`] (`taken` counts them); a job that must run alone is `held` for
-/// after the group, and ends the gathering.
+/// after the group, and ends the gathering (this one and every later one).
 fn gather(queue: &mpsc::Receiver<Job>, jobs: &mut Vec<Job>, held: &mut Option<Job>, taken: &mut usize) {
-    if matches!(jobs.first(), Some(Job::Alone(_))) {
-        return;
-    }
-    while *taken < MAX_GROUP {
+    while held.is_none() && *taken < MAX_GROUP {
         match queue.try_recv() {
             Ok(job @ Job::Alone(_)) => {
                 *held = Some(job);
@@ -270,20 +267,15 @@ impl Writer {
                     let alone = matches!(first, Job::Alone(_));
                     let mut jobs = vec![first];
                     let mut taken = 1;
-                    gather(&queue, &mut jobs, &mut held, &mut taken);
-                    let first_units = group_calls(jobs);
-                    let more = || {
-                        if held.is_some() {
-                            return Vec::new();
-                        }
-                        let mut jobs = Vec::new();
-                        gather(&queue, &mut jobs, &mut held, &mut taken);
-                        group_calls(jobs)
-                    };
                     let replies = if alone {
-                        core.group(first_units)
+                        core.group(group_calls(jobs))
                     } else {
-                        core.group_extending(first_units, more)
+                        gather(&queue, &mut jobs, &mut held, &mut taken);
+                        core.group_extending(group_calls(jobs), || {
+                            let mut jobs = Vec::new();
+                            gather(&queue, &mut jobs, &mut held, &mut taken);
+                            group_calls(jobs)
+                        })
                     };
                     counters.groups.fetch_add(1, Ordering::Relaxed);
                     counters.calls.fetch_add(taken as u64, Ordering::Relaxed);
