@@ -56,6 +56,11 @@ pub static SQLITE: &[Migration] = &[
         name: "open_attempts",
         sql: include_str!("../../migrations/sqlite/0005_open_attempts.sql"),
     },
+    Migration {
+        version: 6,
+        name: "row_room",
+        sql: include_str!("../../migrations/sqlite/0006_row_room.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

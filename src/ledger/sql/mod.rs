@@ -3,7 +3,8 @@
 //! as a `WHERE` condition, one claim rule and one plan of the statements that apply a
 //! transition's [`leasehold_engine::Writes`] — each parameterised by a [`Dialect`].
 //!
-//! Dialects: [`SQLITE`], [`MYSQL`] and [`POSTGRES`].
+//! Dialects: [`SQLITE`] (and [`SQLITE_WITHOUT_ROOM`] for a ledger not yet migrated), [`MYSQL`]
+//! and [`POSTGRES`].
 //!
 //! Contract:
 //! - [`table`] lists every column of `plan`, `attempt`, `command` and `receipt` once,
@@ -92,13 +93,28 @@ pub(crate) struct Dialect {
     pub(crate) now_ms: &'static str,
     /// The column that orders plans by registration.
     pub(crate) plan_order: &'static str,
+    /// Whether the attempt, command and receipt rows keep zero bytes for their
+    /// mutable columns to grow into (a `room` column, see [`write::room`]): SQLite
+    /// packs rows appended in key order into full pages, so a row that grows in place
+    /// would split its page; the others leave free space in their pages themselves.
+    pub(crate) room: bool,
     /// Type names for a 64-bit integer and for text (scratch tables in tests).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) types: (&'static str, &'static str),
 }
 
-/// SQLite.
-pub(crate) static SQLITE: Dialect = Dialect {
+/// SQLite, on a schema whose rows keep room (version 6 on).
+pub(crate) static SQLITE: Dialect = SQLITE_DIALECT;
+
+/// SQLite on a ledger not yet migrated to version 6, whose tables have no `room`
+/// column: the same statements without it.
+pub(crate) static SQLITE_WITHOUT_ROOM: Dialect = Dialect {
+    id: 3,
+    room: false,
+    ..SQLITE_DIALECT
+};
+
+const SQLITE_DIALECT: Dialect = Dialect {
     id: 0,
     placeholder: Placeholder::Numbered,
     row_locks: false,
@@ -106,6 +122,7 @@ pub(crate) static SQLITE: Dialect = Dialect {
     insert_or_nothing: Some("ON CONFLICT DO NOTHING"),
     now_ms: "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)",
     plan_order: "rowid",
+    room: true,
     types: ("INTEGER", "TEXT"),
 };
 
@@ -119,6 +136,7 @@ pub(crate) static MYSQL: Dialect = Dialect {
     insert_or_nothing: None,
     now_ms: "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)",
     plan_order: "seq",
+    room: false,
     types: ("BIGINT", "VARCHAR(255)"),
 };
 
@@ -132,6 +150,7 @@ pub(crate) static POSTGRES: Dialect = Dialect {
     insert_or_nothing: Some("ON CONFLICT DO NOTHING"),
     now_ms: "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
     plan_order: "seq",
+    room: false,
     types: ("BIGINT", "TEXT"),
 };
 

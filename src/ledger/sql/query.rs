@@ -7,7 +7,7 @@
 //! the same text where it does not (SQLite's write transaction holds the database).
 
 use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
-use super::{placeholders, Dialect, MYSQL, POSTGRES, SQLITE};
+use super::{placeholders, Dialect, MYSQL, POSTGRES, SQLITE, SQLITE_WITHOUT_ROOM};
 use std::sync::LazyLock;
 
 /// The shared statements of one dialect.
@@ -61,20 +61,32 @@ pub(crate) const OPEN_ATTEMPT: &str = "status IN ('QUEUED', 'RUNNING')";
 
 /// The shared statements of `dialect`.
 pub(crate) fn queries(dialect: &'static Dialect) -> &'static Queries {
-    static BY_DIALECT: [LazyLock<Queries>; 3] = [
+    static BY_DIALECT: [LazyLock<Queries>; 4] = [
         LazyLock::new(|| build(&SQLITE)),
         LazyLock::new(|| build(&MYSQL)),
         LazyLock::new(|| build(&POSTGRES)),
+        LazyLock::new(|| build(&SQLITE_WITHOUT_ROOM)),
     ];
     &BY_DIALECT[usize::from(dialect.id)]
 }
 
+/// `INSERT INTO table (columns) VALUES (…)`, with the row's room last where the
+/// dialect keeps it (bound after the columns: [`super::write::room`]).
 fn insert(d: &Dialect, table: &Table, tail: &str) -> String {
+    let n = table.columns.len();
+    let (room_column, room_value) = if d.room && table.reserve > 0 {
+        (
+            ", room".to_owned(),
+            format!(", zeroblob({})", placeholders(d, n + 1, 1)),
+        )
+    } else {
+        (String::new(), String::new())
+    };
     let mut sql = format!(
-        "INSERT INTO {} ({}) VALUES ({})",
+        "INSERT INTO {} ({}{room_column}) VALUES ({}{room_value})",
         table.name,
         table.column_list(None),
-        placeholders(d, 1, table.columns.len())
+        placeholders(d, 1, n)
     );
     if !tail.is_empty() {
         sql.push(' ');

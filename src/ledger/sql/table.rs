@@ -17,6 +17,10 @@ pub(crate) struct Table {
     /// The columns a transition may change, by index in [`Table::columns`]; the
     /// others are identity, written once by the `INSERT`.
     pub(crate) mutable: &'static [usize],
+    /// The bytes a row keeps for its mutable columns, stored values and their
+    /// headers together, where the dialect keeps room ([`super::Dialect::room`]):
+    /// enough for what a transition usually writes, 0 for none.
+    pub(crate) reserve: usize,
 }
 
 impl Table {
@@ -57,6 +61,7 @@ pub(crate) static PLAN: Table = Table {
     ],
     key: 1,
     mutable: &[2],
+    reserve: 0,
 };
 
 /// `attempt`.
@@ -75,6 +80,8 @@ pub(crate) static ATTEMPT: Table = Table {
     ],
     key: 1,
     mutable: &[4, 6, 7, 8],
+    // QUEUED: 10 bytes; SUCCEEDED with both timestamps: 25.
+    reserve: 32,
 };
 
 /// `command`: the outbox row.
@@ -95,6 +102,9 @@ pub(crate) static COMMAND: Table = Table {
     ],
     key: 1,
     mutable: &[2, 3, 4, 5, 6, 7, 8, 9, 10],
+    // PENDING: 22 bytes; held, with a 128-bit token, a heartbeat and an owner name of
+    // 28 characters: 98.
+    reserve: 128,
 };
 
 /// `receipt`: one per step of an attempt, keyed by attempt and ordinal.
@@ -115,6 +125,9 @@ pub(crate) static RECEIPT: Table = Table {
     ],
     key: 2,
     mutable: &[4, 5, 6, 7, 8, 9, 10],
+    // PENDING: 14 bytes; SUCCEEDED with a SHA-256, a dry run's 125 bytes of
+    // evidence and its 49-byte target receipt: 269.
+    reserve: 320,
 };
 
 /// A plan's row; `steps` and `volatile` are its JSON columns, encoded by the caller

@@ -186,7 +186,7 @@ pub(crate) fn plan<'a>(
     let mut out = Vec::with_capacity(2 + writes.receipts.len());
     let kind = guard_kind(&writes.guard);
     let command = writes.command.as_ref().and_then(|c| {
-        let (changed, values) = changed(&COMMAND, &command_values(&before.command), &command_values(c));
+        let (changed, values) = changed(d, &COMMAND, &command_values(&before.command), &command_values(c));
         (changed != 0).then_some((c, changed, values))
     });
     match command {
@@ -209,7 +209,7 @@ pub(crate) fn plan<'a>(
         None => out.push(guard_check(d, &before.attempt.id, &writes.guard)),
     }
     if let Some(a) = &writes.attempt {
-        let (changed, mut values) = changed(&ATTEMPT, &attempt_values(&before.attempt), &attempt_values(a));
+        let (changed, mut values) = changed(d, &ATTEMPT, &attempt_values(&before.attempt), &attempt_values(a));
         if changed != 0 {
             values.push(Value::Text(a.id.as_str()));
             let sql = statement(d, &ATTEMPT, 0, changed, || update_text(d, &ATTEMPT, changed).0);
@@ -227,7 +227,7 @@ pub(crate) fn plan<'a>(
                 r.attempt_id, r.ordinal
             ))
         })?;
-        let (changed, mut values) = changed(&RECEIPT, &receipt_values(old), &receipt_values(r));
+        let (changed, mut values) = changed(d, &RECEIPT, &receipt_values(old), &receipt_values(r));
         if changed == 0 {
             continue;
         }
@@ -279,37 +279,113 @@ fn plan_insert<'a>(d: &'static Dialect, writes: &'a Writes) -> Result<Vec<Statem
     let mut out = vec![
         Statement {
             sql: shared(&q.insert_attempt),
-            values: attempt_values(attempt).to_vec(),
+            values: with_room(d, &ATTEMPT, &attempt_values(attempt)),
             expect: Expect::Inserted,
         },
         Statement {
             sql: statement(d, &COMMAND, 0, u32::MAX, || q.insert_command.clone()),
-            values: command_values(command).to_vec(),
+            values: with_room(d, &COMMAND, &command_values(command)),
             expect: Expect::InsertedUnlessPresent(&command.id),
         },
     ];
     for r in &writes.receipts {
         out.push(Statement {
             sql: statement(d, &RECEIPT, 0, u32::MAX, || q.insert_receipt.clone()),
-            values: receipt_values(r).to_vec(),
+            values: with_room(d, &RECEIPT, &receipt_values(r)),
             expect: Expect::Inserted,
         });
     }
     Ok(out)
 }
 
+/// The bit of a changed-columns set that stands for the row's room ([`room`]).
+const ROOM: u32 = 1 << 31;
+
 /// The mutable columns whose value differs between `before` and `after` (bit `k` for
-/// `table.mutable[k]`), and their new values in that order.
-fn changed<'a>(table: &Table, before: &[Value<'_>], after: &[Value<'a>]) -> (u32, Vec<Value<'a>>) {
+/// `table.mutable[k]`), and their new values in that order; then, where the dialect
+/// keeps room and any column changed, the room if it changes ([`ROOM`], its length
+/// last).
+fn changed<'a>(d: &Dialect, table: &Table, before: &[Value<'_>], after: &[Value<'a>]) -> (u32, Vec<Value<'a>>) {
     let mut changed = 0;
-    let mut values = Vec::with_capacity(table.mutable.len() + 4);
+    let mut values = Vec::with_capacity(table.mutable.len() + 5);
     for (k, &i) in table.mutable.iter().enumerate() {
         if before[i] != after[i] {
             changed |= 1 << k;
             values.push(after[i]);
         }
     }
+    if changed != 0 {
+        if let (Some(old), Some(new)) = (room(d, table, before), room(d, table, after)) {
+            if old != new {
+                changed |= ROOM;
+                values.push(Value::Int(new));
+            }
+        }
+    }
     (changed, values)
+}
+
+/// A row's values, then its room where the dialect keeps it (an insert's parameters).
+fn with_room<'a>(d: &Dialect, table: &Table, values: &[Value<'a>]) -> Vec<Value<'a>> {
+    let mut out = Vec::with_capacity(values.len() + 1);
+    out.extend_from_slice(values);
+    if let Some(n) = room(d, table, values) {
+        out.push(Value::Int(n));
+    }
+    out
+}
+
+/// How many zero bytes the row `values` keeps in its `room` column where the dialect
+/// keeps room: what its mutable columns leave of the table's
+/// [`Table::reserve`], so that the row's size stays the same while they grow within
+/// it (a transition that grows a row then rewrites it in place instead of splitting a
+/// full page), and 0 once they outgrow it. `None` where there is no room column.
+///
+/// Sizes are SQLite's record format: each value's bytes plus its serial type's
+/// varint in the record header ([`stored_size`]); the room's own header takes one
+/// byte up to 57 bytes of room and two beyond, so the row stays within a byte of the
+/// same size.
+pub(crate) fn room(d: &Dialect, table: &Table, values: &[Value<'_>]) -> Option<i64> {
+    if !d.room || table.reserve == 0 {
+        return None;
+    }
+    let used: usize = table.mutable.iter().map(|&i| stored_size(&values[i])).sum();
+    let free = table.reserve.saturating_sub(used);
+    let n = match free {
+        0 | 1 => 0,
+        f if f - 1 <= 57 => f - 1,
+        f => f - 2,
+    };
+    i64::try_from(n).ok()
+}
+
+/// The bytes a value takes in a SQLite record: its serial type's varint in the
+/// header and its body (integers 0 and 1 have none; others 1, 2, 3, 4, 6 or 8 bytes).
+fn stored_size(v: &Value<'_>) -> usize {
+    match *v {
+        Value::Null => 1,
+        Value::Int(0 | 1) => 1,
+        Value::Int(i) => {
+            1 + match i {
+                -128..=127 => 1,
+                -32_768..=32_767 => 2,
+                -8_388_608..=8_388_607 => 3,
+                -2_147_483_648..=2_147_483_647 => 4,
+                -140_737_488_355_328..=140_737_488_355_327 => 6,
+                _ => 8,
+            }
+        }
+        Value::Text(s) => {
+            let serial = 2 * s.len() + 13;
+            let header = match serial {
+                0..=0x7f => 1,
+                0x80..=0x3fff => 2,
+                0x4000..=0x1f_ffff => 3,
+                _ => 4,
+            };
+            header + s.len()
+        }
+    }
 }
 
 /// `UPDATE table SET <changed columns> WHERE <key>`, with the placeholders the
@@ -328,6 +404,13 @@ fn update_text(d: &Dialect, table: &Table, changed: u32) -> (String, usize) {
         text.push_str(table.column(i));
         text.push_str(" = ");
         push_placeholder(d, &mut text, next);
+        next += 1;
+    }
+    if changed & ROOM != 0 {
+        // A row written before the table had room has none, and gets none.
+        text.push_str(", room = CASE WHEN room IS NULL THEN NULL ELSE zeroblob(");
+        push_placeholder(d, &mut text, next);
+        text.push_str(") END");
         next += 1;
     }
     text.push_str(" WHERE ");

@@ -84,7 +84,7 @@ pub(crate) fn enqueue(
         let plan = rows::read_plan(conn, plan)?.ok_or_else(|| not_found("plan", plan))?;
         let history = rows::read_history(conn, &plan.id)?;
         let (record, writes) = decide_enqueue(&plan, &history, action, entropy, now)?;
-        rows::insert_writes(conn, &writes)?;
+        rows::insert_writes(conn, rows::write_dialect(conn)?, &writes)?;
         Ok(record)
     })
 }

@@ -13,7 +13,7 @@ use crate::ledger::sql::decode::{self, ColumnReader};
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::table::{plan_json, plan_values, ATTEMPT, COMMAND, PLAN, RECEIPT};
 use crate::ledger::sql::write::{self, Expect, Statement};
-use crate::ledger::sql::{Value, SQLITE};
+use crate::ledger::sql::{Dialect, Value, SQLITE, SQLITE_WITHOUT_ROOM};
 use leasehold_engine::{AttemptId, AttemptRecord, CommandId, Guard, Plan, PlanId, PlanStatus, Timestamp, Writes};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode, Row};
@@ -364,18 +364,33 @@ fn run(conn: &Connection, statements: &[Statement<'_>]) -> Result<(), LedgerErro
     Ok(())
 }
 
+/// The dialect the writes of a connection use: [`SQLITE`] where the ledger's tables
+/// have their `room` column (migration 6), [`SQLITE_WITHOUT_ROOM`] where they do not
+/// yet (a ledger an older release left, or none at all).
+pub(super) fn write_dialect(conn: &Connection) -> Result<&'static Dialect, LedgerError> {
+    let columns: i64 = conn
+        .prepare_cached(
+            "SELECT (SELECT count(*) FROM pragma_table_info('attempt') WHERE name = 'room') \
+                  + (SELECT count(*) FROM pragma_table_info('command') WHERE name = 'room') \
+                  + (SELECT count(*) FROM pragma_table_info('receipt') WHERE name = 'room')",
+        )
+        .and_then(|mut s| s.query_row([], |row| row.get(0)))
+        .sql()?;
+    Ok(if columns == 3 { &SQLITE } else { &SQLITE_WITHOUT_ROOM })
+}
+
 /// Inserts the engine's images of a new attempt (`Guard::Absent`: attempt, command,
-/// receipts) inside the caller's transaction, all or nothing (under a savepoint). A
-/// command that already exists answers [`leasehold_engine::Refusal::StaleToken`] and
-/// leaves every row as it was.
-pub(super) fn insert_writes(conn: &Connection, writes: &Writes) -> Result<(), LedgerError> {
+/// receipts) inside the caller's transaction, all or nothing (under a savepoint), in
+/// dialect `d` ([`write_dialect`]). A command that already exists answers
+/// [`leasehold_engine::Refusal::StaleToken`] and leaves every row as it was.
+pub(super) fn insert_writes(conn: &Connection, d: &'static Dialect, writes: &Writes) -> Result<(), LedgerError> {
     if writes.guard != Guard::Absent {
         return Err(LedgerError::Internal("an insert needs the absent guard".into()));
     }
     conn.prepare_cached("SAVEPOINT leasehold_insert")
         .and_then(|mut s| s.execute([]))
         .sql()?;
-    let done = write::plan(&SQLITE, None, writes).and_then(|statements| run(conn, &statements));
+    let done = write::plan(d, None, writes).and_then(|statements| run(conn, &statements));
     let end = if done.is_ok() {
         "RELEASE leasehold_insert"
     } else {
@@ -393,14 +408,19 @@ pub(super) fn insert_writes(conn: &Connection, writes: &Writes) -> Result<(), Le
 /// then abandon the transaction (every caller returns the error, and dropping the
 /// transaction rolls it back). (SQLite's write lock is the whole database, taken by
 /// `BEGIN IMMEDIATE` before the first read, so the order of the statements inside
-/// cannot deadlock with another transition.)
-pub(super) fn update_writes(conn: &Connection, before: &AttemptRecord, writes: &Writes) -> Result<(), LedgerError> {
+/// cannot deadlock with another transition.) `d` as for [`insert_writes`].
+pub(super) fn update_writes(
+    conn: &Connection,
+    d: &'static Dialect,
+    before: &AttemptRecord,
+    writes: &Writes,
+) -> Result<(), LedgerError> {
     if writes.guard == Guard::Absent && !writes.is_empty() {
         return Err(LedgerError::Internal(
             "an update needs a guard other than absent".into(),
         ));
     }
-    run(conn, &write::plan(&SQLITE, Some(before), writes)?)
+    run(conn, &write::plan(d, Some(before), writes)?)
 }
 
 /// Applies the writes of several transitions (a claim's batch), each over the rows
@@ -412,10 +432,14 @@ pub(super) fn update_writes(conn: &Connection, before: &AttemptRecord, writes: &
 /// `UPDATE … FROM json_each(?)` per table for the whole batch, it runs fewer
 /// instructions per claim (see `docs/performance.md`), because every `->>`
 /// re-parses the bound JSON.
-pub(super) fn update_many(conn: &Connection, items: &[(&AttemptRecord, &Writes)]) -> Result<Vec<bool>, LedgerError> {
+pub(super) fn update_many(
+    conn: &Connection,
+    d: &'static Dialect,
+    items: &[(&AttemptRecord, &Writes)],
+) -> Result<Vec<bool>, LedgerError> {
     items
         .iter()
-        .map(|(before, writes)| match update_writes(conn, before, writes) {
+        .map(|(before, writes)| match update_writes(conn, d, before, writes) {
             Ok(()) => Ok(true),
             Err(LedgerError::Refused(_)) => Ok(false),
             Err(e) => Err(e),

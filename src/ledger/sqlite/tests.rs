@@ -152,7 +152,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -192,7 +192,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -258,7 +258,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -337,7 +337,7 @@ fn the_guard_refuses_when_the_row_changed_behind_the_engines_back() {
         [lease.command_id.as_str()],
     )
     .unwrap();
-    let e = rows::update_writes(&tx, &before, &writes).unwrap_err();
+    let e = rows::update_writes(&tx, &crate::ledger::sql::SQLITE, &before, &writes).unwrap_err();
     assert_eq!(
         e,
         LedgerError::Refused(Refusal::StaleToken {
@@ -378,7 +378,7 @@ fn writes_under_a_guard_that_does_not_hold_write_nothing() {
     for guard in guards {
         full.guard = guard.clone();
         let tx = core.write_tx().unwrap();
-        let e = rows::update_writes(&tx, &before, &full).unwrap_err();
+        let e = rows::update_writes(&tx, &crate::ledger::sql::SQLITE, &before, &full).unwrap_err();
         assert!(
             matches!(e, LedgerError::Refused(Refusal::StaleToken { .. })),
             "{guard:?}: {e}"
@@ -398,7 +398,7 @@ fn writes_under_a_guard_that_does_not_hold_write_nothing() {
     };
     let tx = core.write_tx().unwrap();
     assert!(matches!(
-        rows::update_writes(&tx, &before, &no_command),
+        rows::update_writes(&tx, &crate::ledger::sql::SQLITE, &before, &no_command),
         Err(LedgerError::Refused(_))
     ));
     drop(tx);
@@ -406,7 +406,7 @@ fn writes_under_a_guard_that_does_not_hold_write_nothing() {
     // And the matching guard applies.
     full.guard = Guard::Holds(lease.token.clone());
     let tx = core.write_tx().unwrap();
-    rows::update_writes(&tx, &before, &full).unwrap();
+    rows::update_writes(&tx, &crate::ledger::sql::SQLITE, &before, &full).unwrap();
     tx.commit().unwrap();
     assert_eq!(
         core.attempt(&lease.attempt_id).unwrap().attempt.status,
@@ -690,7 +690,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(
-        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5]).count(),
+        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5, 6]).count(),
         1,
         "{applied:?}"
     );
@@ -880,7 +880,10 @@ fn a_batch_claim_skips_a_command_taken_behind_its_back_and_writes_nothing_for_it
     )
     .unwrap();
     let items: Vec<_> = records.iter().zip(&decided).collect();
-    assert_eq!(rows::update_many(&tx, &items).unwrap(), [true, false, true]);
+    assert_eq!(
+        rows::update_many(&tx, &crate::ledger::sql::SQLITE, &items).unwrap(),
+        [true, false, true]
+    );
     tx.commit().unwrap();
     for (i, (record, writes)) in records.iter().zip(&decided).enumerate() {
         let now = core.attempt(&record.attempt.id).unwrap();
@@ -907,7 +910,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     clock.advance_ms(1);
     let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
     let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5]);
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1212,7 +1215,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4, 5]);
+    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6]);
     let claimed: usize = before.into_iter().chain(after).map(|r| r.unwrap().len()).sum();
     assert_eq!(
         claimed, 3,
@@ -1440,4 +1443,134 @@ async fn a_call_that_arrives_while_a_group_runs_joins_its_transaction() {
     );
     assert_eq!(ledger.attempt(&a.attempt.id).await.unwrap(), a);
     assert_eq!(ledger.attempt(&b.attempt.id).await.unwrap(), b);
+}
+
+/// Pages and stored bytes of the attempt, command and receipt tables (SQLite's
+/// `dbstat`, the tables' own B-trees), in that order.
+fn table_pages_and_payload(core: &SqliteCore) -> Vec<(String, i64, i64)> {
+    let mut stmt = core
+        .connection()
+        .prepare(
+            "SELECT name, count(*), sum(payload) FROM dbstat \
+             WHERE name IN ('attempt', 'command', 'receipt') GROUP BY name ORDER BY name",
+        )
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    rows
+}
+
+/// `n` plans of one step with one queued attempt each.
+fn queue_one_step_attempts(core: &SqliteCore, clock: &ManualClock, n: usize) {
+    for _ in 0..n {
+        let name = format!("rows-{}", clock.now().as_millis());
+        let plan = core.register_plan(spec(&name, "resume", 1), KNOWN).unwrap();
+        core.enqueue(&plan.id, Action::Execute).unwrap();
+        clock.advance_ms(1);
+    }
+}
+
+/// Claims, runs and finishes every queued attempt, with evidence and a target receipt
+/// the size of a dry run's and a lease owner of 28 characters.
+fn deliver_all(core: &SqliteCore) -> usize {
+    let mut delivered = 0;
+    loop {
+        let claimed = core
+            .claim_and_begin("bench-worker-0000000000000-1", 8, LEASE_MS)
+            .unwrap();
+        if claimed.is_empty() {
+            return delivered;
+        }
+        for claim in &claimed {
+            let evidence = json!({"dry_run": true, "executor": "dry-run:v1", "payload": {"n": 1}, "step": "step-1", "note": "x".repeat(40)});
+            let target = json!({"dry_run": format!("ik-{}", "0".repeat(32))});
+            core.complete_step(&claim.lease, 1, &evidence, &target, LEASE_MS)
+                .unwrap();
+            core.finish(&claim.lease).unwrap();
+            delivered += 1;
+        }
+    }
+}
+
+#[test]
+fn a_delivery_rewrites_its_rows_in_place_without_splitting_a_page() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    queue_one_step_attempts(&core, &clock, 400);
+    let queued = table_pages_and_payload(&core);
+    assert_eq!(queued.len(), 3);
+    assert!(queued.iter().all(|(_, pages, _)| *pages > 4), "{queued:?}");
+    assert_eq!(deliver_all(&core), 400);
+    let delivered = table_pages_and_payload(&core);
+    for ((table, pages_before, bytes_before), (_, pages_after, bytes_after)) in queued.iter().zip(&delivered) {
+        assert_eq!(
+            pages_after, pages_before,
+            "{table}: every row kept its size, so no page split ({queued:?} → {delivered:?})"
+        );
+        // Within a byte per row: the room's own header varint.
+        assert!(
+            (bytes_after - bytes_before).abs() <= 400,
+            "{table}: {bytes_before} → {bytes_after} bytes"
+        );
+    }
+    let rooms: Vec<i64> = ["attempt", "command", "receipt"]
+        .iter()
+        .map(|t| {
+            core.connection()
+                .query_row(&format!("SELECT min(length(room)) FROM {t}"), [], |r| r.get(0))
+                .unwrap()
+        })
+        .collect();
+    assert!(rooms.iter().all(|&n| n > 0), "room left in every row: {rooms:?}");
+}
+
+#[test]
+fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    migrate_to(&core, &clock, 5);
+    queue_one_step_attempts(&core, &clock, 3);
+    let before: Vec<_> = core
+        .list_plans()
+        .unwrap()
+        .iter()
+        .map(|p| core.history(&p.id).unwrap())
+        .collect();
+    assert_eq!(core.migrate().unwrap(), vec![6]);
+    let after: Vec<_> = core
+        .list_plans()
+        .unwrap()
+        .iter()
+        .map(|p| core.history(&p.id).unwrap())
+        .collect();
+    assert_eq!(after, before, "every row kept, value for value");
+    queue_one_step_attempts(&core, &clock, 2);
+    assert_eq!(deliver_all(&core), 5);
+    for table in ["attempt", "command", "receipt"] {
+        let (without, with): (i64, i64) = core
+            .connection()
+            .query_row(
+                &format!("SELECT count(*) FILTER (WHERE room IS NULL), count(room) FROM {table}"),
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(
+            (without, with),
+            (3, 2),
+            "{table}: the old rows got no room through their transitions"
+        );
+    }
+    assert!(
+        core.history(&core.list_plans().unwrap()[0].id).unwrap()[0]
+            .attempt
+            .status
+            == AttemptStatus::Succeeded
+    );
 }

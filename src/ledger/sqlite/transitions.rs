@@ -6,6 +6,7 @@ use super::rows::{self, not_found, SqlResult};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use crate::ledger::migrate::{self, SQLITE};
+use crate::ledger::sql::Dialect;
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::{self, NewIds};
 use leasehold_engine::{
@@ -14,7 +15,7 @@ use leasehold_engine::{
 };
 use rusqlite::Connection;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,9 @@ pub struct SqliteCore {
     entropy: Arc<dyn Entropy>,
     writes_hook: Option<crate::ledger::WritesHook>,
     records: RefCell<Records>,
+    /// The dialect of this connection's writes: whether the ledger's rows keep room
+    /// ([`rows::write_dialect`]), as found when it opened and after each migration.
+    dialect: Cell<&'static Dialect>,
 }
 
 /// The records of the open attempts this connection last wrote, as it wrote them, so
@@ -223,12 +227,14 @@ impl SqliteCore {
         // queue of 20,000 cached; the writer raises its own (see `writer::WRITER_CACHE_MIB`).
         conn.pragma_update(None, "cache_size", -32_768).sql()?;
         conn.set_prepared_statement_cache_capacity(64);
+        let dialect = Cell::new(rows::write_dialect(&conn)?);
         Ok(Self {
             conn,
             clock,
             entropy,
             writes_hook: None,
             records: RefCell::default(),
+            dialect,
         })
     }
 
@@ -303,6 +309,7 @@ impl SqliteCore {
         let on = self.conn.pragma_update(None, "foreign_keys", "ON").sql();
         let applied = applied?;
         on?;
+        self.dialect.set(rows::write_dialect(&self.conn)?);
         Ok(applied)
     }
 
@@ -364,7 +371,7 @@ impl SqliteCore {
         };
         let record = transition::enqueue(&plan, &history, action, ids, now)?;
         let writes = Writes::new_attempt(&record);
-        rows::insert_writes(&tx, &writes)?;
+        rows::insert_writes(&tx, self.dialect.get(), &writes)?;
         tx.commit()?;
         Ok(record)
     }
@@ -444,7 +451,7 @@ impl SqliteCore {
             .collect();
         // A command taken by someone else between the candidate query and the write
         // is refused and skipped (nothing was written for it).
-        let applied = rows::update_many(&tx, &items)?;
+        let applied = rows::update_many(&tx, self.dialect.get(), &items)?;
         let mut claimed: Vec<Vec<Claimed>> = requests.iter().map(|_| Vec::new()).collect();
         let mut records = self.records.borrow_mut();
         for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
@@ -478,7 +485,7 @@ impl SqliteCore {
             Request::Worker(&request, &lease.token),
             now,
         )?;
-        rows::update_writes(&tx, &record, &writes)?;
+        rows::update_writes(&tx, self.dialect.get(), &record, &writes)?;
         let owned = owns(&record, &writes);
         writes.apply_to(&mut record);
         self.records.borrow_mut().store_written(owned, record);
@@ -532,7 +539,7 @@ impl SqliteCore {
             Request::Operator(&request, plan.recovery),
             now,
         )?;
-        rows::update_writes(&tx, &record, &writes)?;
+        rows::update_writes(&tx, self.dialect.get(), &record, &writes)?;
         let owned = owns(&record, &writes);
         writes.apply_to(&mut record);
         self.records.borrow_mut().store_written(owned, record.clone());
