@@ -110,24 +110,32 @@ fn immutable(path: &str) -> rusqlite::Result<Connection> {
 
 /// Refuses a ledger whose schema this binary cannot use: no `schema_migrations`
 /// table (never migrated), or a recorded version newer than the newest known.
-pub fn check_schema(conn: &Connection, path: &str) -> Result<(), LedgerError> {
+/// Answers the newest version recorded (`None` for an empty history).
+pub fn check_schema(conn: &Connection, path: &str) -> Result<Option<i64>, LedgerError> {
+    let Some(newest) = schema_version(conn).map_err(|e| open_error(path, &e))? else {
+        return Err(LedgerError::BadInput(format!(
+            "{path} holds no leasehold schema: run `leasehold migrate`"
+        )));
+    };
+    migrate::check_version(&format!("the ledger at {path}"), newest, SQLITE)?;
+    Ok(newest)
+}
+
+/// The newest schema version `schema_migrations` records: `None` without that table
+/// (never migrated), `Some(None)` with an empty one.
+pub(super) fn schema_version(conn: &Connection) -> rusqlite::Result<Option<Option<i64>>> {
     let has_history: Option<i64> = conn
         .query_row(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
             [],
             |row| row.get(0),
         )
-        .optional()
-        .map_err(|e| open_error(path, &e))?;
+        .optional()?;
     if has_history.is_none() {
-        return Err(LedgerError::BadInput(format!(
-            "{path} holds no leasehold schema: run `leasehold migrate`"
-        )));
+        return Ok(None);
     }
-    let newest: Option<i64> = conn
-        .query_row("SELECT max(version) FROM schema_migrations", [], |row| row.get(0))
-        .map_err(|e| open_error(path, &e))?;
-    migrate::check_version(&format!("the ledger at {path}"), newest, SQLITE)
+    conn.query_row("SELECT max(version) FROM schema_migrations", [], |row| row.get(0))
+        .map(Some)
 }
 
 /// An open failure as a one-line error naming the path: bad input when the file is

@@ -12,6 +12,7 @@
 use super::rows::{self, not_found, SqlResult};
 use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::sql::Dialect;
 use crate::ledger::LedgerError;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use rusqlite::Connection;
@@ -20,8 +21,9 @@ use rusqlite::Connection;
 const SAVEPOINT: &str = "leasehold_outbox";
 
 /// Refuses a connection outside a transaction (SQLite may have rolled the caller's
-/// back by itself) or a database without a usable ledger schema.
-fn check(conn: &Connection) -> Result<(), LedgerError> {
+/// back by itself) or a database without a usable ledger schema; answers the
+/// dialect its rows are written in ([`rows::dialect_for`]).
+fn check(conn: &Connection) -> Result<&'static Dialect, LedgerError> {
     if conn.is_autocommit() {
         return Err(LedgerError::BadInput(
             "the connection is not inside a transaction (SQLite may have rolled it back): nothing was written".into(),
@@ -31,7 +33,7 @@ fn check(conn: &Connection) -> Result<(), LedgerError> {
         Some(path) if !path.is_empty() => path.to_owned(),
         _ => ":memory:".to_owned(),
     };
-    super::open::check_schema(conn, &path)
+    super::open::check_schema(conn, &path).map(rows::dialect_for)
 }
 
 /// Runs `f` under a savepoint of the caller's transaction: released on success,
@@ -79,12 +81,12 @@ pub(crate) fn enqueue(
     entropy: &dyn Entropy,
     now: Timestamp,
 ) -> Result<AttemptRecord, LedgerError> {
-    check(conn)?;
+    let dialect = check(conn)?;
     savepoint(conn, || {
         let plan = rows::read_plan(conn, plan)?.ok_or_else(|| not_found("plan", plan))?;
         let history = rows::read_history(conn, &plan.id)?;
         let (record, writes) = decide_enqueue(&plan, &history, action, entropy, now)?;
-        rows::insert_writes(conn, rows::write_dialect(conn)?, &writes)?;
+        rows::insert_writes(conn, dialect, &writes)?;
         Ok(record)
     })
 }

@@ -364,19 +364,24 @@ fn run(conn: &Connection, statements: &[Statement<'_>]) -> Result<(), LedgerErro
     Ok(())
 }
 
-/// The dialect the writes of a connection use: [`SQLITE`] where the ledger's tables
-/// have their `room` column (migration 6), [`SQLITE_WITHOUT_ROOM`] where they do not
-/// yet (a ledger an older release left, or none at all).
+/// The first schema version whose attempt, command and receipt tables have their
+/// `room` column.
+const ROOM_VERSION: i64 = 6;
+
+/// The dialect rows are written in on a ledger at schema version `newest` (as
+/// recorded in `schema_migrations`): [`SQLITE`] from [`ROOM_VERSION`] on,
+/// [`SQLITE_WITHOUT_ROOM`] before it (a ledger an older release left, or none at all).
+pub(super) fn dialect_for(newest: Option<i64>) -> &'static Dialect {
+    if newest.is_some_and(|v| v >= ROOM_VERSION) {
+        &SQLITE
+    } else {
+        &SQLITE_WITHOUT_ROOM
+    }
+}
+
+/// [`dialect_for`] the schema version `conn`'s ledger records.
 pub(super) fn write_dialect(conn: &Connection) -> Result<&'static Dialect, LedgerError> {
-    let columns: i64 = conn
-        .prepare_cached(
-            "SELECT (SELECT count(*) FROM pragma_table_info('attempt') WHERE name = 'room') \
-                  + (SELECT count(*) FROM pragma_table_info('command') WHERE name = 'room') \
-                  + (SELECT count(*) FROM pragma_table_info('receipt') WHERE name = 'room')",
-        )
-        .and_then(|mut s| s.query_row([], |row| row.get(0)))
-        .sql()?;
-    Ok(if columns == 3 { &SQLITE } else { &SQLITE_WITHOUT_ROOM })
+    Ok(dialect_for(super::open::schema_version(conn).sql()?.flatten()))
 }
 
 /// Inserts the engine's images of a new attempt (`Guard::Absent`: attempt, command,
