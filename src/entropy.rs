@@ -91,6 +91,14 @@ impl<E: Entropy + ?Sized> Entropy for std::sync::Arc<E> {
     fn next_u64(&self) -> u64 {
         (**self).next_u64()
     }
+
+    fn id(&self, kind: IdKind) -> String {
+        (**self).id(kind)
+    }
+
+    fn token(&self) -> LeaseToken {
+        (**self).token()
+    }
 }
 
 #[cfg(test)]
@@ -103,6 +111,29 @@ mod tests {
         assert_eq!(a.id(IdKind::Attempt), b.id(IdKind::Attempt));
         assert_ne!(a.id(IdKind::Attempt), SeededEntropy::new(8).id(IdKind::Attempt));
         assert!(a.id(IdKind::Plan).starts_with("pln-"));
+    }
+
+    /// An `Arc<dyn Entropy>` used as `&dyn Entropy` (the SQLite writer's path) must
+    /// mint with the inner source's own `id` and `token`, not the trait's defaults.
+    #[test]
+    fn an_arc_forwards_every_method() {
+        struct Own;
+        impl Entropy for Own {
+            fn next_u64(&self) -> u64 {
+                1
+            }
+            fn id(&self, kind: IdKind) -> String {
+                format!("own-{}", kind.prefix())
+            }
+            fn token(&self) -> LeaseToken {
+                LeaseToken::new("own-token")
+            }
+        }
+        let shared: std::sync::Arc<dyn Entropy> = std::sync::Arc::new(Own);
+        let used: &dyn Entropy = &shared;
+        assert_eq!(used.next_u64(), 1);
+        assert_eq!(used.id(IdKind::Command), "own-cmd");
+        assert_eq!(used.token(), LeaseToken::new("own-token"));
     }
 
     #[test]
