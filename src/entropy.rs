@@ -54,6 +54,23 @@ impl Entropy for OsEntropy {
         u64::from_le_bytes(bytes)
     }
 
+    /// `att-0193a5b2c3d4-3f9a0c1d2b4e5f60`: the milliseconds since the Unix epoch (48
+    /// bits, hexadecimal), then 64 random bits. Ids minted later sort after those minted
+    /// before, so the indexes keyed by them grow at their end and a run of deliveries
+    /// touches neighbouring index pages instead of pages all over a large ledger; the
+    /// random part keeps ids of the same millisecond (and of different processes) apart.
+    fn id(&self, kind: IdKind) -> String {
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        format!(
+            "{}-{:012x}-{:016x}",
+            kind.prefix(),
+            millis & 0xffff_ffff_ffff,
+            self.next_u64()
+        )
+    }
+
     /// The same 128 bits as the default, drawn from the OS in one call instead of
     /// two (a claim mints one token per command).
     fn token(&self) -> LeaseToken {
@@ -134,6 +151,31 @@ mod tests {
         assert_eq!(used.next_u64(), 1);
         assert_eq!(used.id(IdKind::Command), "own-cmd");
         assert_eq!(used.token(), LeaseToken::new("own-token"));
+    }
+
+    #[test]
+    fn os_ids_start_with_the_millisecond_they_were_minted_in() {
+        let now = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_millis() as u64
+        };
+        let before = now();
+        let (first, second) = (OsEntropy.id(IdKind::Attempt), OsEntropy.id(IdKind::Attempt));
+        let after = now();
+        for id in [&first, &second] {
+            let parts: Vec<&str> = id.split('-').collect();
+            assert_eq!(parts.len(), 3, "{id}");
+            assert_eq!(parts[0], "att");
+            assert_eq!((parts[1].len(), parts[2].len()), (12, 16), "{id}");
+            let millis = u64::from_str_radix(parts[1], 16).expect("hexadecimal milliseconds");
+            assert!((before..=after).contains(&millis), "{id}: {before}..={after}");
+            u64::from_str_radix(parts[2], 16).expect("hexadecimal random part");
+        }
+        assert_ne!(first, second);
+        let later = OsEntropy.id(IdKind::Attempt);
+        assert!(later[..16] >= second[..16], "{later} sorts before {second}");
     }
 
     #[test]
