@@ -190,6 +190,11 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         self.inner.list_plans().await
     }
 
+    async fn plans_named(&self, name: &str) -> Result<Vec<Plan>, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.plans_named(name).await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         Counts::bump(&self.counts.other_writes);
         self.inner.retire_plan(id).await

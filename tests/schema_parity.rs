@@ -57,6 +57,11 @@ const INDEXES: &[(&str, [Option<&str>; 3], &str)] = &[
         "",
     ),
     (
+        "find_plan: plans by name (history, gate, the API and the console take a name)",
+        [Some("plan_by_name"), Some("plan_by_name"), Some("plan_by_name")],
+        "MySQL indexes a 191-character prefix of the TEXT name",
+    ),
+    (
         "claims: PENDING commands by available_at",
         [
             Some("command_pending"),

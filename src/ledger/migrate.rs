@@ -61,6 +61,11 @@ pub static SQLITE: &[Migration] = &[
         name: "row_room",
         sql: include_str!("../../migrations/sqlite/0006_row_room.sql"),
     },
+    Migration {
+        version: 7,
+        name: "plan_names",
+        sql: include_str!("../../migrations/sqlite/0007_plan_names.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

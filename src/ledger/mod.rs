@@ -182,6 +182,15 @@ pub trait Ledger: Send + Sync + 'static {
     /// Every plan, oldest first.
     fn list_plans(&self) -> impl Future<Output = Result<Vec<Plan>, LedgerError>> + Send;
 
+    /// The plans named `name`, oldest first. The SQL ledgers answer from an index on
+    /// the name; the default filters [`Ledger::list_plans`].
+    fn plans_named(&self, name: &str) -> impl Future<Output = Result<Vec<Plan>, LedgerError>> + Send {
+        async move {
+            let plans = self.list_plans().await?;
+            Ok(plans.into_iter().filter(|p| p.name == name).collect())
+        }
+    }
+
     /// Marks a plan RETIRED: it accepts no new attempts.
     fn retire_plan(&self, id: &PlanId) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
 
@@ -404,14 +413,13 @@ pub async fn find_plan<L: Ledger>(ledger: &L, reference: &str) -> Result<Plan, L
         Err(LedgerError::NotFound { .. }) => {}
         other => return other,
     }
-    let plans = ledger.list_plans().await?;
-    let named: Vec<&Plan> = plans.iter().filter(|p| p.name == reference).collect();
+    let named = ledger.plans_named(reference).await?;
     named
         .iter()
         .rev()
         .find(|p| p.status == leasehold_engine::PlanStatus::Ready)
         .or(named.last())
-        .map(|p| (*p).clone())
+        .cloned()
         .ok_or_else(|| LedgerError::NotFound {
             kind: "plan",
             id: reference.to_owned(),

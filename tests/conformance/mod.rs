@@ -114,6 +114,7 @@ macro_rules! conformance_suite {
             open_attempts_counts_queued_and_running,
             history_is_ordered_by_number,
             retire_plan_makes_enqueue_refuse,
+            plans_are_found_by_exact_name_newest_ready_first,
             every_handle_sees_every_committed_write,
             claim_and_begin_begins_each_claimed_attempts_next_step,
             complete_and_continue_delivers_n_steps_in_n_plus_one_transitions,
@@ -1393,6 +1394,48 @@ pub async fn retire_plan_makes_enqueue_refuse<L: Ledger>(h: Harness<L>) {
     assert_ne!(again.id, plan.id, "a retired plan must not answer a new registration");
     assert_eq!(again.status, PlanStatus::Ready);
     l.enqueue(&again.id, Action::Execute).await.unwrap();
+}
+
+/// `plans_named` answers exactly the plans of that name (byte for byte: not a prefix,
+/// not another case), oldest first; `find_plan` takes an id, or else the newest READY
+/// plan of that name, or else the newest of any status.
+pub async fn plans_are_found_by_exact_name_newest_ready_first<L: Ledger>(h: Harness<L>) {
+    use leasehold::ledger::find_plan;
+    let l = &h.ledger;
+    let first = register(l, "p", "resume", 1).await;
+    l.retire_plan(&first).await.unwrap();
+    let second = register(l, "p", "resume", 2).await;
+    let other = register(l, "p2", "resume", 1).await;
+    let upper = register(l, "P", "replay", 1).await;
+    let third = register(l, "p", "replay", 3).await;
+    let ids = |plans: Vec<leasehold::engine::Plan>| plans.into_iter().map(|p| p.id).collect::<Vec<_>>();
+
+    assert_eq!(
+        ids(l.plans_named("p").await.unwrap()),
+        vec![first.clone(), second.clone(), third.clone()]
+    );
+    assert_eq!(ids(l.plans_named("p2").await.unwrap()), vec![other.clone()]);
+    assert_eq!(ids(l.plans_named("P").await.unwrap()), vec![upper]);
+    for absent in ["", "p%", "p_", "nope"] {
+        assert!(l.plans_named(absent).await.unwrap().is_empty(), "{absent:?}");
+    }
+
+    assert_eq!(find_plan(l, "p").await.unwrap().id, third);
+    assert_eq!(find_plan(l, first.as_str()).await.unwrap().id, first);
+    l.retire_plan(&third).await.unwrap();
+    assert_eq!(
+        find_plan(l, "p").await.unwrap().id,
+        second,
+        "the newest READY plan of the name"
+    );
+    l.retire_plan(&second).await.unwrap();
+    let newest = find_plan(l, "p").await.unwrap();
+    assert_eq!(
+        (newest.id, newest.status),
+        (third, PlanStatus::Retired),
+        "none READY: the newest"
+    );
+    assert_not_found(find_plan(l, "nope").await, "plan", "nope", "find_plan");
 }
 
 /// Writes through one handle are visible, whole, through every other handle.

@@ -308,6 +308,12 @@ impl MysqlLedger {
         rows::read_plans(&mut conn).await
     }
 
+    /// The plans named `name`, oldest first.
+    pub(super) async fn plans_named_once(&self, name: &str) -> Result<Vec<Plan>, TxError> {
+        let mut conn = self.connect().await?;
+        rows::read_plans_named(&mut conn, name).await
+    }
+
     /// Marks a plan RETIRED.
     pub(super) async fn retire_plan_once(&self, id: &PlanId) -> Result<Plan, TxError> {
         let mut conn = self.connect().await?;

@@ -193,6 +193,11 @@ pub(super) async fn read_plans<Q: Queryable + Send>(q: &mut Q) -> Result<Vec<Pla
     query_all(q, &queries(&MYSQL).plans, &[], plan_row).await
 }
 
+/// The plans named `name`, oldest first.
+pub(super) async fn read_plans_named<Q: Queryable + Send>(q: &mut Q, name: &str) -> Result<Vec<Plan>, TxError> {
+    query_all(q, &queries(&MYSQL).plans_named, &[Value::Text(name)], plan_row).await
+}
+
 /// Inserts a newly registered plan.
 pub(super) async fn insert_plan(tx: &mut Transaction<'_>, plan: &Plan) -> Result<(), TxError> {
     let (steps, volatile) = plan_json(plan)?;

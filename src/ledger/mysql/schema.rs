@@ -35,6 +35,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "api_tokens",
         sql: include_str!("../../../migrations/mysql/0003_api_tokens.sql"),
     },
+    Migration {
+        version: 4,
+        name: "plan_names",
+        sql: include_str!("../../../migrations/mysql/0004_plan_names.sql"),
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

@@ -516,7 +516,7 @@ async fn concurrent_migrators_apply_each_version_once() {
         applied.extend(t.await.unwrap().unwrap());
     }
     applied.sort();
-    assert_eq!(applied, vec![1, 2, 3], "every version applied exactly once");
+    assert_eq!(applied, vec![1, 2, 3, 4], "every version applied exactly once");
     let mut conn = ledgers[0].connect().await.map_err(|_| ()).unwrap();
     let recorded: Vec<(u32, String)> = conn
         .query("SELECT version, name FROM schema_migrations ORDER BY version")
@@ -527,7 +527,8 @@ async fn concurrent_migrators_apply_each_version_once() {
         vec![
             (1, "init".to_owned()),
             (2, "covering_claim_index".to_owned()),
-            (3, "api_tokens".to_owned())
+            (3, "api_tokens".to_owned()),
+            (4, "plan_names".to_owned())
         ]
     );
 }
@@ -550,6 +551,27 @@ async fn the_covering_claim_index_migration_can_run_again() {
         .await
         .unwrap();
     assert_eq!(columns, ["status", "available_at", "id", "attempt_id"]);
+}
+
+#[tokio::test]
+async fn the_plan_names_migration_can_run_again() {
+    let Some(db) = scratch().await else { return };
+    let ledger = MysqlLedger::open(db.url(), entropy(23));
+    ledger.migrate().await.unwrap();
+    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    // A run cut short after the CREATE INDEX but before recording version 4 runs it
+    // again: it must create nothing and fail on nothing.
+    for statement in super::schema::statements(super::schema::MIGRATIONS[3].sql) {
+        conn.query_drop(statement).await.unwrap();
+    }
+    let columns: Vec<(String, Option<u64>)> = conn
+        .query(
+            "SELECT column_name, sub_part FROM information_schema.statistics WHERE table_schema = DATABASE() \
+             AND table_name = 'plan' AND index_name = 'plan_by_name' ORDER BY seq_in_index",
+        )
+        .await
+        .unwrap();
+    assert_eq!(columns, [("name".to_owned(), Some(191))]);
 }
 
 #[tokio::test]

@@ -163,6 +163,12 @@ impl PostgresLedger {
         rows::read_plans(&client).await
     }
 
+    /// The plans named `name`, oldest first.
+    pub(super) async fn plans_named_once(&self, name: &str) -> Result<Vec<Plan>, TxError> {
+        let client = self.connect().await?;
+        rows::read_plans_named(&client, name).await
+    }
+
     /// Marks a plan RETIRED.
     pub(super) async fn retire_plan_once(&self, id: &PlanId) -> Result<Plan, TxError> {
         let mut client = self.connect().await?;

@@ -213,6 +213,10 @@ impl Ledger for PostgresLedger {
         self.retry(|| self.list_plans_once()).await
     }
 
+    async fn plans_named(&self, name: &str) -> Result<Vec<Plan>, LedgerError> {
+        self.retry(|| self.plans_named_once(name)).await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         self.retry(|| self.retire_plan_once(id)).await
     }

@@ -304,6 +304,11 @@ pub(super) async fn read_plans<C: Session>(c: &C) -> Result<Vec<Plan>, TxError> 
     query_all(c, &queries(&POSTGRES).plans, &[], plan_row).await
 }
 
+/// The plans named `name`, oldest first.
+pub(super) async fn read_plans_named<C: Session>(c: &C, name: &str) -> Result<Vec<Plan>, TxError> {
+    query_all(c, &queries(&POSTGRES).plans_named, &[Value::Text(name)], plan_row).await
+}
+
 /// Inserts a newly registered plan.
 pub(super) async fn insert_plan<C: Session>(c: &C, plan: &Plan) -> Result<(), TxError> {
     let (steps, volatile) = plan_json(plan)?;

@@ -13,11 +13,18 @@ use crate::ledger::LedgerError;
 use tokio_postgres::Client;
 
 /// The PostgreSQL migrations, in version order.
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "init",
-    sql: include_str!("../../../migrations/postgres/0001_init.sql"),
-}];
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "init",
+        sql: include_str!("../../../migrations/postgres/0001_init.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "plan_names",
+        sql: include_str!("../../../migrations/postgres/0002_plan_names.sql"),
+    },
+];
 
 /// The advisory lock key that serializes migrators of one database ("leasehol" in ASCII).
 pub const MIGRATE_LOCK: i64 = 0x6c65_6173_6568_6f6c;

@@ -23,6 +23,8 @@ pub(crate) struct Queries {
     pub(crate) ready_plan_by_fingerprint_locked: String,
     /// Every plan, in registration order.
     pub(crate) plans: String,
+    /// The plans with a name (`name`), in registration order (the `plan_by_name` index).
+    pub(crate) plans_named: String,
     /// Inserts a plan ([`super::table::plan_values`]).
     pub(crate) insert_plan: String,
     /// Sets a plan's status (`status`, `id`).
@@ -114,6 +116,7 @@ fn build(d: &'static Dialect) -> Queries {
             "SELECT {plan} FROM plan WHERE fingerprint = {p1} AND status = 'READY' ORDER BY {order} LIMIT 1{lock}"
         ),
         plans: format!("SELECT {plan} FROM plan ORDER BY {order}"),
+        plans_named: format!("SELECT {plan} FROM plan WHERE name = {p1} ORDER BY {order}"),
         insert_plan: insert(d, &PLAN, ""),
         set_plan_status: format!("UPDATE plan SET status = {p1} WHERE id = {p2}"),
         attempt_by_id_locked: format!("{attempt_by_id}{lock}"),

@@ -303,6 +303,11 @@ impl Ledger for SqliteLedger {
         self.run(|core| core.list_plans()).await
     }
 
+    async fn plans_named(&self, name: &str) -> Result<Vec<Plan>, LedgerError> {
+        let name = name.to_owned();
+        self.run(move |core| core.plans_named(&name)).await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let id = id.clone();
         self.write(move |core| core.retire_plan(&id)).await

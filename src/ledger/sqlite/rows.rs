@@ -167,6 +167,11 @@ pub(super) fn read_plans(conn: &Connection) -> Result<Vec<Plan>, LedgerError> {
     query_all(conn, &queries(&SQLITE).plans, &[], plan_row)
 }
 
+/// The plans named `name`, oldest first.
+pub(super) fn read_plans_named(conn: &Connection, name: &str) -> Result<Vec<Plan>, LedgerError> {
+    query_all(conn, &queries(&SQLITE).plans_named, &[Value::Text(name)], plan_row)
+}
+
 /// Inserts a newly registered plan.
 pub(super) fn insert_plan(conn: &Connection, plan: &Plan) -> Result<(), LedgerError> {
     let (steps, volatile) = plan_json(plan)?;

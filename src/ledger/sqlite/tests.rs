@@ -152,7 +152,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -192,7 +192,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -258,7 +258,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -690,7 +690,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(
-        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5, 6]).count(),
+        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7]).count(),
         1,
         "{applied:?}"
     );
@@ -785,6 +785,28 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
     let text = plan.join("\n");
     assert!(text.contains("INDEX command_leased (lease_until<?)"), "{text}");
     assert!(!text.contains("SCAN command"), "{text}");
+    assert!(!text.contains("TEMP B-TREE"), "{text}");
+}
+
+#[test]
+fn plans_are_found_by_name_through_their_index_without_a_sort() {
+    let (_dir, path) = temp_db();
+    let core = core_at(&path, &clock(), 1);
+    core.migrate().unwrap();
+    let plan: Vec<String> = core
+        .connection()
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).plans_named
+        ))
+        .unwrap()
+        .query_map(["p"], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let text = plan.join("\n");
+    assert!(text.contains("SEARCH plan USING INDEX plan_by_name (name=?)"), "{text}");
+    assert!(!text.contains("SCAN plan"), "{text}");
     assert!(!text.contains("TEMP B-TREE"), "{text}");
 }
 
@@ -910,7 +932,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     clock.advance_ms(1);
     let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
     let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6]);
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1215,7 +1237,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6]);
+    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7]);
     let claimed: usize = before.into_iter().chain(after).map(|r| r.unwrap().len()).sum();
     assert_eq!(
         claimed, 3,
@@ -1542,7 +1564,7 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
         .iter()
         .map(|p| core.history(&p.id).unwrap())
         .collect();
-    assert_eq!(core.migrate().unwrap(), vec![6]);
+    assert_eq!(core.migrate().unwrap(), vec![6, 7]);
     let after: Vec<_> = core
         .list_plans()
         .unwrap()

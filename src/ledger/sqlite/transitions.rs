@@ -348,6 +348,12 @@ impl SqliteCore {
         rows::read_plans(&tx)
     }
 
+    /// The plans named `name`, oldest first.
+    pub fn plans_named(&self, name: &str) -> Result<Vec<Plan>, LedgerError> {
+        let tx = self.read_tx()?;
+        rows::read_plans_named(&tx, name)
+    }
+
     /// Marks a plan RETIRED.
     pub fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let tx = self.write_tx()?;
