@@ -757,15 +757,7 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
         ),
         (&*super::rows::CLAIM_EXPIRED_SQL, "INDEX command_leased (lease_until<?)"),
     ] {
-        let plan: Vec<String> = core
-            .connection()
-            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-            .unwrap()
-            .query_map(rusqlite::params![0i64, 1i64], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        let text = plan.join("\n");
+        let text = query_plan(core.connection(), sql, rusqlite::params![0i64, 1i64]);
         assert!(text.contains(index), "{text}");
         assert!(!text.contains("SCAN command"), "{text}");
         assert!(!text.contains("SCAN a"), "{text}");
@@ -774,18 +766,22 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
     }
     // The probe that spares the expired range's sort when it is empty is one search of
     // the leased index, and answers it.
-    let plan: Vec<String> = core
-        .connection()
-        .prepare(&format!("EXPLAIN QUERY PLAN {}", &*super::rows::ANY_EXPIRED_SQL))
-        .unwrap()
-        .query_map([0i64], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let text = plan.join("\n");
+    let text = query_plan(core.connection(), &super::rows::ANY_EXPIRED_SQL, [0i64]);
     assert!(text.contains("INDEX command_leased (lease_until<?)"), "{text}");
     assert!(!text.contains("SCAN command"), "{text}");
     assert!(!text.contains("TEMP B-TREE"), "{text}");
+}
+
+/// SQLite's `EXPLAIN QUERY PLAN` of `sql` with `params`, one detail line per step.
+fn query_plan(conn: &rusqlite::Connection, sql: &str, params: impl rusqlite::Params) -> String {
+    let lines: Vec<String> = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .unwrap()
+        .query_map(params, |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    lines.join("\n")
 }
 
 #[test]
@@ -793,18 +789,8 @@ fn plans_are_found_by_name_through_their_index_without_a_sort() {
     let (_dir, path) = temp_db();
     let core = core_at(&path, &clock(), 1);
     core.migrate().unwrap();
-    let plan: Vec<String> = core
-        .connection()
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).plans_named
-        ))
-        .unwrap()
-        .query_map(["p"], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let text = plan.join("\n");
+    let sql = &crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).plans_named;
+    let text = query_plan(core.connection(), sql, ["p"]);
     assert!(text.contains("SEARCH plan USING INDEX plan_by_name (name=?)"), "{text}");
     assert!(!text.contains("SCAN plan"), "{text}");
     assert!(!text.contains("TEMP B-TREE"), "{text}");
@@ -1292,17 +1278,8 @@ fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
     .unwrap();
     assert_eq!(core.open_attempts().unwrap(), 0, "a SUCCEEDED attempt is not open");
     // And the count reads the open attempts' own index, never the whole table.
-    let plan: Vec<String> = conn
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).open_attempts
-        ))
-        .unwrap()
-        .query_map([], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let text = plan.join("\n");
+    let sql = &crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).open_attempts;
+    let text = query_plan(conn, sql, []);
     assert!(text.contains("attempt_open"), "{text}");
     assert!(
         !text.contains("SCAN attempt\n") && !text.ends_with("SCAN attempt"),
