@@ -590,6 +590,53 @@ async fn pages_hold_every_attempt_once_newest_first() {
     assert_eq!(one["attempts"][0]["attempt"]["plan_id"], plans[3].id.as_str());
 }
 
+/// The console's attempts page names the plan of every attempt it shows and offers
+/// those names for its plan filter, which takes a typed name or id; it never lists
+/// the ledger's other plans (there may be millions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_attempts_page_names_its_plans_and_filters_by_a_typed_name() {
+    let server = TestServer::start().await;
+    let alpha = server.plan("alpha", 1).await;
+    let beta = server.plan("beta", 1).await;
+    server.plan("idle-<plan>", 1).await;
+    server.enqueue(&alpha).await;
+    let beta_attempt = server.enqueue(&beta).await.attempt.id;
+    let viewer = Some(server.viewer.as_str());
+
+    let page = call(&server, Method::GET, "/attempts", viewer, None).await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    for shown in [
+        format!("<a href=\"/plans/{}\">alpha</a>", alpha.id),
+        format!("<a href=\"/plans/{}\">beta</a>", beta.id),
+        "<option value=\"alpha\"></option><option value=\"beta\"></option></datalist>".to_owned(),
+        "<input name=\"plan\" value=\"\"".to_owned(),
+    ] {
+        assert!(page.body.contains(&shown), "{shown} not in {}", page.body);
+    }
+    assert!(
+        !page.body.contains("idle-"),
+        "a plan without attempts on the page is not listed"
+    );
+
+    let filtered = call(&server, Method::GET, "/attempts?plan=beta", viewer, None).await;
+    assert_eq!(filtered.status, StatusCode::OK, "{}", filtered.body);
+    assert!(filtered.body.contains(beta_attempt.as_str()), "{}", filtered.body);
+    assert!(
+        !filtered.body.contains(&format!("/plans/{}", alpha.id)),
+        "{}",
+        filtered.body
+    );
+    assert!(
+        filtered.body.contains("<input name=\"plan\" value=\"beta\""),
+        "{}",
+        filtered.body
+    );
+    // An unknown plan is a 404, and the typed value never comes back unescaped.
+    let unknown = call(&server, Method::GET, "/attempts?plan=%3Cnope%3E", viewer, None).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+    assert!(!unknown.body.contains("<nope>"), "{}", unknown.body);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sql_listing_answers_what_the_reference_reads_answer() {
     let server = TestServer::start().await;

@@ -30,7 +30,7 @@ use leasehold_engine::{
     Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, ReceiptStatus, Timestamp,
 };
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
 const CSS: &str = include_str!("assets/console.css");
@@ -308,11 +308,20 @@ fn live_response(
     )
 }
 
-fn plan_names(plans: &[Plan]) -> HashMap<String, String> {
-    plans
-        .iter()
-        .map(|p| (p.id.as_str().to_owned(), p.name.clone()))
-        .collect()
+/// The names of the plans `ids` name, read one plan at a time (a page shows a few
+/// dozen attempts; the ledger may hold millions of plans, so never all of them). A
+/// plan that cannot be read is left out: its row shows the id.
+async fn plan_names<'a>(app: &App, ids: impl Iterator<Item = &'a str>) -> BTreeMap<String, String> {
+    let mut names = BTreeMap::new();
+    for id in ids {
+        if names.contains_key(id) {
+            continue;
+        }
+        if let Ok(plan) = app.backend().find_plan(id).await {
+            names.insert(id.to_owned(), plan.name);
+        }
+    }
+    names
 }
 
 async fn attempts_page(
@@ -322,12 +331,12 @@ async fn attempts_page(
 ) -> PageResult {
     let who = viewer(&app, &headers).await?;
     let query = attempt_query(&app, &params).await?;
-    let plans = app.backend().list_plans().await?;
-    let names = plan_names(&plans);
     let counts = app.backend().count_attempts(app.count_cap()).await?;
     let page = app.backend().list_attempts(&query).await?;
+    let names = plan_names(&app, page.records.iter().map(|r| r.attempt.plan_id.as_str())).await;
     let state = query.status.map(|s| s.as_str().to_owned()).unwrap_or_default();
     let plan = query.plan.as_ref().map(|p| p.as_str().to_owned()).unwrap_or_default();
+    let typed = params.get("plan").map_or("", String::as_str);
 
     let mut before = String::from("<h1>Attempts</h1>\n<form class=\"filters\" method=\"get\" action=\"/attempts\">\n");
     let _ = write!(
@@ -338,21 +347,19 @@ async fn attempts_page(
         let selected = if s.as_str() == state { " selected" } else { "" };
         let _ = write!(before, "<option{selected}>{s}</option>");
     }
+    // The plan is typed (id or name, as the API takes it), with the names of the
+    // plans on this page offered: a list of every plan would not scale.
     let _ = write!(
         before,
-        "</select></label>\n<label>Plan <select name=\"plan\"><option value=\"\">any</option>"
+        "</select></label>\n<label>Plan <input name=\"plan\" value=\"{}\" placeholder=\"any (id or name)\" \
+         list=\"plan-names\" autocomplete=\"off\"></label>\n<datalist id=\"plan-names\">",
+        esc(typed)
     );
-    for p in &plans {
-        let selected = if p.id.as_str() == plan { " selected" } else { "" };
-        let _ = write!(
-            before,
-            "<option value=\"{}\"{selected}>{} ({})</option>",
-            esc(&p.id),
-            esc(&p.name),
-            esc(&p.id)
-        );
+    let offered: BTreeSet<&str> = names.values().map(String::as_str).collect();
+    for name in offered {
+        let _ = write!(before, "<option value=\"{}\"></option>", esc(name));
     }
-    before.push_str("</select></label>\n<button type=\"submit\">Filter</button>\n</form>");
+    before.push_str("</datalist>\n<button type=\"submit\">Filter</button>\n</form>");
 
     let mut region = String::from("<ul class=\"counts\" aria-label=\"Attempts per state\">\n");
     for c in &counts.states {
