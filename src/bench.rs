@@ -195,6 +195,11 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         self.inner.plans_named(name).await
     }
 
+    async fn plans_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<Plan>, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.plans_newest_first(before, limit).await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         Counts::bump(&self.counts.other_writes);
         self.inner.retire_plan(id).await

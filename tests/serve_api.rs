@@ -637,6 +637,40 @@ async fn the_console_attempts_page_names_its_plans_and_filters_by_a_typed_name()
     assert!(!unknown.body.contains("<nope>"), "{}", unknown.body);
 }
 
+/// The console's plans page shows fifty plans, newest first, and links to the older
+/// ones; it never reads the whole list of plans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_plans_page_shows_fifty_plans_a_page() {
+    let server = TestServer::start().await;
+    let mut plans = Vec::new();
+    for i in 0..53 {
+        plans.push(server.plan(&format!("many-{i:02}"), 1).await);
+    }
+    let viewer = Some(server.viewer.as_str());
+    let rows = |body: &str| body.matches("<tr><td><a href=\"/plans/").count();
+
+    let first = call(&server, Method::GET, "/plans", viewer, None).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    assert_eq!(rows(&first.body), 50);
+    assert!(first.body.contains(">many-52</a>") && first.body.contains(">many-03</a>"));
+    assert!(!first.body.contains(">many-02</a>"), "{}", first.body);
+    let next = format!("/plans?before={}", plans[3].id);
+    assert!(
+        first.body.contains(&format!("href=\"{next}\" rel=\"next\"")),
+        "{}",
+        first.body
+    );
+
+    let second = call(&server, Method::GET, &next, viewer, None).await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.body);
+    assert_eq!(rows(&second.body), 3);
+    assert!(second.body.contains(">many-00</a>") && !second.body.contains(">many-03</a>"));
+    assert!(!second.body.contains("rel=\"next\""), "the last page links no further");
+
+    let unknown = call(&server, Method::GET, "/plans?before=pln-missing", viewer, None).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sql_listing_answers_what_the_reference_reads_answer() {
     let server = TestServer::start().await;

@@ -191,6 +191,31 @@ pub trait Ledger: Send + Sync + 'static {
         }
     }
 
+    /// Up to `limit` plans, newest first: the newest when `before` is `None`, else
+    /// those registered before the plan `before` (the last one of the previous page).
+    /// An unknown `before` is [`LedgerError::NotFound`]. The SQL ledgers read only the
+    /// page; the default filters [`Ledger::list_plans`].
+    fn plans_newest_first(
+        &self,
+        before: Option<&PlanId>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Plan>, LedgerError>> + Send {
+        async move {
+            let plans = self.list_plans().await?;
+            let end = match before {
+                None => plans.len(),
+                Some(id) => plans
+                    .iter()
+                    .position(|p| &p.id == id)
+                    .ok_or_else(|| LedgerError::NotFound {
+                        kind: "plan",
+                        id: id.to_string(),
+                    })?,
+            };
+            Ok(plans[..end].iter().rev().take(limit as usize).cloned().collect())
+        }
+    }
+
     /// Marks a plan RETIRED: it accepts no new attempts.
     fn retire_plan(&self, id: &PlanId) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
 

@@ -17,6 +17,8 @@ pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send
 pub trait Backend: Send + Sync + 'static {
     /// [`Ledger::list_plans`].
     fn list_plans(&self) -> Fut<'_, Vec<Plan>>;
+    /// [`Ledger::plans_newest_first`].
+    fn plans_newest_first<'a>(&'a self, before: Option<&'a PlanId>, limit: u32) -> Fut<'a, Vec<Plan>>;
     /// [`find_plan`]: by id, or else by name.
     fn find_plan<'a>(&'a self, reference: &'a str) -> Fut<'a, Plan>;
     /// [`Ledger::register_plan`].
@@ -50,6 +52,9 @@ pub trait Backend: Send + Sync + 'static {
 impl<L: Ledger + TokenStore> Backend for L {
     fn list_plans(&self) -> Fut<'_, Vec<Plan>> {
         Box::pin(Ledger::list_plans(self))
+    }
+    fn plans_newest_first<'a>(&'a self, before: Option<&'a PlanId>, limit: u32) -> Fut<'a, Vec<Plan>> {
+        Box::pin(Ledger::plans_newest_first(self, before, limit))
     }
     fn find_plan<'a>(&'a self, reference: &'a str) -> Fut<'a, Plan> {
         Box::pin(find_plan(self, reference))

@@ -27,7 +27,7 @@ use leasehold_engine::evidence::{compare, raw_fingerprint, semantic_fingerprint,
 use leasehold_engine::gate::{gate, GateReport, Verdict};
 use leasehold_engine::transition::ReconcileOutcome;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, ReceiptStatus, Timestamp,
+    Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId, ReceiptStatus, Timestamp,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -685,12 +685,25 @@ async fn act(
     }
 }
 
-async fn plans_page(State(app): State<App>, headers: HeaderMap) -> PageResult {
+/// Plans a page of the plans list shows.
+const PLANS_PER_PAGE: u32 = 50;
+
+async fn plans_page(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Query(params): Query<HashMap<String, String>>,
+) -> PageResult {
     let who = viewer(&app, &headers).await?;
-    let plans = app.backend().list_plans().await?;
+    let before = params.get("before").filter(|s| !s.is_empty()).map(PlanId::new);
+    // One more than a page, to know whether there is an older one.
+    let mut plans = app
+        .backend()
+        .plans_newest_first(before.as_ref(), PLANS_PER_PAGE + 1)
+        .await?;
+    let older = plans.len() > PLANS_PER_PAGE as usize;
+    plans.truncate(PLANS_PER_PAGE as usize);
     let rows: Vec<String> = plans
         .iter()
-        .rev()
         .map(|p| {
             format!(
                 "<tr><td><a href=\"/plans/{id}\">{name}</a></td><td><code>{id}</code></td><td>{status}</td><td>{recovery}</td><td>{steps}</td><td><code title=\"{fp}\">{short}</code></td><td>{created}</td></tr>",
@@ -705,8 +718,10 @@ async fn plans_page(State(app): State<App>, headers: HeaderMap) -> PageResult {
             )
         })
         .collect();
-    let body = if rows.is_empty() {
+    let mut body = if rows.is_empty() && before.is_none() {
         "<h1>Plans</h1>\n<p class=\"empty\">No plans yet: register one with <code>leasehold plan add FILE</code> or <code>POST /api/v1/plans</code>.</p>".to_owned()
+    } else if rows.is_empty() {
+        "<h1>Plans</h1>\n<p class=\"empty\">No older plans.</p>".to_owned()
     } else {
         format!(
             "<h1>Plans</h1>\n{}",
@@ -717,6 +732,13 @@ async fn plans_page(State(app): State<App>, headers: HeaderMap) -> PageResult {
             )
         )
     };
+    if let (true, Some(last)) = (older, plans.last()) {
+        let _ = writeln!(
+            body,
+            "<p class=\"pager\"><a href=\"/plans?before={}\" rel=\"next\">Older plans →</a></p>",
+            q(last.id.as_str())
+        );
+    }
     Ok(html("Plans", &who, &body))
 }
 

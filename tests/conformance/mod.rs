@@ -115,6 +115,7 @@ macro_rules! conformance_suite {
             history_is_ordered_by_number,
             retire_plan_makes_enqueue_refuse,
             plans_are_found_by_exact_name_newest_ready_first,
+            plans_page_newest_first_in_registration_order,
             every_handle_sees_every_committed_write,
             claim_and_begin_begins_each_claimed_attempts_next_step,
             complete_and_continue_delivers_n_steps_in_n_plus_one_transitions,
@@ -1436,6 +1437,38 @@ pub async fn plans_are_found_by_exact_name_newest_ready_first<L: Ledger>(h: Harn
         "none READY: the newest"
     );
     assert_not_found(find_plan(l, "nope").await, "plan", "nope", "find_plan");
+}
+
+/// `plans_newest_first` pages back through the plans in registration order (not id
+/// order), a retired plan included; an unknown `before` is not found.
+pub async fn plans_page_newest_first_in_registration_order<L: Ledger>(h: Harness<L>) {
+    let l = &h.ledger;
+    let mut registered = Vec::new();
+    for i in 0..5 {
+        registered.push(register(l, &format!("page-{i}"), "resume", 1).await);
+    }
+    l.retire_plan(&registered[2]).await.unwrap();
+    let page = |before: Option<usize>, limit: u32| {
+        let before = before.map(|i| registered[i].clone());
+        async move {
+            let plans = l.plans_newest_first(before.as_ref(), limit).await.unwrap();
+            plans.into_iter().map(|p| p.id).collect::<Vec<_>>()
+        }
+    };
+    let ids = |indexes: &[usize]| indexes.iter().map(|&i| registered[i].clone()).collect::<Vec<_>>();
+    assert_eq!(page(None, 2).await, ids(&[4, 3]));
+    assert_eq!(page(Some(3), 2).await, ids(&[2, 1]));
+    assert_eq!(page(Some(1), 2).await, ids(&[0]));
+    assert_eq!(page(Some(0), 2).await, ids(&[]));
+    assert_eq!(page(None, 10).await, ids(&[4, 3, 2, 1, 0]));
+    assert_eq!(page(Some(4), 0).await, ids(&[]));
+    let unknown = PlanId::new("pln-missing");
+    assert_not_found(
+        l.plans_newest_first(Some(&unknown), 2).await,
+        "plan",
+        "pln-missing",
+        "plans_newest_first",
+    );
 }
 
 /// Writes through one handle are visible, whole, through every other handle.

@@ -314,6 +314,16 @@ impl MysqlLedger {
         rows::read_plans_named(&mut conn, name).await
     }
 
+    /// Up to `limit` plans, newest first, registered before `before`.
+    pub(super) async fn plans_newest_first_once(
+        &self,
+        before: Option<&PlanId>,
+        limit: u32,
+    ) -> Result<Vec<Plan>, TxError> {
+        let mut conn = self.connect().await?;
+        rows::read_plans_newest_first(&mut conn, before, limit).await
+    }
+
     /// Marks a plan RETIRED.
     pub(super) async fn retire_plan_once(&self, id: &PlanId) -> Result<Plan, TxError> {
         let mut conn = self.connect().await?;

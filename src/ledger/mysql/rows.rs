@@ -198,6 +198,30 @@ pub(super) async fn read_plans_named<Q: Queryable + Send>(q: &mut Q, name: &str)
     query_all(q, &queries(&MYSQL).plans_named, &[Value::Text(name)], plan_row).await
 }
 
+/// Up to `limit` plans, newest first, registered before `before` (from the newest when
+/// `None`); an unknown `before` is not found.
+pub(super) async fn read_plans_newest_first<Q: Queryable + Send>(
+    q: &mut Q,
+    before: Option<&PlanId>,
+    limit: u32,
+) -> Result<Vec<Plan>, TxError> {
+    let sql = queries(&MYSQL);
+    let limit = Value::Int(i64::from(limit));
+    match before {
+        None => query_all(q, &sql.plans_newest, &[limit], plan_row).await,
+        Some(id) => {
+            read_plan(q, id, false).await?.ok_or_else(|| not_found("plan", id))?;
+            query_all(
+                q,
+                &sql.plans_newest_before,
+                &[Value::Text(id.as_str()), limit],
+                plan_row,
+            )
+            .await
+        }
+    }
+}
+
 /// Inserts a newly registered plan.
 pub(super) async fn insert_plan(tx: &mut Transaction<'_>, plan: &Plan) -> Result<(), TxError> {
     let (steps, volatile) = plan_json(plan)?;

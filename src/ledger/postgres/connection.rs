@@ -169,6 +169,16 @@ impl PostgresLedger {
         rows::read_plans_named(&client, name).await
     }
 
+    /// Up to `limit` plans, newest first, registered before `before`.
+    pub(super) async fn plans_newest_first_once(
+        &self,
+        before: Option<&PlanId>,
+        limit: u32,
+    ) -> Result<Vec<Plan>, TxError> {
+        let client = self.connect().await?;
+        rows::read_plans_newest_first(&client, before, limit).await
+    }
+
     /// Marks a plan RETIRED.
     pub(super) async fn retire_plan_once(&self, id: &PlanId) -> Result<Plan, TxError> {
         let mut client = self.connect().await?;

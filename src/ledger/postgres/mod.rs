@@ -217,6 +217,10 @@ impl Ledger for PostgresLedger {
         self.retry(|| self.plans_named_once(name)).await
     }
 
+    async fn plans_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<Plan>, LedgerError> {
+        self.retry(|| self.plans_newest_first_once(before, limit)).await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         self.retry(|| self.retire_plan_once(id)).await
     }

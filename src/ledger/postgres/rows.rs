@@ -309,6 +309,30 @@ pub(super) async fn read_plans_named<C: Session>(c: &C, name: &str) -> Result<Ve
     query_all(c, &queries(&POSTGRES).plans_named, &[Value::Text(name)], plan_row).await
 }
 
+/// Up to `limit` plans, newest first, registered before `before` (from the newest when
+/// `None`); an unknown `before` is not found.
+pub(super) async fn read_plans_newest_first<C: Session>(
+    c: &C,
+    before: Option<&PlanId>,
+    limit: u32,
+) -> Result<Vec<Plan>, TxError> {
+    let sql = queries(&POSTGRES);
+    let limit = Value::Int(i64::from(limit));
+    match before {
+        None => query_all(c, &sql.plans_newest, &[limit], plan_row).await,
+        Some(id) => {
+            read_plan(c, id, false).await?.ok_or_else(|| not_found("plan", id))?;
+            query_all(
+                c,
+                &sql.plans_newest_before,
+                &[Value::Text(id.as_str()), limit],
+                plan_row,
+            )
+            .await
+        }
+    }
+}
+
 /// Inserts a newly registered plan.
 pub(super) async fn insert_plan<C: Session>(c: &C, plan: &Plan) -> Result<(), TxError> {
     let (steps, volatile) = plan_json(plan)?;

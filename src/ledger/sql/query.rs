@@ -25,6 +25,10 @@ pub(crate) struct Queries {
     pub(crate) plans: String,
     /// The plans with a name (`name`), in registration order (the `plan_by_name` index).
     pub(crate) plans_named: String,
+    /// The newest plans (`limit`), newest first.
+    pub(crate) plans_newest: String,
+    /// The newest plans registered before a plan (`id`, `limit`), newest first.
+    pub(crate) plans_newest_before: String,
     /// Inserts a plan ([`super::table::plan_values`]).
     pub(crate) insert_plan: String,
     /// Sets a plan's status (`status`, `id`).
@@ -117,6 +121,11 @@ fn build(d: &'static Dialect) -> Queries {
         ),
         plans: format!("SELECT {plan} FROM plan ORDER BY {order}"),
         plans_named: format!("SELECT {plan} FROM plan WHERE name = {p1} ORDER BY {order}"),
+        plans_newest: format!("SELECT {plan} FROM plan ORDER BY {order} DESC LIMIT {p1}"),
+        plans_newest_before: format!(
+            "SELECT {plan} FROM plan WHERE {order} < (SELECT {order} FROM plan WHERE id = {p1}) \
+             ORDER BY {order} DESC LIMIT {p2}"
+        ),
         insert_plan: insert(d, &PLAN, ""),
         set_plan_status: format!("UPDATE plan SET status = {p1} WHERE id = {p2}"),
         attempt_by_id_locked: format!("{attempt_by_id}{lock}"),

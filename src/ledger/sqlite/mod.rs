@@ -308,6 +308,12 @@ impl Ledger for SqliteLedger {
         self.run(move |core| core.plans_named(&name)).await
     }
 
+    async fn plans_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<Plan>, LedgerError> {
+        let before = before.cloned();
+        self.run(move |core| core.plans_newest_first(before.as_ref(), limit))
+            .await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let id = id.clone();
         self.write(move |core| core.retire_plan(&id)).await

@@ -172,6 +172,29 @@ pub(super) fn read_plans_named(conn: &Connection, name: &str) -> Result<Vec<Plan
     query_all(conn, &queries(&SQLITE).plans_named, &[Value::Text(name)], plan_row)
 }
 
+/// Up to `limit` plans, newest first, registered before `before` (from the newest when
+/// `None`); an unknown `before` is not found.
+pub(super) fn read_plans_newest_first(
+    conn: &Connection,
+    before: Option<&PlanId>,
+    limit: u32,
+) -> Result<Vec<Plan>, LedgerError> {
+    let q = queries(&SQLITE);
+    let limit = Value::Int(i64::from(limit));
+    match before {
+        None => query_all(conn, &q.plans_newest, &[limit], plan_row),
+        Some(id) => {
+            read_plan(conn, id)?.ok_or_else(|| not_found("plan", id))?;
+            query_all(
+                conn,
+                &q.plans_newest_before,
+                &[Value::Text(id.as_str()), limit],
+                plan_row,
+            )
+        }
+    }
+}
+
 /// Inserts a newly registered plan.
 pub(super) fn insert_plan(conn: &Connection, plan: &Plan) -> Result<(), LedgerError> {
     let (steps, volatile) = plan_json(plan)?;

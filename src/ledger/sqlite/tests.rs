@@ -785,15 +785,35 @@ fn query_plan(conn: &rusqlite::Connection, sql: &str, params: impl rusqlite::Par
 }
 
 #[test]
-fn plans_are_found_by_name_through_their_index_without_a_sort() {
+fn plans_are_read_by_name_and_by_page_through_indexes_without_a_sort() {
     let (_dir, path) = temp_db();
     let core = core_at(&path, &clock(), 1);
     core.migrate().unwrap();
-    let sql = &crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).plans_named;
-    let text = query_plan(core.connection(), sql, ["p"]);
+    let q = crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE);
+    let text = query_plan(core.connection(), &q.plans_named, ["p"]);
     assert!(text.contains("SEARCH plan USING INDEX plan_by_name (name=?)"), "{text}");
     assert!(!text.contains("SCAN plan"), "{text}");
     assert!(!text.contains("TEMP B-TREE"), "{text}");
+    // A page of the plans list reads the page, in rowid order, and nothing more.
+    let first = query_plan(core.connection(), &q.plans_newest, [50i64]);
+    assert_eq!(
+        first, "SCAN plan",
+        "a backwards walk of the table, stopped by the LIMIT"
+    );
+    let later = query_plan(
+        core.connection(),
+        &q.plans_newest_before,
+        rusqlite::params!["pln-x", 50i64],
+    );
+    assert!(
+        later.contains("SEARCH plan USING INTEGER PRIMARY KEY (rowid<?)"),
+        "{later}"
+    );
+    assert!(
+        later.contains("SEARCH plan USING COVERING INDEX sqlite_autoindex_plan_1 (id=?)"),
+        "{later}"
+    );
+    assert!(!later.contains("TEMP B-TREE"), "{later}");
 }
 
 /// Applies the first `versions` migrations only (a ledger an older release left).

@@ -354,6 +354,12 @@ impl SqliteCore {
         rows::read_plans_named(&tx, name)
     }
 
+    /// Up to `limit` plans, newest first, registered before `before`.
+    pub fn plans_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<Plan>, LedgerError> {
+        let tx = self.read_tx()?;
+        rows::read_plans_newest_first(&tx, before, limit)
+    }
+
     /// Marks a plan RETIRED.
     pub fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let tx = self.write_tx()?;
