@@ -671,6 +671,58 @@ async fn the_console_plans_page_shows_fifty_plans_a_page() {
     assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
 }
 
+/// `GET /api/v1/plans` answers every plan oldest first, or with `limit` one page,
+/// newest first, paged by `before`; bad values are 400s naming the parameter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plans_api_answers_every_plan_or_pages_newest_first() {
+    let server = TestServer::start().await;
+    let mut plans = Vec::new();
+    for i in 0..5 {
+        plans.push(server.plan(&format!("api-page-{i}"), 1).await.id);
+    }
+    let viewer = Some(server.viewer.as_str());
+    let ids = |answer: Answer| -> Vec<String> {
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        answer
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let want = |indexes: &[usize]| -> Vec<String> { indexes.iter().map(|&i| plans[i].to_string()).collect() };
+
+    assert_eq!(
+        ids(call(&server, Method::GET, "/api/v1/plans", viewer, None).await),
+        want(&[0, 1, 2, 3, 4])
+    );
+    let page = |query: String| {
+        let server = &server;
+        async move { call(server, Method::GET, &format!("/api/v1/plans?{query}"), viewer, None).await }
+    };
+    assert_eq!(ids(page("limit=2".into()).await), want(&[4, 3]));
+    assert_eq!(ids(page(format!("limit=2&before={}", plans[3])).await), want(&[2, 1]));
+    assert_eq!(ids(page(format!("limit=2&before={}", plans[1])).await), want(&[0]));
+    assert_eq!(ids(page(format!("limit=2&before={}", plans[0])).await), want(&[]));
+
+    for (query, status, named) in [
+        ("limit=0", StatusCode::BAD_REQUEST, "limit"),
+        ("limit=201", StatusCode::BAD_REQUEST, "limit"),
+        ("limit=two", StatusCode::BAD_REQUEST, "limit"),
+        ("before=pln-x", StatusCode::BAD_REQUEST, "before"),
+        ("limit=2&before=pln-missing", StatusCode::NOT_FOUND, "pln-missing"),
+    ] {
+        let answer = page(query.into()).await;
+        assert_eq!(answer.status, status, "{query}: {}", answer.body);
+        assert!(
+            answer.json()["detail"].as_str().unwrap().contains(named),
+            "{query}: {}",
+            answer.body
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sql_listing_answers_what_the_reference_reads_answer() {
     let server = TestServer::start().await;

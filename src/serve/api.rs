@@ -31,7 +31,7 @@ use axum::Json;
 use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
 use leasehold_engine::transition::ReconcileOutcome;
-use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanSpec};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, PlanSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -120,13 +120,35 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     routes().split_for_parts().1
 }
 
-/// Every plan, oldest first.
+/// Every plan, oldest first; or, with `limit`, one page of plans, newest first.
 #[utoipa::path(get, path = "/api/v1/plans", tag = "plans", security(("token" = [])),
-    responses((status = 200, description = "Every plan, oldest first (as `leasehold plan list --json`)", body = Vec<Value>),
-        (status = 401, body = Problem, content_type = "application/problem+json")))]
-async fn list_plans(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    params(("limit" = Option<u32>, Query, description = "1 to 200: answer that many plans, newest first, instead of every plan oldest first"),
+        ("before" = Option<String>, Query, description = "With `limit`: the plans registered before this plan id (the last id of the previous page)")),
+    responses((status = 200, description = "Every plan, oldest first (as `leasehold plan list --json`); with `limit`, a page, newest first", body = Vec<Value>),
+        (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`before` names no plan", body = Problem, content_type = "application/problem+json")))]
+async fn list_plans(State(app): State<App>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> ApiResult {
     app.require(&headers, Role::Viewer).await?;
-    ok(to_json(&app.backend().list_plans().await?)?)
+    let limit = match q.get("limit").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(limit) => Some(
+            limit
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=PAGE_LIMIT_MAX).contains(n))
+                .ok_or_else(|| Problem::bad_input(format!("limit: must be a number from 1 to {PAGE_LIMIT_MAX}")))?,
+        ),
+    };
+    let before = q.get("before").filter(|s| !s.is_empty()).map(PlanId::new);
+    match (limit, before) {
+        (None, None) => ok(to_json(&app.backend().list_plans().await?)?),
+        (None, Some(_)) => Err(Problem::bad_input(format!(
+            "before: only pages have one; add limit (1 to {PAGE_LIMIT_MAX})"
+        ))),
+        (Some(limit), before) => ok(to_json(
+            &app.backend().plans_newest_first(before.as_ref(), limit).await?,
+        )?),
+    }
 }
 
 /// Registers a plan (the body is a plan file's content, as JSON).
