@@ -205,21 +205,11 @@ pub(super) async fn read_plans_newest_first<Q: Queryable + Send>(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, TxError> {
-    let sql = queries(&MYSQL);
-    let limit = Value::Int(i64::from(limit));
-    match before {
-        None => query_all(q, &sql.plans_newest, &[limit], plan_row).await,
-        Some(id) => {
-            read_plan(q, id, false).await?.ok_or_else(|| not_found("plan", id))?;
-            query_all(
-                q,
-                &sql.plans_newest_before,
-                &[Value::Text(id.as_str()), limit],
-                plan_row,
-            )
-            .await
-        }
+    if let Some(id) = before {
+        read_plan(q, id, false).await?.ok_or_else(|| not_found("plan", id))?;
     }
+    let (sql, values) = sql::query::plans_page(&MYSQL, before, limit);
+    query_all(q, sql, &values, plan_row).await
 }
 
 /// Inserts a newly registered plan.

@@ -316,21 +316,11 @@ pub(super) async fn read_plans_newest_first<C: Session>(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, TxError> {
-    let sql = queries(&POSTGRES);
-    let limit = Value::Int(i64::from(limit));
-    match before {
-        None => query_all(c, &sql.plans_newest, &[limit], plan_row).await,
-        Some(id) => {
-            read_plan(c, id, false).await?.ok_or_else(|| not_found("plan", id))?;
-            query_all(
-                c,
-                &sql.plans_newest_before,
-                &[Value::Text(id.as_str()), limit],
-                plan_row,
-            )
-            .await
-        }
+    if let Some(id) = before {
+        read_plan(c, id, false).await?.ok_or_else(|| not_found("plan", id))?;
     }
+    let (sql, values) = sql::query::plans_page(&POSTGRES, before, limit);
+    query_all(c, sql, &values, plan_row).await
 }
 
 /// Inserts a newly registered plan.

@@ -7,7 +7,8 @@
 //! the same text where it does not (SQLite's write transaction holds the database).
 
 use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
-use super::{placeholders, Dialect, MYSQL, POSTGRES, SQLITE, SQLITE_WITHOUT_ROOM};
+use super::{placeholders, Dialect, Value, MYSQL, POSTGRES, SQLITE, SQLITE_WITHOUT_ROOM};
+use leasehold_engine::PlanId;
 use std::sync::LazyLock;
 
 /// The shared statements of one dialect.
@@ -66,6 +67,21 @@ pub(crate) struct Queries {
 pub(crate) const OPEN_ATTEMPT: &str = "status IN ('QUEUED', 'RUNNING')";
 
 /// The shared statements of `dialect`.
+/// A page of plans, newest first: [`Queries::plans_newest`], or
+/// [`Queries::plans_newest_before`] the plan `before`, with their values.
+pub(crate) fn plans_page<'a>(
+    d: &'static Dialect,
+    before: Option<&'a PlanId>,
+    limit: u32,
+) -> (&'static str, Vec<Value<'a>>) {
+    let q = queries(d);
+    let limit = Value::Int(i64::from(limit));
+    match before {
+        None => (&q.plans_newest, vec![limit]),
+        Some(id) => (&q.plans_newest_before, vec![Value::Text(id.as_str()), limit]),
+    }
+}
+
 pub(crate) fn queries(dialect: &'static Dialect) -> &'static Queries {
     static BY_DIALECT: [LazyLock<Queries>; 4] = [
         LazyLock::new(|| build(&SQLITE)),

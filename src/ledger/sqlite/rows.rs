@@ -10,7 +10,7 @@
 use super::super::migrate::{Migration, MigrationTarget};
 use super::super::LedgerError;
 use crate::ledger::sql::decode::{self, ColumnReader};
-use crate::ledger::sql::query::queries;
+use crate::ledger::sql::query::{self, queries};
 use crate::ledger::sql::table::{plan_json, plan_values, ATTEMPT, COMMAND, PLAN, RECEIPT};
 use crate::ledger::sql::write::{self, Expect, Statement};
 use crate::ledger::sql::{Dialect, Value, SQLITE, SQLITE_WITHOUT_ROOM};
@@ -179,20 +179,11 @@ pub(super) fn read_plans_newest_first(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, LedgerError> {
-    let q = queries(&SQLITE);
-    let limit = Value::Int(i64::from(limit));
-    match before {
-        None => query_all(conn, &q.plans_newest, &[limit], plan_row),
-        Some(id) => {
-            read_plan(conn, id)?.ok_or_else(|| not_found("plan", id))?;
-            query_all(
-                conn,
-                &q.plans_newest_before,
-                &[Value::Text(id.as_str()), limit],
-                plan_row,
-            )
-        }
+    if let Some(id) = before {
+        read_plan(conn, id)?.ok_or_else(|| not_found("plan", id))?;
     }
+    let (sql, values) = query::plans_page(&SQLITE, before, limit);
+    query_all(conn, sql, &values, plan_row)
 }
 
 /// Inserts a newly registered plan.
