@@ -129,16 +129,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         (status = 404, description = "`before` names no plan", body = Problem, content_type = "application/problem+json")))]
 async fn list_plans(State(app): State<App>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> ApiResult {
     app.require(&headers, Role::Viewer).await?;
-    let limit = match q.get("limit").filter(|s| !s.is_empty()) {
-        None => None,
-        Some(limit) => Some(
-            limit
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=PAGE_LIMIT_MAX).contains(n))
-                .ok_or_else(|| Problem::bad_input(format!("limit: must be a number from 1 to {PAGE_LIMIT_MAX}")))?,
-        ),
-    };
+    let limit = page_limit(&q)?;
     let before = q.get("before").filter(|s| !s.is_empty()).map(PlanId::new);
     match (limit, before) {
         (None, None) => ok(to_json(&app.backend().list_plans().await?)?),
@@ -287,6 +278,21 @@ async fn release_gate(State(app): State<App>, headers: HeaderMap, Path(plan): Pa
 
 /// Parses the query of an attempt listing (`state`, `plan`, `limit`, `cursor`);
 /// each bad value is a 400 naming its parameter. `plan` is resolved by id or name.
+/// The `limit` of a listing's query, if given: 1 to [`PAGE_LIMIT_MAX`], else a 400
+/// naming it.
+fn page_limit(q: &HashMap<String, String>) -> Result<Option<u32>, Problem> {
+    q.get("limit")
+        .filter(|s| !s.is_empty())
+        .map(|limit| {
+            limit
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=PAGE_LIMIT_MAX).contains(n))
+                .ok_or_else(|| Problem::bad_input(format!("limit: must be a number from 1 to {PAGE_LIMIT_MAX}")))
+        })
+        .transpose()
+}
+
 pub(crate) async fn attempt_query(app: &App, q: &HashMap<String, String>) -> Result<AttemptQuery, Problem> {
     let mut query = AttemptQuery::default();
     if let Some(state) = q.get("state").filter(|s| !s.is_empty()) {
@@ -299,12 +305,8 @@ pub(crate) async fn attempt_query(app: &App, q: &HashMap<String, String>) -> Res
     if let Some(plan) = q.get("plan").filter(|s| !s.is_empty()) {
         query.plan = Some(app.backend().find_plan(plan).await?.id);
     }
-    if let Some(limit) = q.get("limit").filter(|s| !s.is_empty()) {
-        query.limit = limit
-            .parse::<u32>()
-            .ok()
-            .filter(|n| (1..=PAGE_LIMIT_MAX).contains(n))
-            .ok_or_else(|| Problem::bad_input(format!("limit: must be a number from 1 to {PAGE_LIMIT_MAX}")))?;
+    if let Some(limit) = page_limit(q)? {
+        query.limit = limit;
     }
     if let Some(cursor) = q.get("cursor").filter(|s| !s.is_empty()) {
         query.after = Some(AttemptCursor::decode(cursor)?);

@@ -205,11 +205,13 @@ pub(super) async fn read_plans_newest_first<Q: Queryable + Send>(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, TxError> {
-    if let Some(id) = before {
+    let (sql, values) = sql::query::plans_page(&MYSQL, before, limit);
+    let page = query_all(q, sql, &values, plan_row).await?;
+    // An empty page after `before`: the oldest plan, or no such plan.
+    if let (true, Some(id)) = (page.is_empty(), before) {
         read_plan(q, id, false).await?.ok_or_else(|| not_found("plan", id))?;
     }
-    let (sql, values) = sql::query::plans_page(&MYSQL, before, limit);
-    query_all(q, sql, &values, plan_row).await
+    Ok(page)
 }
 
 /// Inserts a newly registered plan.

@@ -316,11 +316,13 @@ pub(super) async fn read_plans_newest_first<C: Session>(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, TxError> {
-    if let Some(id) = before {
+    let (sql, values) = sql::query::plans_page(&POSTGRES, before, limit);
+    let page = query_all(c, sql, &values, plan_row).await?;
+    // An empty page after `before`: the oldest plan, or no such plan.
+    if let (true, Some(id)) = (page.is_empty(), before) {
         read_plan(c, id, false).await?.ok_or_else(|| not_found("plan", id))?;
     }
-    let (sql, values) = sql::query::plans_page(&POSTGRES, before, limit);
-    query_all(c, sql, &values, plan_row).await
+    Ok(page)
 }
 
 /// Inserts a newly registered plan.

@@ -67,6 +67,16 @@ pub(crate) struct Queries {
 pub(crate) const OPEN_ATTEMPT: &str = "status IN ('QUEUED', 'RUNNING')";
 
 /// The shared statements of `dialect`.
+pub(crate) fn queries(dialect: &'static Dialect) -> &'static Queries {
+    static BY_DIALECT: [LazyLock<Queries>; 4] = [
+        LazyLock::new(|| build(&SQLITE)),
+        LazyLock::new(|| build(&MYSQL)),
+        LazyLock::new(|| build(&POSTGRES)),
+        LazyLock::new(|| build(&SQLITE_WITHOUT_ROOM)),
+    ];
+    &BY_DIALECT[usize::from(dialect.id)]
+}
+
 /// A page of plans, newest first: [`Queries::plans_newest`], or
 /// [`Queries::plans_newest_before`] the plan `before`, with their values.
 pub(crate) fn plans_page<'a>(
@@ -80,16 +90,6 @@ pub(crate) fn plans_page<'a>(
         None => (&q.plans_newest, vec![limit]),
         Some(id) => (&q.plans_newest_before, vec![Value::Text(id.as_str()), limit]),
     }
-}
-
-pub(crate) fn queries(dialect: &'static Dialect) -> &'static Queries {
-    static BY_DIALECT: [LazyLock<Queries>; 4] = [
-        LazyLock::new(|| build(&SQLITE)),
-        LazyLock::new(|| build(&MYSQL)),
-        LazyLock::new(|| build(&POSTGRES)),
-        LazyLock::new(|| build(&SQLITE_WITHOUT_ROOM)),
-    ];
-    &BY_DIALECT[usize::from(dialect.id)]
 }
 
 /// `INSERT INTO table (columns) VALUES (…)`, with the row's room last where the

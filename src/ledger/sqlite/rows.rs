@@ -179,11 +179,13 @@ pub(super) fn read_plans_newest_first(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, LedgerError> {
-    if let Some(id) = before {
+    let (sql, values) = query::plans_page(&SQLITE, before, limit);
+    let page = query_all(conn, sql, &values, plan_row)?;
+    // An empty page after `before`: the oldest plan, or no such plan.
+    if let (true, Some(id)) = (page.is_empty(), before) {
         read_plan(conn, id)?.ok_or_else(|| not_found("plan", id))?;
     }
-    let (sql, values) = query::plans_page(&SQLITE, before, limit);
-    query_all(conn, sql, &values, plan_row)
+    Ok(page)
 }
 
 /// Inserts a newly registered plan.
