@@ -76,9 +76,18 @@ const INDEXES: &[(&str, [Option<&str>; 3], &str)] = &[
         "MySQL has no partial index: (status, lease_until)",
     ),
     (
-        "open attempts: QUEUED and RUNNING",
-        [Some("attempt_open"), Some("attempt_by_status"), Some("attempt_open")],
-        "MySQL has no partial index: (status)",
+        "open attempts: QUEUED and RUNNING, counted by their PENDING and PROCESSING commands",
+        [
+            Some("command_leased"),
+            Some("command_claimable"),
+            Some("command_leased"),
+        ],
+        "the claims' indexes (MySQL's (status, available_at, id, attempt_id) holds both statuses)",
+    ),
+    (
+        "the console's capped counts per status (QUEUED and RUNNING)",
+        [None, Some("attempt_by_status"), Some("attempt_open")],
+        "SQLite counts QUEUED and RUNNING attempts by their commands, through the claims' partial indexes",
     ),
     (
         "listing: attempts newest first",

@@ -80,7 +80,8 @@ impl Slot {
         };
         Slot {
             command,
-            open: !record.attempt.status.is_terminal(),
+            // Counted by the command, as every backend counts open attempts.
+            open: !c.status.is_terminal(),
         }
     }
 }
@@ -487,7 +488,7 @@ mod tests {
         let open = state
             .attempts
             .values()
-            .filter(|r| !r.attempt.status.is_terminal())
+            .filter(|r| !r.command.status.is_terminal())
             .count() as u64;
         assert_eq!(state.index.open, open, "open attempts after {why}");
         let indexed = state.index.pending.len() + state.index.leased.len();

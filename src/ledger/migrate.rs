@@ -66,6 +66,11 @@ pub static SQLITE: &[Migration] = &[
         name: "plan_names",
         sql: include_str!("../../migrations/sqlite/0007_plan_names.sql"),
     },
+    Migration {
+        version: 8,
+        name: "open_by_command",
+        sql: include_str!("../../migrations/sqlite/0008_open_by_command.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

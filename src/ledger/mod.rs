@@ -403,7 +403,8 @@ pub trait Ledger: Send + Sync + 'static {
     /// Every attempt of a plan, by number.
     fn history(&self, plan: &PlanId) -> impl Future<Output = Result<Vec<AttemptRecord>, LedgerError>> + Send;
 
-    /// How many attempts are QUEUED or RUNNING.
+    /// How many attempts are QUEUED or RUNNING, counted by their commands (PENDING or
+    /// PROCESSING: every transition writes an attempt and its command together).
     fn open_attempts(&self) -> impl Future<Output = Result<u64, LedgerError>> + Send;
 
     /// A page of attempts across plans, newest first ([`listing`]). The default

@@ -607,8 +607,8 @@ pub(super) async fn lock_receipts_of(
     Ok(out)
 }
 
-/// How many attempts are open (QUEUED or RUNNING): the shared count, from
-/// `attempt_by_status`.
+/// How many attempts are open (QUEUED or RUNNING): the shared count of their PENDING
+/// and PROCESSING commands, two ranges of `command_claimable (status, …)`.
 pub(super) async fn count_open_attempts<Q: Queryable + Send>(q: &mut Q) -> Result<u64, TxError> {
     let n = query_one(q, &queries(&MYSQL).open_attempts, &[], |row| {
         decode::scalar(row, 0, "open attempts")

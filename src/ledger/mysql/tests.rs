@@ -666,9 +666,9 @@ async fn a_worker_frozen_inside_a_transaction_releases_its_locks_after_the_idle_
 }
 
 #[tokio::test]
-async fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
-    // The same definition as every other backend: the attempt's status, not its
-    // command's (a damaged pair shows which one is counted).
+async fn an_open_attempt_is_counted_by_its_command() {
+    // The same definition as every other backend: the command's status (PENDING or
+    // PROCESSING), not the attempt's (a damaged pair shows which one is counted).
     let Some(db) = scratch().await else { return };
     let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
     let ledger = manual(&db, &clock, 1).await;
@@ -681,7 +681,7 @@ async fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
     )
     .await
     .unwrap();
-    assert_eq!(ledger.open_attempts().await.unwrap(), 1, "the attempt is still RUNNING");
+    assert_eq!(ledger.open_attempts().await.unwrap(), 0, "the command is DELIVERED");
     conn.exec_drop(
         "UPDATE attempt SET status = 'SUCCEEDED' WHERE id = ?",
         (lease.attempt_id.as_str(),),
@@ -694,9 +694,5 @@ async fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        ledger.open_attempts().await.unwrap(),
-        0,
-        "a SUCCEEDED attempt is not open"
-    );
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1, "a PENDING command is open");
 }

@@ -560,7 +560,9 @@ pub(super) async fn lock_receipts_of<C: Session>(
     Ok(out)
 }
 
-/// How many attempts are open (QUEUED or RUNNING), from the `attempt_open` index.
+/// How many attempts are open (QUEUED or RUNNING): the shared count of their PENDING
+/// and PROCESSING commands, from the `command_pending` and `command_leased` partial
+/// indexes. (`attempt_open` stays: the console's QUEUED and RUNNING counts read it.)
 pub(super) async fn count_open_attempts<C: Session>(c: &C) -> Result<u64, TxError> {
     let n = query_one(c, &queries(&POSTGRES).open_attempts, &[], |row| {
         decode::scalar(row, 0, "open attempts")

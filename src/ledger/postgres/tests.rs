@@ -265,3 +265,33 @@ async fn concurrent_claimers_take_disjoint_commands_without_waiting() {
     assert_eq!(unique, attempts, "every command claimed");
     assert_eq!(ledger.claim("late", 5, 30_000).await.unwrap().len(), 0);
 }
+
+#[tokio::test]
+async fn an_open_attempt_is_counted_by_its_command() {
+    // The same definition as every other backend: the command's status (PENDING or
+    // PROCESSING), not the attempt's (a damaged pair shows which one is counted).
+    use crate::ledger::Ledger;
+    let Some(db) = scratch().await else { return };
+    let ledger = ledger(&db);
+    ledger.migrate().await.unwrap();
+    let plan = ledger.register_plan(one_step_plan(), &["dry-run:v1"]).await.unwrap();
+    ledger
+        .enqueue(&plan.id, leasehold_engine::Action::Execute)
+        .await
+        .unwrap();
+    let lease = ledger.claim("w1", 1, 30_000).await.unwrap().remove(0).lease;
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1);
+    let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
+    let set = |table: &'static str, status: &'static str, id: String| {
+        let client = &client;
+        async move {
+            let sql = format!("UPDATE {table} SET status = $1 WHERE id = $2");
+            client.execute(sql.as_str(), &[&status, &id]).await.unwrap();
+        }
+    };
+    set("command", "DELIVERED", lease.command_id.to_string()).await;
+    assert_eq!(ledger.open_attempts().await.unwrap(), 0, "the command is DELIVERED");
+    set("attempt", "SUCCEEDED", lease.attempt_id.to_string()).await;
+    set("command", "PENDING", lease.command_id.to_string()).await;
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1, "a PENDING command is open");
+}

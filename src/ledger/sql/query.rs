@@ -57,14 +57,13 @@ pub(crate) struct Queries {
     pub(crate) insert_command: String,
     /// Inserts a receipt ([`super::table::receipt_values`]).
     pub(crate) insert_receipt: String,
-    /// How many attempts are open: QUEUED or RUNNING, the attempt's own status (an
-    /// open attempt is one that is not terminal, as the engine's enqueue guard reads
-    /// it). One integer column.
+    /// How many attempts are open (QUEUED or RUNNING), counted by their commands:
+    /// an attempt is open exactly while its one command is PENDING or PROCESSING
+    /// (every transition writes the two together: DESIGN.md's transition table), and
+    /// the claims' indexes already hold those commands, so no index of attempts by
+    /// status has to follow every claim and every finish. One integer column.
     pub(crate) open_attempts: String,
 }
-
-/// The open statuses of an attempt, as SQL.
-pub(crate) const OPEN_ATTEMPT: &str = "status IN ('QUEUED', 'RUNNING')";
 
 /// The shared statements of `dialect`.
 pub(crate) fn queries(dialect: &'static Dialect) -> &'static Queries {
@@ -162,6 +161,10 @@ fn build(d: &'static Dialect) -> Queries {
         insert_attempt: insert(d, &ATTEMPT, ""),
         insert_command: insert(d, &COMMAND, d.insert_or_nothing.unwrap_or("")),
         insert_receipt: insert(d, &RECEIPT, ""),
-        open_attempts: format!("SELECT COUNT(*) FROM attempt WHERE {OPEN_ATTEMPT}"),
+        // Two counts, one per arm: each is the range of one index (SQLite's and
+        // PostgreSQL's partial indexes hold one status each).
+        open_attempts: "SELECT (SELECT COUNT(*) FROM command WHERE status = 'PENDING') \
+                        + (SELECT COUNT(*) FROM command WHERE status = 'PROCESSING')"
+            .to_owned(),
     }
 }

@@ -361,8 +361,9 @@ pub(super) fn claim_candidates(conn: &Connection, now: Timestamp, batch: u32) ->
         .collect())
 }
 
-/// How many attempts are open (QUEUED or RUNNING): the shared count, from the
-/// `attempt_open` partial index (migration 5).
+/// How many attempts are open (QUEUED or RUNNING): the shared count of their PENDING
+/// and PROCESSING commands, from the `command_pending` and `command_leased` partial
+/// indexes (migration 8 dropped `attempt_open`).
 pub(super) fn count_open_attempts(conn: &Connection) -> Result<u64, LedgerError> {
     let n = query_one(conn, &queries(&SQLITE).open_attempts, &[], |row| {
         decode::scalar(row, 0, "open attempts")

@@ -152,7 +152,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -192,7 +192,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -258,7 +258,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -690,7 +690,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(
-        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7]).count(),
+        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8]).count(),
         1,
         "{applied:?}"
     );
@@ -938,7 +938,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     clock.advance_ms(1);
     let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
     let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7]);
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1243,7 +1243,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7]);
+    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8]);
     let claimed: usize = before.into_iter().chain(after).map(|r| r.unwrap().len()).sum();
     assert_eq!(
         claimed, 3,
@@ -1273,10 +1273,11 @@ where
 }
 
 #[test]
-fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
-    // One definition on every backend: the attempt's status, not its command's. A
-    // damaged pair (a RUNNING attempt beside a DELIVERED command, a SUCCEEDED one
-    // beside a PENDING command) shows which one is counted.
+fn an_open_attempt_is_counted_by_its_command() {
+    // One definition on every backend: an attempt is open while its command is
+    // PENDING or PROCESSING (the transitions write both together). A damaged pair (a
+    // RUNNING attempt beside a DELIVERED command, a SUCCEEDED one beside a PENDING
+    // command) shows which one is counted.
     let (_dir, _clock, core, lease) = claimed_fixture();
     assert_eq!(core.open_attempts().unwrap(), 1);
     let conn = core.connection();
@@ -1285,7 +1286,7 @@ fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
         [lease.command_id.as_str()],
     )
     .unwrap();
-    assert_eq!(core.open_attempts().unwrap(), 1, "the attempt is still RUNNING");
+    assert_eq!(core.open_attempts().unwrap(), 0, "the command is DELIVERED");
     conn.execute(
         "UPDATE attempt SET status = 'SUCCEEDED' WHERE id = ?1",
         [lease.attempt_id.as_str()],
@@ -1296,14 +1297,29 @@ fn an_open_attempt_is_one_whose_own_status_is_queued_or_running() {
         [lease.command_id.as_str()],
     )
     .unwrap();
-    assert_eq!(core.open_attempts().unwrap(), 0, "a SUCCEEDED attempt is not open");
-    // And the count reads the open attempts' own index, never the whole table.
+    assert_eq!(core.open_attempts().unwrap(), 1, "a PENDING command is open");
+    // The count reads the claims' partial indexes, never a table, and no index of
+    // attempts by status is left to maintain.
     let sql = &crate::ledger::sql::query::queries(&crate::ledger::sql::SQLITE).open_attempts;
     let text = query_plan(conn, sql, []);
-    assert!(text.contains("attempt_open"), "{text}");
     assert!(
-        !text.contains("SCAN attempt\n") && !text.ends_with("SCAN attempt"),
+        text.contains("command_pending") && text.contains("command_leased"),
         "{text}"
+    );
+    assert!(
+        !text.contains("SCAN command\n") && !text.ends_with("SCAN command"),
+        "{text}"
+    );
+    let attempt_indexes: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'attempt'")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(
+        !attempt_indexes.iter().any(|n| n == "attempt_open"),
+        "{attempt_indexes:?}"
     );
 }
 
@@ -1561,7 +1577,7 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
         .iter()
         .map(|p| core.history(&p.id).unwrap())
         .collect();
-    assert_eq!(core.migrate().unwrap(), vec![6, 7]);
+    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8]);
     let after: Vec<_> = core
         .list_plans()
         .unwrap()

@@ -572,7 +572,7 @@ impl SqliteCore {
         rows::read_history(&tx, plan)
     }
 
-    /// How many attempts are QUEUED or RUNNING.
+    /// How many attempts are QUEUED or RUNNING, counted by their commands.
     pub fn open_attempts(&self) -> Result<u64, LedgerError> {
         let tx = self.read_tx()?;
         rows::count_open_attempts(&tx)
