@@ -42,8 +42,8 @@ struct State {
     index: ClaimIndex,
 }
 
-/// What a claim and an idle worker ask about, kept in step with every command and
-/// attempt row so that neither scans the attempts.
+/// What a claim and an idle worker ask about, kept in step with every command row so
+/// that neither scans the attempts.
 #[derive(Debug, Default)]
 struct ClaimIndex {
     /// PENDING commands in claim order, `(available_at, command id)`: the available
@@ -51,20 +51,12 @@ struct ClaimIndex {
     pending: BTreeSet<(Timestamp, CommandId, AttemptId)>,
     /// PROCESSING commands by `lease_until`: the expired ones are a prefix.
     leased: BTreeSet<(Timestamp, AttemptId)>,
-    /// Attempts QUEUED or RUNNING.
-    open: u64,
 }
 
 /// Where a record sits in the [`ClaimIndex`]: its command's slot (the command id
-/// never changes, so the timestamp tells slots apart) and whether it is open.
+/// never changes, so the timestamp tells slots apart).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Slot {
-    command: CommandSlot,
-    open: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CommandSlot {
+enum Slot {
     Pending(Timestamp),
     Leased(Timestamp),
     Neither,
@@ -73,46 +65,45 @@ enum CommandSlot {
 impl Slot {
     fn of(record: &AttemptRecord) -> Self {
         let c = &record.command;
-        let command = match (c.status, c.lease_until) {
-            (CommandStatus::Pending, _) => CommandSlot::Pending(c.available_at),
-            (CommandStatus::Processing, Some(until)) => CommandSlot::Leased(until),
-            _ => CommandSlot::Neither,
-        };
-        Slot {
-            command,
-            // Counted by the command, as every backend counts open attempts.
-            open: !c.status.is_terminal(),
+        match (c.status, c.lease_until) {
+            (CommandStatus::Pending, _) => Slot::Pending(c.available_at),
+            (CommandStatus::Processing, Some(until)) => Slot::Leased(until),
+            _ => Slot::Neither,
         }
     }
 }
 
 impl ClaimIndex {
+    /// Attempts QUEUED or RUNNING, counted by their commands (PENDING or PROCESSING,
+    /// which always holds a lease), as every backend counts them.
+    fn open(&self) -> u64 {
+        (self.pending.len() + self.leased.len()) as u64
+    }
+
     fn add(&mut self, record: &AttemptRecord, slot: Slot) {
         let id = &record.attempt.id;
-        match slot.command {
-            CommandSlot::Pending(at) => {
+        match slot {
+            Slot::Pending(at) => {
                 self.pending.insert((at, record.command.id.clone(), id.clone()));
             }
-            CommandSlot::Leased(until) => {
+            Slot::Leased(until) => {
                 self.leased.insert((until, id.clone()));
             }
-            CommandSlot::Neither => {}
+            Slot::Neither => {}
         }
-        self.open += u64::from(slot.open);
     }
 
     fn remove(&mut self, record: &AttemptRecord, slot: Slot) {
         let id = &record.attempt.id;
-        match slot.command {
-            CommandSlot::Pending(at) => {
+        match slot {
+            Slot::Pending(at) => {
                 self.pending.remove(&(at, record.command.id.clone(), id.clone()));
             }
-            CommandSlot::Leased(until) => {
+            Slot::Leased(until) => {
                 self.leased.remove(&(until, id.clone()));
             }
-            CommandSlot::Neither => {}
+            Slot::Neither => {}
         }
-        self.open -= u64::from(slot.open);
     }
 
     /// Applies writes whose guard still admits the stored command, and re-indexes
@@ -436,7 +427,7 @@ impl Ledger for MemoryLedger {
     }
 
     async fn open_attempts(&self) -> Result<u64, LedgerError> {
-        Ok(self.lock().index.open)
+        Ok(self.lock().index.open())
     }
 }
 
@@ -490,12 +481,12 @@ mod tests {
             .values()
             .filter(|r| !r.command.status.is_terminal())
             .count() as u64;
-        assert_eq!(state.index.open, open, "open attempts after {why}");
+        assert_eq!(state.index.open(), open, "open attempts after {why}");
         let indexed = state.index.pending.len() + state.index.leased.len();
         let expected = state
             .attempts
             .values()
-            .filter(|r| matches!(Slot::of(r).command, CommandSlot::Pending(_) | CommandSlot::Leased(_)))
+            .filter(|r| matches!(Slot::of(r), Slot::Pending(_) | Slot::Leased(_)))
             .count();
         assert_eq!(indexed, expected, "index entries after {why}");
     }

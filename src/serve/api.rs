@@ -276,8 +276,6 @@ async fn release_gate(State(app): State<App>, headers: HeaderMap, Path(plan): Pa
     ok(report::gate_json(&gate(&plan, &history), &plan))
 }
 
-/// Parses the query of an attempt listing (`state`, `plan`, `limit`, `cursor`);
-/// each bad value is a 400 naming its parameter. `plan` is resolved by id or name.
 /// The `limit` of a listing's query, if given: 1 to [`PAGE_LIMIT_MAX`], else a 400
 /// naming it.
 fn page_limit(q: &HashMap<String, String>) -> Result<Option<u32>, Problem> {
@@ -293,6 +291,8 @@ fn page_limit(q: &HashMap<String, String>) -> Result<Option<u32>, Problem> {
         .transpose()
 }
 
+/// Parses the query of an attempt listing (`state`, `plan`, `limit`, `cursor`);
+/// each bad value is a 400 naming its parameter. `plan` is resolved by id or name.
 pub(crate) async fn attempt_query(app: &App, q: &HashMap<String, String>) -> Result<AttemptQuery, Problem> {
     let mut query = AttemptQuery::default();
     if let Some(state) = q.get("state").filter(|s| !s.is_empty()) {
