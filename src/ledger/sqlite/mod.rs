@@ -339,9 +339,14 @@ impl Ledger for SqliteLedger {
         request: WorkerRequest,
         claim: ClaimRequest,
     ) -> Result<(leasehold_engine::Reply, Vec<Claimed>), LedgerError> {
-        let lease = lease.clone();
-        self.write(move |core| core.worker_then_claim(&lease, request, claim))
-            .await
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = writer::ThenJob {
+            lease: lease.clone(),
+            request,
+            claim,
+            reply,
+        };
+        self.send(Job::Then(Box::new(job)), answer).await
     }
 
     async fn operator(

@@ -1026,6 +1026,122 @@ fn a_group_that_sqlite_rolls_back_fails_its_calls_so_far_and_runs_the_rest_alone
     );
 }
 
+type ThenAnswer = tokio::sync::oneshot::Receiver<Result<(Reply, Vec<crate::ledger::Claimed>), LedgerError>>;
+
+/// A [`super::writer::Job::Then`] of `request` under `lease`, then a claim of one
+/// for `owner`, and where its answer arrives.
+fn then_job(lease: &Lease, request: WorkerRequest, owner: &str) -> (super::writer::Job, ThenAnswer) {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let job = super::writer::ThenJob {
+        lease: lease.clone(),
+        request,
+        claim: leasehold_engine::ClaimRequest {
+            owner: owner.into(),
+            batch: 1,
+            lease_ms: LEASE_MS,
+            begin: false,
+        },
+        reply,
+    };
+    (super::writer::Job::Then(Box::new(job)), answer)
+}
+
+fn owners(core: &SqliteCore, plans: &[PlanId]) -> Vec<Option<String>> {
+    plans
+        .iter()
+        .map(|p| core.history(p).unwrap().remove(0).command.lease_owner)
+        .collect()
+}
+
+#[test]
+fn a_request_then_claim_claims_with_the_groups_claims_only_once_its_request_is_applied() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plans = three_queued(&core, &clock);
+    let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
+    let fail = WorkerRequest::Fail {
+        ordinal: None,
+        error: "boom".into(),
+    };
+    let (ends, mut ends_answer) = then_job(&first.lease, fail.clone(), "w1");
+    let (plain_reply, mut plain_answer) = tokio::sync::oneshot::channel();
+    let plain = super::writer::Job::Claim(
+        leasehold_engine::ClaimRequest {
+            owner: "w2".into(),
+            batch: 1,
+            lease_ms: LEASE_MS,
+            begin: false,
+        },
+        plain_reply,
+    );
+    let stale = Lease {
+        token: LeaseToken::new("not-the-token"),
+        ..first.lease.clone()
+    };
+    let (refused, mut refused_answer) = then_job(&stale, fail, "w3");
+    super::writer::run_group(&core, vec![refused, ends, plain]);
+
+    // The refused request claims nothing; the applied one claims the oldest
+    // command left, before the plain claim that arrived after it.
+    assert!(matches!(
+        refused_answer.try_recv().unwrap(),
+        Err(LedgerError::Refused(Refusal::StaleToken { .. }))
+    ));
+    let (reply, claimed) = ends_answer.try_recv().unwrap().unwrap();
+    assert_eq!(reply, Reply::Applied);
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].record.attempt.plan_id, plans[1]);
+    let taken = plain_answer.try_recv().unwrap().unwrap();
+    assert_eq!(taken[0].record.attempt.plan_id, plans[2]);
+    assert_eq!(
+        core.history(&plans[0]).unwrap()[0].attempt.status,
+        AttemptStatus::Failed
+    );
+    // One commit holds the request and both claims: another connection sees them.
+    let other = core_at(&path, &clock, 2);
+    assert_eq!(
+        owners(&other, &plans),
+        [Some("w1".into()), Some("w1".into()), Some("w2".into())]
+    );
+    assert_eq!(other.open_attempts().unwrap(), 2);
+}
+
+#[test]
+fn a_request_whose_group_sqlite_rolls_back_fails_and_its_claim_takes_nothing() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plans = three_queued(&core, &clock);
+    let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
+    let fail = WorkerRequest::Fail {
+        ordinal: None,
+        error: "boom".into(),
+    };
+    let (ends, mut ends_answer) = then_job(&first.lease, fail, "w1");
+    // Ends the whole transaction behind the group's back, as SQLite does after an
+    // I/O error or a full disk: the claims then run alone, after the group.
+    let lose: super::writer::Call = Box::new(|c: &SqliteCore| {
+        c.connection().execute_batch("ROLLBACK").unwrap();
+        Box::new(|_| {})
+    });
+    super::writer::run_group(&core, vec![ends, super::writer::Job::Call(lose)]);
+
+    assert!(ends_answer.try_recv().unwrap().is_err());
+    assert_eq!(
+        core.history(&plans[0]).unwrap()[0].attempt.status,
+        AttemptStatus::Running,
+        "the request was rolled back with its group"
+    );
+    assert_eq!(
+        owners(&core, &plans),
+        [Some("w1".into()), None, None],
+        "and its claim never ran"
+    );
+}
+
 #[test]
 fn a_migration_that_would_leave_a_dangling_reference_commits_nothing() {
     let (_dir, path) = temp_db();

@@ -506,10 +506,12 @@ impl SqliteCore {
     }
 
     /// Applies a worker request, then claims ([`crate::ledger::Ledger::worker_then_claim`]):
-    /// both are savepoints of one transaction (the call's own, or its group's on the
-    /// writer thread), so a worker that ends an attempt claims its next in the same
-    /// commit; the claim rolls back alone if it fails, and the request stands. A
-    /// refused or failed request writes nothing and claims nothing.
+    /// both are savepoints of one transaction (the call's own, or its group's), so a
+    /// worker that ends an attempt claims its next in the same commit; the claim rolls
+    /// back alone if it fails, and the request stands. A refused or failed request
+    /// writes nothing and claims nothing. ([`super::SqliteLedger`]'s writer thread
+    /// runs the two apart within its group instead, so that the claim joins the
+    /// group's other claims: see `writer::Job::Then`.)
     pub fn worker_then_claim(
         &self,
         lease: &Lease,

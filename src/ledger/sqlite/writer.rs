@@ -9,9 +9,11 @@
 //! ([`SqliteCore::group_extending`]): a failing call rolls back only
 //! its own writes, every reply is sent only after the group's `COMMIT`, and a failed
 //! `COMMIT` fails every call of the group. The claims of a group run merged, as one
-//! [`SqliteCore::claim_many`] at the first claim's place: one candidate read for all
-//! of them, each taking exactly what it would have taken alone (the calls of a group
-//! are all unanswered, so that order is one they could have run in). A migration
+//! [`SqliteCore::claim_many`] after the group's other calls: one candidate read for
+//! all of them, each taking exactly what it would have taken alone (the calls of a
+//! group are all unanswered, so that order is one they could have run in). The claim
+//! of a worker's request-then-claim ([`Job::Then`]) joins them once its request is
+//! applied, in the same transaction as that request. A migration
 //! ([`Job::Alone`]) runs alone, outside any group. An idle writer polls its queue for
 //! [`SPIN_BEFORE_PARK`] before it parks. For a file, a checkpointer thread with its
 //! own connection runs the WAL checkpoints (`PASSIVE` every [`CHECKPOINT_EVERY`]
@@ -23,10 +25,10 @@
 use super::rows::SqlResult;
 use super::SqliteCore;
 use crate::ledger::{Claimed, LedgerError};
-use leasehold_engine::ClaimRequest;
+use leasehold_engine::{ClaimRequest, Lease, Reply, WorkerRequest};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// A call that runs on the writer's core and answers how to send its result once the
@@ -41,15 +43,46 @@ pub(super) enum Job {
     Alone(Call),
     /// A claim: the claims of one group run together ([`SqliteCore::claim_many`]).
     Claim(ClaimRequest, ClaimReply),
+    /// A worker's request, then a claim ([`crate::ledger::Ledger::worker_then_claim`]):
+    /// the request runs at its place in the group and, once applied, its claim runs
+    /// with the group's other claims.
+    Then(Box<ThenJob>),
 }
 /// Where a merged claim's result goes.
 type ClaimReply = tokio::sync::oneshot::Sender<Result<Vec<Claimed>, LedgerError>>;
 
-/// What the writer runs as one call of a group: one call, or all the claims of the
-/// group merged.
+/// A [`Job::Then`]: the worker's lease and request, the claim to run once the
+/// request is applied, and where the two results go.
+pub(super) struct ThenJob {
+    pub(super) lease: Lease,
+    pub(super) request: WorkerRequest,
+    pub(super) claim: ClaimRequest,
+    pub(super) reply: tokio::sync::oneshot::Sender<Result<(Reply, Vec<Claimed>), LedgerError>>,
+}
+
+/// What a [`Job::Then`]'s request left for its claim, and what the claim took.
+#[derive(Default)]
+struct ThenState {
+    /// The request was applied (its claim may run).
+    applied: bool,
+    /// What its claim took, once run in the request's transaction.
+    claimed: Vec<Claimed>,
+}
+
+/// One claim of a group's merged [`Unit::Claims`].
+enum ClaimEntry {
+    /// A [`Job::Claim`], answered by the merged claim.
+    Plain(ClaimRequest, ClaimReply),
+    /// The claim of a [`Job::Then`], answered with its request (by [`Unit::Request`]).
+    Then(ClaimRequest, Arc<Mutex<ThenState>>),
+}
+
+/// What the writer runs as one call of a group: one call, the request of a
+/// [`Job::Then`], or all the claims of the group merged.
 enum Unit {
     Call(Call),
-    Claims(Vec<(ClaimRequest, ClaimReply)>),
+    Request(Box<ThenJob>, Arc<Mutex<ThenState>>),
+    Claims(Vec<ClaimEntry>),
 }
 
 impl Unit {
@@ -57,17 +90,60 @@ impl Unit {
     fn run(self, core: &SqliteCore) -> Answer {
         match self {
             Unit::Call(call) => call(core),
-            Unit::Claims(claims) => {
-                let (requests, replies): (Vec<_>, Vec<_>) = claims.into_iter().unzip();
-                let out = core.claim_many(&requests);
+            Unit::Request(job, state) => {
+                let ThenJob {
+                    lease,
+                    request,
+                    claim: _,
+                    reply,
+                } = *job;
+                let out = core.worker(&lease, request);
+                lock(&state).applied = out.is_ok();
                 Box::new(move |committed: Result<(), LedgerError>| {
-                    let results: Vec<Result<Vec<Claimed>, LedgerError>> = match (out, committed) {
-                        (Ok(claimed), Ok(())) => claimed.into_iter().map(Ok).collect(),
-                        // Their writes are durable only if the group committed.
-                        (Ok(_), Err(e)) | (Err(e), _) => replies.iter().map(|_| Err(e.clone())).collect(),
-                    };
-                    for (reply, result) in replies.into_iter().zip(results) {
-                        let _ = reply.send(result);
+                    let _ = reply.send(match (out, committed) {
+                        (Ok(reply), Ok(())) => Ok((reply, std::mem::take(&mut lock(&state).claimed))),
+                        // Its writes are durable only if the group committed.
+                        (Ok(_), Err(e)) | (Err(e), _) => Err(e),
+                    });
+                })
+            }
+            Unit::Claims(entries) => {
+                // A request's claim runs only in the transaction that applied the
+                // request: a unit run alone (its group lost) claims nothing for it.
+                let in_group = !core.raw_connection().is_autocommit();
+                let entries: Vec<ClaimEntry> = entries
+                    .into_iter()
+                    .filter(|e| match e {
+                        ClaimEntry::Plain(..) => true,
+                        ClaimEntry::Then(_, state) => in_group && lock(state).applied,
+                    })
+                    .collect();
+                let requests: Vec<ClaimRequest> = entries
+                    .iter()
+                    .map(|e| match e {
+                        ClaimEntry::Plain(request, _) | ClaimEntry::Then(request, _) => request.clone(),
+                    })
+                    .collect();
+                let out = core.claim_many(&requests);
+                let mut replies = Vec::new();
+                let mut claimed = match out {
+                    Ok(claimed) => claimed.into_iter().map(Ok).collect(),
+                    Err(e) => requests.iter().map(|_| Err(e.clone())).collect::<Vec<_>>(),
+                };
+                for (entry, result) in entries.into_iter().zip(claimed.drain(..)) {
+                    match entry {
+                        ClaimEntry::Plain(_, reply) => replies.push((reply, result)),
+                        // A claim that fails claims nothing; the request stands.
+                        ClaimEntry::Then(_, state) => lock(&state).claimed = result.unwrap_or_default(),
+                    }
+                }
+                Box::new(move |committed: Result<(), LedgerError>| {
+                    for (reply, result) in replies {
+                        let _ = reply.send(match (result, &committed) {
+                            // Their writes are durable only if the group committed.
+                            (Ok(_), Err(e)) => Err(e.clone()),
+                            (result, _) => result,
+                        });
                     }
                 })
             }
@@ -75,28 +151,32 @@ impl Unit {
     }
 }
 
-/// Gathers a group's jobs into units: every claim joins the group's one
-/// [`Unit::Claims`], placed where the first claim came. The calls of a group are
-/// concurrent (none has been answered when the group starts), so any order of them
-/// is one they could have run in.
+/// Locks a [`ThenState`] (only the writer thread does, one unit at a time; a unit
+/// that panicked while holding it left nothing half-written that matters).
+fn lock(state: &Mutex<ThenState>) -> std::sync::MutexGuard<'_, ThenState> {
+    state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Gathers a group's jobs into units: every claim, and the claim of every
+/// [`Job::Then`], joins the group's one [`Unit::Claims`], which runs after the
+/// group's other units. The calls of a group are concurrent (none has been answered
+/// when the group starts), so any order of them is one they could have run in.
 fn units(jobs: Vec<Job>) -> Vec<Unit> {
-    let mut units = Vec::with_capacity(jobs.len());
-    let mut claims_at = None;
+    let mut units = Vec::with_capacity(jobs.len() + 1);
+    let mut claims = Vec::new();
     for job in jobs {
         match job {
             Job::Call(call) | Job::Alone(call) => units.push(Unit::Call(call)),
-            Job::Claim(request, reply) => match claims_at {
-                Some(i) => {
-                    if let Some(Unit::Claims(claims)) = units.get_mut(i) {
-                        claims.push((request, reply));
-                    }
-                }
-                None => {
-                    claims_at = Some(units.len());
-                    units.push(Unit::Claims(vec![(request, reply)]));
-                }
-            },
+            Job::Claim(request, reply) => claims.push(ClaimEntry::Plain(request, reply)),
+            Job::Then(job) => {
+                let state = Arc::new(Mutex::new(ThenState::default()));
+                claims.push(ClaimEntry::Then(job.claim.clone(), Arc::clone(&state)));
+                units.push(Unit::Request(job, state));
+            }
         }
+    }
+    if !claims.is_empty() {
+        units.push(Unit::Claims(claims));
     }
     units
 }
@@ -131,6 +211,17 @@ fn group_calls<'a>(jobs: Vec<Job>) -> Vec<GroupCall<'a, Option<Answer>>> {
             }) as GroupCall<'a, Option<Answer>>
         })
         .collect()
+}
+
+/// Runs `jobs` as one group, as the writer thread does, and sends their answers
+/// (tests).
+#[cfg(test)]
+pub(super) fn run_group(core: &SqliteCore, jobs: Vec<Job>) {
+    for (reply, committed) in core.group_extending(group_calls(jobs), Vec::new) {
+        if let Some(reply) = reply {
+            reply(committed);
+        }
+    }
 }
 
 /// Sends a call's result, given its group's commit outcome.
