@@ -86,8 +86,8 @@ const INDEXES: &[(&str, [Option<&str>; 3], &str)] = &[
     ),
     (
         "the console's capped counts per status (QUEUED and RUNNING)",
-        [None, Some("attempt_by_status"), Some("attempt_open")],
-        "SQLite counts QUEUED and RUNNING attempts by their commands, through the claims' partial indexes",
+        [None, Some("attempt_by_status"), None],
+        "SQLite and PostgreSQL count QUEUED and RUNNING attempts by their commands, through the claims' partial indexes",
     ),
     (
         "listing: attempts newest first",

@@ -1,7 +1,8 @@
 //! The console's reads on PostgreSQL ([`crate::ledger::listing`]): a page of attempts,
 //! newest first, from one snapshot (the `attempt_by_created` index and, for the
 //! failed and aborted pages, its partial twins), and counts per status that stop at
-//! the cap (at most `cap + 1` rows read per status).
+//! the cap (at most `cap + 1` rows read per status): QUEUED and RUNNING from the
+//! commands' partial indexes (migration 3), the ended statuses from the attempts.
 
 use super::connection::begin_read;
 use super::error::TxError;
@@ -57,14 +58,25 @@ impl PostgresLedger {
         let client = self.connect().await?;
         let mut exact = Vec::new();
         for &status in AttemptStatus::ALL {
-            let n = rows::query_one(
-                &client,
-                "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = $1 LIMIT $2) t",
-                &[Value::Text(status.as_str()), Value::Int(limit)],
-                |r| decode::scalar(r, 0, "attempt count"),
-            )
-            .await?
-            .unwrap_or(0);
+            // QUEUED and RUNNING by their commands (PENDING and PROCESSING), from the
+            // claims' partial indexes; the ended statuses from the attempts.
+            let (sql, values) = match status {
+                AttemptStatus::Queued => (
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PENDING' LIMIT $1) t",
+                    vec![Value::Int(limit)],
+                ),
+                AttemptStatus::Running => (
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PROCESSING' LIMIT $1) t",
+                    vec![Value::Int(limit)],
+                ),
+                _ => (
+                    "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = $1 LIMIT $2) t",
+                    vec![Value::Text(status.as_str()), Value::Int(limit)],
+                ),
+            };
+            let n = rows::query_one(&client, sql, &values, |r| decode::scalar(r, 0, "attempt count"))
+                .await?
+                .unwrap_or(0);
             exact.push((status, u64::try_from(n).unwrap_or(0)));
         }
         Ok(AttemptCounts::capped(cap, |s| {

@@ -562,7 +562,7 @@ pub(super) async fn lock_receipts_of<C: Session>(
 
 /// How many attempts are open (QUEUED or RUNNING): the shared count of their PENDING
 /// and PROCESSING commands, from the `command_pending` and `command_leased` partial
-/// indexes. (`attempt_open` stays: the console's QUEUED and RUNNING counts read it.)
+/// indexes (migration 3 dropped `attempt_open`).
 pub(super) async fn count_open_attempts<C: Session>(c: &C) -> Result<u64, TxError> {
     let n = query_one(c, &queries(&POSTGRES).open_attempts, &[], |row| {
         decode::scalar(row, 0, "open attempts")

@@ -24,6 +24,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "plan_names",
         sql: include_str!("../../../migrations/postgres/0002_plan_names.sql"),
     },
+    Migration {
+        version: 3,
+        name: "open_by_command",
+        sql: include_str!("../../../migrations/postgres/0003_open_by_command.sql"),
+    },
 ];
 
 /// The advisory lock key that serializes migrators of one database ("leasehol" in ASCII).

@@ -32,7 +32,7 @@ async fn migrate_applies_once_and_the_schema_is_then_accepted() {
         missing.contains("holds no leasehold schema: run `leasehold migrate`"),
         "{missing}"
     );
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3]);
     assert_eq!(ledger.migrate().await.unwrap(), Vec::<u32>::new());
     ledger.check_schema().await.unwrap();
     let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
@@ -66,13 +66,13 @@ async fn concurrent_migrators_apply_each_migration_once() {
         results.push(run.await.expect("migrator task").expect("migrate"));
     }
     let applied: Vec<u32> = results.iter().flatten().copied().collect();
-    assert_eq!(applied, vec![1, 2], "{results:?}");
+    assert_eq!(applied, vec![1, 2, 3], "{results:?}");
     let client = ledgers[0].connect().await.map_err(LedgerError::from).unwrap();
     let rows = client
         .query("SELECT version FROM schema_migrations", &[])
         .await
         .unwrap();
-    assert_eq!(rows.len(), 2);
+    assert_eq!(rows.len(), 3);
 }
 
 #[tokio::test]
@@ -90,7 +90,7 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
     assert!(matches!(e, LedgerError::BadInput(_)), "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains("schema version 99") && text.contains("this binary's 2"),
+        text.contains("schema version 99") && text.contains("this binary's 3"),
         "{text}"
     );
     let e = ledger.migrate().await.unwrap_err();
@@ -271,6 +271,7 @@ async fn an_open_attempt_is_counted_by_its_command() {
     // The same definition as every other backend: the command's status (PENDING or
     // PROCESSING), not the attempt's (a damaged pair shows which one is counted).
     use crate::ledger::Ledger;
+    use leasehold_engine::AttemptStatus;
     let Some(db) = scratch().await else { return };
     let ledger = ledger(&db);
     ledger.migrate().await.unwrap();
@@ -281,7 +282,19 @@ async fn an_open_attempt_is_counted_by_its_command() {
         .unwrap();
     let lease = ledger.claim("w1", 1, 30_000).await.unwrap().remove(0).lease;
     assert_eq!(ledger.open_attempts().await.unwrap(), 1);
+    // The console's counts read the same commands (migration 3 dropped attempt_open).
+    let count = |status| {
+        let ledger = &ledger;
+        async move { ledger.count_attempts(10).await.unwrap().get(status).unwrap().count }
+    };
+    assert_eq!(count(AttemptStatus::Running).await, 1);
     let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
+    let indexes: i64 = client
+        .query_one("SELECT COUNT(*) FROM pg_indexes WHERE indexname = 'attempt_open'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(indexes, 0, "migration 3 drops attempt_open");
     let set = |table: &'static str, status: &'static str, id: String| {
         let client = &client;
         async move {
@@ -294,4 +307,15 @@ async fn an_open_attempt_is_counted_by_its_command() {
     set("attempt", "SUCCEEDED", lease.attempt_id.to_string()).await;
     set("command", "PENDING", lease.command_id.to_string()).await;
     assert_eq!(ledger.open_attempts().await.unwrap(), 1, "a PENDING command is open");
+    assert_eq!(
+        count(AttemptStatus::Queued).await,
+        1,
+        "counted QUEUED by its PENDING command"
+    );
+    assert_eq!(count(AttemptStatus::Running).await, 0);
+    assert_eq!(
+        count(AttemptStatus::Succeeded).await,
+        1,
+        "an ended status is the attempt's own"
+    );
 }
