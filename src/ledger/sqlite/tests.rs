@@ -872,11 +872,7 @@ fn a_group_commits_every_call_but_rolls_back_only_a_failing_one() {
     assert_eq!(results[2], Ok(1), "the second claim saw the first one's write");
     let names: Vec<String> = core.list_plans().unwrap().into_iter().map(|p| p.name).collect();
     assert_eq!(names, ["p1", "p2", "p3"], "the failing call's write was rolled back");
-    let owners: Vec<Option<String>> = plans
-        .iter()
-        .map(|p| core.history(p).unwrap().remove(0).command.lease_owner)
-        .collect();
-    assert_eq!(owners, [Some("w1".into()), Some("w2".into()), None]);
+    assert_eq!(owners(&core, &plans), [Some("w1".into()), Some("w2".into()), None]);
     // Durable: another connection sees both claims.
     assert_eq!(core_at(&path, &clock, 2).open_attempts().unwrap(), 3);
     assert_eq!(core_at(&path, &clock, 2).claim("w3", 5, LEASE_MS).unwrap().len(), 1);
@@ -1015,12 +1011,8 @@ fn a_group_that_sqlite_rolls_back_fails_its_calls_so_far_and_runs_the_rest_alone
     assert!(out[0].1.is_err(), "the first claim was rolled back with the group");
     assert!(out[1].1.is_err());
     assert_eq!(out[2], (Ok(1), Ok(())), "the last call ran and committed alone");
-    let owners: Vec<Option<String>> = plans
-        .iter()
-        .map(|p| core.history(p).unwrap().remove(0).command.lease_owner)
-        .collect();
     assert_eq!(
-        owners,
+        owners(&core, &plans),
         [Some("w2".into()), None, None],
         "only the lone claim is durable"
     );
@@ -1046,6 +1038,26 @@ fn then_job(lease: &Lease, request: WorkerRequest, owner: &str) -> (super::write
     (super::writer::Job::Then(Box::new(job)), answer)
 }
 
+/// A ledger file with three queued attempts ([`three_queued`]), the first claimed by
+/// `w1`.
+fn three_queued_first_claimed() -> (
+    tempfile::TempDir,
+    String,
+    Arc<ManualClock>,
+    SqliteCore,
+    Vec<PlanId>,
+    crate::ledger::Claimed,
+) {
+    let (dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let plans = three_queued(&core, &clock);
+    let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
+    (dir, path, clock, core, plans, first)
+}
+
+/// Who holds the command of each plan's first attempt.
 fn owners(core: &SqliteCore, plans: &[PlanId]) -> Vec<Option<String>> {
     plans
         .iter()
@@ -1055,12 +1067,7 @@ fn owners(core: &SqliteCore, plans: &[PlanId]) -> Vec<Option<String>> {
 
 #[test]
 fn a_request_then_claim_claims_with_the_groups_claims_only_once_its_request_is_applied() {
-    let (_dir, path) = temp_db();
-    let clock = clock();
-    let core = core_at(&path, &clock, 1);
-    core.migrate().unwrap();
-    let plans = three_queued(&core, &clock);
-    let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
+    let (_dir, path, clock, core, plans, first) = three_queued_first_claimed();
     let fail = WorkerRequest::Fail {
         ordinal: None,
         error: "boom".into(),
@@ -1110,12 +1117,7 @@ fn a_request_then_claim_claims_with_the_groups_claims_only_once_its_request_is_a
 
 #[test]
 fn a_request_whose_group_sqlite_rolls_back_fails_and_its_claim_takes_nothing() {
-    let (_dir, path) = temp_db();
-    let clock = clock();
-    let core = core_at(&path, &clock, 1);
-    core.migrate().unwrap();
-    let plans = three_queued(&core, &clock);
-    let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
+    let (_dir, _, _, core, plans, first) = three_queued_first_claimed();
     let fail = WorkerRequest::Fail {
         ordinal: None,
         error: "boom".into(),
