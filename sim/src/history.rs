@@ -1,8 +1,8 @@
 //! The model-based history check: invariants 11 and 12.
 //!
-//! Contract: [`check`] replays the db host's event log against a model of DESIGN.md's
-//! transition table and the target's call log against the recovery promises, and
-//! answers one message per broken rule.
+//! Contract: [`transitions`] replays the db host's event log against a model of
+//! DESIGN.md's transition table, and [`recovery_promises`] the target's call log
+//! against the recovery promises; each pushes one message per broken rule.
 //!
 //! 11. Every committed image follows the table. For each applied event the model
 //!     computes, from the rows before it, the operation and the plan's recovery, what

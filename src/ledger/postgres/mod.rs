@@ -4,21 +4,21 @@
 //! tokio-postgres) from a [`PostgresUrl`] without connecting; every pooled session
 //! starts with the URL's `statement_timeout`, `lock_timeout` and
 //! `idle_in_transaction_session_timeout`. TLS goes through rustls, with libpq's
-//! meaning of the URL's `sslmode` ([`tls`]).
+//! meaning of the URL's `sslmode` (`tls.rs`).
 //! [`PostgresLedger::migrate`] applies `migrations/postgres/` under an advisory lock
 //! ([`schema`]); [`PostgresLedger::check_schema`] refuses a database without the schema
 //! or with a newer one, naming both versions. A transaction that meets a serialization
 //! failure, a deadlock, a lock timeout or a connection lost before `COMMIT` is tried
 //! again, up to the URL's `retry_max`; a connection lost during `COMMIT` is reported
-//! as ambiguous ([`error`]).
+//! as ambiguous (`error.rs`).
 //!
-//! Requests ([`connection`]): every request of the engine's vocabulary
+//! Requests (`connection.rs`): every request of the engine's vocabulary
 //! ([`leasehold_engine::request`]) is one transaction — a claim batch, a worker
 //! request ([`Ledger::worker`]) or an operator request ([`Ledger::operator`]) — that
 //! reads its rows in lock order with `SELECT … FOR UPDATE` (attempt, then command,
 //! then receipts by ordinal), lets the engine decide ([`leasehold_engine::decide`]) at
 //! the database clock's now (read once the rows are held), and writes the engine's row
-//! images through the shared SQL layer ([`crate::ledger::sql`]): the command's
+//! images through the shared SQL layer (`src/ledger/sql/`): the command's
 //! `UPDATE` carries the engine's [`leasehold_engine::Guard`] as its `WHERE` condition,
 //! and zero affected rows is a refusal ([`leasehold_engine::Refusal::StaleToken`])
 //! after which the transaction is rolled back. Claims lock the oldest claimable
@@ -280,7 +280,7 @@ impl Ledger for PostgresLedger {
         self.retry(|| self.list_attempts_once(query)).await
     }
 
-    /// The `LISTEN` session's wake-ups ([`notify::listen`], started by the first
+    /// The `LISTEN` session's wake-ups (`notify::listen`, started by the first
     /// call), unless the URL says `notify=0`.
     fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         if !self.url.options.notify {

@@ -34,7 +34,7 @@
 //! them race for the file lock spares the busy handler's sleeps (1 ms and up while
 //! the lock is free again within a few microseconds) and keeps the writer's
 //! statements prepared. Group commit, merged claims and the checkpointer: the
-//! [`writer`] module. The transitions themselves: [`SqliteCore`] ([`transitions`]).
+//! `writer` module (`writer.rs`). The transitions themselves: [`SqliteCore`] (`transitions.rs`).
 //! Writers in other processes still meet at the file lock and the busy timeout. (A
 //! paused tokio clock does not know about the writer thread: it may auto-advance while a write is queued, as it would during any other I/O.) The
 //! schema lives in `migrations/sqlite/` and is applied by `migrate()`

@@ -301,7 +301,7 @@ struct Counters {
     tid: AtomicU64,
 }
 
-/// How a [`SqliteLedger`]'s writer thread grouped the writes it ran (see
+/// How a [`super::SqliteLedger`]'s writer thread grouped the writes it ran (see
 /// [`super::SqliteLedger::writer_stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriterStats {
