@@ -230,8 +230,8 @@ fn a_second_run_creates_no_token_and_a_taken_port_is_named() {
         "{lines:?}"
     );
     assert!(lines.iter().any(|l| l.contains("0 in-process workers")), "{lines:?}");
-    let (status, _) = server.terminate();
-    assert!(status.success());
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{status}: {stderr}");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let out = Command::new(BIN)

@@ -987,6 +987,9 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         LogFormatArg::Json => LogFormat::Json,
         LogFormatArg::Text => LogFormat::Text,
     });
+    // Installed before anything is printed: a SIGTERM sent once the "serving" line
+    // is out (or while starting) stops the server cleanly instead of killing it.
+    let stop = stop_signal();
     let applied = ledger.migrate().await?;
     if !applied.is_empty() {
         let list: Vec<String> = applied.iter().map(u32::to_string).collect();
@@ -1052,7 +1055,7 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         grace_ms: args.grace_secs.clamp(0, 3_600) * 1_000,
         step_timeout,
     };
-    let report = leasehold::serve::run(app, ledger, executors, listener, metrics, pool, stop_signal())
+    let report = leasehold::serve::run(app, ledger, executors, listener, metrics, pool, stop)
         .await
         .map_err(|e| Failure {
             code: 1,
