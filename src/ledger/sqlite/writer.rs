@@ -50,6 +50,8 @@ pub(super) enum Job {
 }
 /// Where a merged claim's result goes.
 type ClaimReply = tokio::sync::oneshot::Sender<Result<Vec<Claimed>, LedgerError>>;
+/// Where a [`Job::Then`]'s request and claim results go.
+pub(super) type ThenReply = tokio::sync::oneshot::Sender<Result<(Reply, Vec<Claimed>), LedgerError>>;
 
 /// A [`Job::Then`]: the worker's lease and request, the claim to run once the
 /// request is applied, and where the two results go.
@@ -57,7 +59,7 @@ pub(super) struct ThenJob {
     pub(super) lease: Lease,
     pub(super) request: WorkerRequest,
     pub(super) claim: ClaimRequest,
-    pub(super) reply: tokio::sync::oneshot::Sender<Result<(Reply, Vec<Claimed>), LedgerError>>,
+    pub(super) reply: ThenReply,
 }
 
 /// What a [`Job::Then`]'s request left for its claim, and what the claim took.
@@ -69,20 +71,25 @@ struct ThenState {
     claimed: Vec<Claimed>,
 }
 
-/// One claim of a group's merged [`Unit::Claims`].
-enum ClaimEntry {
-    /// A [`Job::Claim`], answered by the merged claim.
-    Plain(ClaimRequest, ClaimReply),
-    /// The claim of a [`Job::Then`], answered with its request (by [`Unit::Request`]).
-    Then(ClaimRequest, Arc<Mutex<ThenState>>),
+/// Where the result of one claim of a group's merged [`Unit::Claims`] goes.
+enum ClaimTo {
+    /// A [`Job::Claim`]'s caller, answered by the merged claim.
+    Plain(ClaimReply),
+    /// A [`Job::Then`]'s request, which answers with it ([`Unit::Request`]).
+    Then(Arc<Mutex<ThenState>>),
 }
 
 /// What the writer runs as one call of a group: one call, the request of a
 /// [`Job::Then`], or all the claims of the group merged.
 enum Unit {
     Call(Call),
-    Request(Box<ThenJob>, Arc<Mutex<ThenState>>),
-    Claims(Vec<ClaimEntry>),
+    Request {
+        lease: Lease,
+        request: WorkerRequest,
+        reply: ThenReply,
+        state: Arc<Mutex<ThenState>>,
+    },
+    Claims(Vec<(ClaimRequest, ClaimTo)>),
 }
 
 impl Unit {
@@ -90,13 +97,12 @@ impl Unit {
     fn run(self, core: &SqliteCore) -> Answer {
         match self {
             Unit::Call(call) => call(core),
-            Unit::Request(job, state) => {
-                let ThenJob {
-                    lease,
-                    request,
-                    claim: _,
-                    reply,
-                } = *job;
+            Unit::Request {
+                lease,
+                request,
+                reply,
+                state,
+            } => {
                 let out = core.worker(&lease, request);
                 lock(&state).applied = out.is_ok();
                 Box::new(move |committed: Result<(), LedgerError>| {
@@ -107,34 +113,27 @@ impl Unit {
                     });
                 })
             }
-            Unit::Claims(entries) => {
+            Unit::Claims(claims) => {
                 // A request's claim runs only in the transaction that applied the
                 // request: a unit run alone (its group lost) claims nothing for it.
                 let in_group = !core.raw_connection().is_autocommit();
-                let entries: Vec<ClaimEntry> = entries
+                let (requests, to): (Vec<ClaimRequest>, Vec<ClaimTo>) = claims
                     .into_iter()
-                    .filter(|e| match e {
-                        ClaimEntry::Plain(..) => true,
-                        ClaimEntry::Then(_, state) => in_group && lock(state).applied,
+                    .filter(|(_, to)| match to {
+                        ClaimTo::Plain(_) => true,
+                        ClaimTo::Then(state) => in_group && lock(state).applied,
                     })
-                    .collect();
-                let requests: Vec<ClaimRequest> = entries
-                    .iter()
-                    .map(|e| match e {
-                        ClaimEntry::Plain(request, _) | ClaimEntry::Then(request, _) => request.clone(),
-                    })
-                    .collect();
-                let out = core.claim_many(&requests);
-                let mut replies = Vec::new();
-                let mut claimed = match out {
+                    .unzip();
+                let results: Vec<Result<Vec<Claimed>, LedgerError>> = match core.claim_many(&requests) {
                     Ok(claimed) => claimed.into_iter().map(Ok).collect(),
-                    Err(e) => requests.iter().map(|_| Err(e.clone())).collect::<Vec<_>>(),
+                    Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
                 };
-                for (entry, result) in entries.into_iter().zip(claimed.drain(..)) {
-                    match entry {
-                        ClaimEntry::Plain(_, reply) => replies.push((reply, result)),
+                let mut replies = Vec::new();
+                for (to, result) in to.into_iter().zip(results) {
+                    match to {
+                        ClaimTo::Plain(reply) => replies.push((reply, result)),
                         // A claim that fails claims nothing; the request stands.
-                        ClaimEntry::Then(_, state) => lock(&state).claimed = result.unwrap_or_default(),
+                        ClaimTo::Then(state) => lock(&state).claimed = result.unwrap_or_default(),
                     }
                 }
                 Box::new(move |committed: Result<(), LedgerError>| {
@@ -167,11 +166,22 @@ fn units(jobs: Vec<Job>) -> Vec<Unit> {
     for job in jobs {
         match job {
             Job::Call(call) | Job::Alone(call) => units.push(Unit::Call(call)),
-            Job::Claim(request, reply) => claims.push(ClaimEntry::Plain(request, reply)),
+            Job::Claim(request, reply) => claims.push((request, ClaimTo::Plain(reply))),
             Job::Then(job) => {
+                let ThenJob {
+                    lease,
+                    request,
+                    claim,
+                    reply,
+                } = *job;
                 let state = Arc::new(Mutex::new(ThenState::default()));
-                claims.push(ClaimEntry::Then(job.claim.clone(), Arc::clone(&state)));
-                units.push(Unit::Request(job, state));
+                claims.push((claim, ClaimTo::Then(Arc::clone(&state))));
+                units.push(Unit::Request {
+                    lease,
+                    request,
+                    reply,
+                    state,
+                });
             }
         }
     }
