@@ -85,9 +85,9 @@ const INDEXES: &[(&str, [Option<&str>; 3], &str)] = &[
         "the claims' indexes (MySQL's (status, available_at, id, attempt_id) holds both statuses)",
     ),
     (
-        "the console's capped counts per status (QUEUED and RUNNING)",
+        "the console's capped counts of ended attempts, and its pages by state",
         [None, Some("attempt_by_status"), None],
-        "SQLite and PostgreSQL count QUEUED and RUNNING attempts by their commands, through the claims' partial indexes",
+        "SQLite and PostgreSQL read FAILED and ABORTED through attempt_failed and attempt_aborted; QUEUED and RUNNING are counted by their commands everywhere",
     ),
     (
         "listing: attempts newest first",

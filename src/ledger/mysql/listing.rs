@@ -1,6 +1,8 @@
 //! The console's reads on MySQL ([`crate::ledger::listing`]): a page of attempts,
 //! newest first, from one consistent snapshot, and counts per status that stop at
-//! the cap (each read from the `attempt_by_status` index, at most `cap + 1` entries).
+//! the cap (`Queries::capped_count`, at most `cap + 1` index entries each): QUEUED
+//! and RUNNING from the commands' `(status, …)` indexes, the ended states from
+//! `attempt_by_status`.
 //!
 //! A page sorts the attempts that match its filter (`ORDER BY created_at, id` has no
 //! index here): its cost grows with the attempts that match, not with the page.
@@ -9,6 +11,8 @@ use super::error::{DbResult, TxError};
 use super::rows::read_record;
 use super::MysqlLedger;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
+use crate::ledger::sql::query::queries;
+use crate::ledger::sql::MYSQL;
 use leasehold_engine::{AttemptId, AttemptStatus};
 use mysql_async::prelude::Queryable;
 use mysql_async::{TxOpts, Value};
@@ -67,10 +71,7 @@ impl MysqlLedger {
         let mut exact = Vec::new();
         for &status in AttemptStatus::ALL {
             let n: Option<u64> = conn
-                .exec_first(
-                    "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = ? LIMIT ?) t",
-                    (status.as_str(), limit),
-                )
+                .exec_first(queries(&MYSQL).capped_count(status), (limit,))
                 .await
                 .db()?;
             exact.push((status, n.unwrap_or(0)));

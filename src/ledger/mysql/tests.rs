@@ -674,6 +674,12 @@ async fn an_open_attempt_is_counted_by_its_command() {
     let ledger = manual(&db, &clock, 1).await;
     let lease = claimed(&ledger).await;
     assert_eq!(ledger.open_attempts().await.unwrap(), 1);
+    // The console's counts read the same commands.
+    let count = |status| {
+        let ledger = &ledger;
+        async move { ledger.count_attempts(10).await.unwrap().get(status).unwrap().count }
+    };
+    assert_eq!(count(AttemptStatus::Running).await, 1);
     let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
     conn.exec_drop(
         "UPDATE command SET status = 'DELIVERED' WHERE id = ?",
@@ -695,4 +701,15 @@ async fn an_open_attempt_is_counted_by_its_command() {
     .await
     .unwrap();
     assert_eq!(ledger.open_attempts().await.unwrap(), 1, "a PENDING command is open");
+    assert_eq!(
+        count(AttemptStatus::Queued).await,
+        1,
+        "counted QUEUED by its PENDING command"
+    );
+    assert_eq!(count(AttemptStatus::Running).await, 0);
+    assert_eq!(
+        count(AttemptStatus::Succeeded).await,
+        1,
+        "an ended status is the attempt's own"
+    );
 }

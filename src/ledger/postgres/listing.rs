@@ -1,8 +1,9 @@
 //! The console's reads on PostgreSQL ([`crate::ledger::listing`]): a page of attempts,
 //! newest first, from one snapshot (the `attempt_by_created` index and, for the
 //! failed and aborted pages, its partial twins), and counts per status that stop at
-//! the cap (at most `cap + 1` rows read per status): QUEUED and RUNNING from the
-//! commands' partial indexes (migration 3), the ended statuses from the attempts.
+//! the cap (at most `cap + 1` rows read per status, `Queries::capped_count`): QUEUED
+//! and RUNNING from the commands' partial indexes (migration 3), the ended statuses
+//! from the attempts.
 
 use super::connection::begin_read;
 use super::error::TxError;
@@ -10,6 +11,7 @@ use super::rows::{self, read_record};
 use super::PostgresLedger;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
 use crate::ledger::sql::decode;
+use crate::ledger::sql::query::queries;
 use crate::ledger::sql::{Sql, Value, POSTGRES};
 use leasehold_engine::{AttemptId, AttemptStatus};
 
@@ -58,25 +60,12 @@ impl PostgresLedger {
         let client = self.connect().await?;
         let mut exact = Vec::new();
         for &status in AttemptStatus::ALL {
-            // QUEUED and RUNNING by their commands (PENDING and PROCESSING), from the
-            // claims' partial indexes; the ended statuses from the attempts.
-            let (sql, values) = match status {
-                AttemptStatus::Queued => (
-                    "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PENDING' LIMIT $1) t",
-                    vec![Value::Int(limit)],
-                ),
-                AttemptStatus::Running => (
-                    "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PROCESSING' LIMIT $1) t",
-                    vec![Value::Int(limit)],
-                ),
-                _ => (
-                    "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = $1 LIMIT $2) t",
-                    vec![Value::Text(status.as_str()), Value::Int(limit)],
-                ),
-            };
-            let n = rows::query_one(&client, sql, &values, |r| decode::scalar(r, 0, "attempt count"))
-                .await?
-                .unwrap_or(0);
+            let sql = queries(&POSTGRES).capped_count(status);
+            let n = rows::query_one(&client, sql, &[Value::Int(limit)], |r| {
+                decode::scalar(r, 0, "attempt count")
+            })
+            .await?
+            .unwrap_or(0);
             exact.push((status, u64::try_from(n).unwrap_or(0)));
         }
         Ok(AttemptCounts::capped(cap, |s| {

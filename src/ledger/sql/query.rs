@@ -8,7 +8,7 @@
 
 use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
 use super::{placeholders, Dialect, Value, MYSQL, POSTGRES, SQLITE, SQLITE_WITHOUT_ROOM};
-use leasehold_engine::PlanId;
+use leasehold_engine::{AttemptStatus, PlanId};
 use std::sync::LazyLock;
 
 /// The shared statements of one dialect.
@@ -63,6 +63,31 @@ pub(crate) struct Queries {
     /// the claims' indexes already hold those commands, so no index of attempts by
     /// status has to follow every claim and every finish. One integer column.
     pub(crate) open_attempts: String,
+    /// The console's count of the attempts in each state, stopped at a cap (`limit`),
+    /// in the order of [`AttemptStatus::ALL`]: QUEUED and RUNNING by their commands
+    /// ([`open_command_status`]), as [`Queries::open_attempts`] counts them, from the
+    /// claims' indexes; the ended states by the attempt's own status. One integer
+    /// column.
+    capped_counts: Vec<String>,
+}
+
+impl Queries {
+    /// [`Queries::capped_counts`] of `status`.
+    pub(crate) fn capped_count(&self, status: AttemptStatus) -> &str {
+        let i = AttemptStatus::ALL.iter().position(|s| *s == status).unwrap_or(0);
+        &self.capped_counts[i]
+    }
+}
+
+/// The status of an open attempt's command: PENDING while it is QUEUED, PROCESSING
+/// while it is RUNNING (every transition writes the two together); `None` for an
+/// ended attempt.
+fn open_command_status(status: AttemptStatus) -> Option<&'static str> {
+    match status {
+        AttemptStatus::Queued => Some("PENDING"),
+        AttemptStatus::Running => Some("PROCESSING"),
+        _ => None,
+    }
 }
 
 /// The shared statements of `dialect`.
@@ -166,5 +191,15 @@ fn build(d: &'static Dialect) -> Queries {
         open_attempts: "SELECT (SELECT COUNT(*) FROM command WHERE status = 'PENDING') \
                         + (SELECT COUNT(*) FROM command WHERE status = 'PROCESSING')"
             .to_owned(),
+        capped_counts: AttemptStatus::ALL
+            .iter()
+            .map(|&s| {
+                let (table, status) = match open_command_status(s) {
+                    Some(command) => ("command", command),
+                    None => ("attempt", s.as_str()),
+                };
+                format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE status = '{status}' LIMIT {p1}) t")
+            })
+            .collect(),
     }
 }

@@ -8,6 +8,8 @@
 
 use super::rows::{read_record, sql_error};
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
+use crate::ledger::sql::query::queries;
+use crate::ledger::sql::SQLITE;
 use crate::ledger::LedgerError;
 use leasehold_engine::{AttemptId, AttemptStatus};
 use rusqlite::types::Value;
@@ -65,41 +67,19 @@ pub(super) fn list_attempts(conn: &Connection, query: &AttemptQuery) -> Result<A
     Ok(AttemptPage::from_rows(records, limit))
 }
 
-/// Counts per status, each reading at most `cap + 1` index entries or rows: QUEUED
-/// and RUNNING from the commands' partial indexes (a QUEUED attempt's command is
-/// PENDING, a RUNNING one's PROCESSING), the terminal statuses from the attempts.
+/// Counts per status, each reading at most `cap + 1` index entries or rows
+/// ([`crate::ledger::sql::query::Queries::capped_count`]): QUEUED and RUNNING from
+/// the commands' partial indexes, the terminal statuses from the attempts.
 pub(super) fn count_attempts(conn: &Connection, cap: u64) -> Result<AttemptCounts, LedgerError> {
     let limit = i64::try_from(cap.saturating_add(1)).unwrap_or(i64::MAX);
-    let count = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> Result<u64, LedgerError> {
-        let n: i64 = conn
-            .prepare_cached(sql)
-            .map_err(sql_error)?
-            .query_row(params, |row| row.get(0))
-            .map_err(sql_error)?;
-        Ok(u64::try_from(n).unwrap_or(0))
-    };
     let mut exact = Vec::new();
     for &status in AttemptStatus::ALL {
-        let n = match status {
-            AttemptStatus::Queued => count(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PENDING' LIMIT ?1)",
-                &[&limit],
-            )?,
-            AttemptStatus::Running => count(
-                "SELECT COUNT(*) FROM (SELECT 1 FROM command WHERE status = 'PROCESSING' LIMIT ?1)",
-                &[&limit],
-            )?,
-            // FAILED and ABORTED from their partial indexes (migration 4); SUCCEEDED
-            // from the table, stopping at the cap.
-            _ => count(
-                &format!(
-                    "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = '{}' LIMIT ?1)",
-                    status.as_str()
-                ),
-                &[&limit],
-            )?,
-        };
-        exact.push((status, n));
+        let n: i64 = conn
+            .prepare_cached(queries(&SQLITE).capped_count(status))
+            .map_err(sql_error)?
+            .query_row([limit], |row| row.get(0))
+            .map_err(sql_error)?;
+        exact.push((status, u64::try_from(n).unwrap_or(0)));
     }
     Ok(AttemptCounts::capped(cap, |s| {
         exact.iter().find(|(x, _)| *x == s).map_or(0, |(_, n)| *n)
