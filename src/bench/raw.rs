@@ -254,11 +254,13 @@ fn sqlite_worker(path: &Path, kind: RawKind, worker: u32, start: &Barrier) -> Re
     let mut claimed = 0u64;
     let mut serial = 0u64;
     // `+status` keeps the planner on the primary key for the outer `UPDATE`: on the
-    // status index it would scan every PENDING job per claim.
+    // status index it would scan every PENDING job per claim. `+?4` hides the limit's
+    // value from the planner, which would otherwise prepare the statement again on
+    // every use, as the ledger's own claim does (see `ledger::sql::limit_placeholder`).
     let claim_sql = "UPDATE job SET status = 'PROCESSING', lease_token = ?1 || '-' || id, lease_until = ?2, \
                      attempts = attempts + 1 \
                      WHERE id IN (SELECT id FROM job WHERE status = 'PENDING' AND available_at <= ?3 \
-                                  ORDER BY available_at, id LIMIT ?4) AND +status = 'PENDING' \
+                                  ORDER BY available_at, id LIMIT +?4) AND +status = 'PENDING' \
                      RETURNING id, lease_token";
     let complete_sql = "UPDATE job SET status = 'DONE', lease_token = NULL, finished_at = ?3 \
                         WHERE id = ?1 AND status = 'PROCESSING' AND lease_token = ?2";

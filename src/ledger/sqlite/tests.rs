@@ -1724,3 +1724,29 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
             == AttemptStatus::Succeeded
     );
 }
+
+#[test]
+fn claims_of_different_batches_reuse_the_prepared_claim_statement() {
+    // SQLite plans with a value bound to a bare `LIMIT` parameter and prepares the
+    // statement again whenever that value changes; a claim's batch changes from
+    // call to call, so its limit must not be seen (see `rows::claim_sql`).
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    for i in 1..=6 {
+        let plan = core
+            .register_plan(spec(&format!("batch{i}"), "replay", 1), KNOWN)
+            .unwrap();
+        core.enqueue(&plan.id, Action::Execute).unwrap();
+    }
+    for batch in [1, 2, 3] {
+        assert_eq!(core.claim("w1", batch, LEASE_MS).unwrap().len(), batch as usize);
+    }
+    let statement = core.connection().prepare_cached(&rows::CLAIM_PENDING_SQL).unwrap();
+    assert!(
+        statement.get_status(rusqlite::StatementStatus::VmStep) > 0,
+        "the cached claim statement is the one the claims ran"
+    );
+    assert_eq!(statement.get_status(rusqlite::StatementStatus::RePrepare), 0);
+}
