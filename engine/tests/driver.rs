@@ -974,7 +974,7 @@ mod scripted_schedules {
         let mut now = common::CLAIMED_MS;
         let enqueued = common::enqueued(&plan);
         // Every third seed's claim began nothing (a ledger without a fused claim).
-        let mut record = if seed % 3 == 0 {
+        let mut record = if seed.is_multiple_of(3) {
             common::claimed_by(&enqueued, &plan, common::OWNER_A, common::token_a(), now)
         } else {
             let writes = transition::claim_and_begin(

@@ -297,7 +297,7 @@ fn worker_request(kind: u8, ordinal: u32) -> WorkerRequest {
             lease_ms: LEASE_MS,
         },
         4 => WorkerRequest::Fail {
-            ordinal: (ordinal % 4 != 0).then_some(ordinal),
+            ordinal: (!ordinal.is_multiple_of(4)).then_some(ordinal),
             error: "boom".into(),
         },
         _ => WorkerRequest::Finish,

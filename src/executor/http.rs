@@ -133,7 +133,7 @@ impl AllowedHost {
     }
 
     fn allows(&self, host: &str, port: u16) -> bool {
-        self.host == host && self.port.map_or(true, |p| p == port)
+        self.host == host && self.port.is_none_or(|p| p == port)
     }
 }
 

@@ -205,8 +205,8 @@ pub async fn list_from_history<L: Ledger + ?Sized>(
     let mut records: Vec<AttemptRecord> = all_records(ledger, query.plan.as_ref())
         .await?
         .into_iter()
-        .filter(|r| query.status.map_or(true, |s| r.attempt.status == s))
-        .filter(|r| query.after.as_ref().map_or(true, |c| c.precedes(r)))
+        .filter(|r| query.status.is_none_or(|s| r.attempt.status == s))
+        .filter(|r| query.after.as_ref().is_none_or(|c| c.precedes(r)))
         .collect();
     newest_first(&mut records);
     let limit = query.clamped_limit();

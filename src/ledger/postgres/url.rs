@@ -285,7 +285,7 @@ impl PostgresUrl {
         let config: tokio_postgres::Config = format!("postgres://{base}")
             .parse()
             .map_err(|_| bad("does not parse (percent-encode special characters in the user and password)"))?;
-        if config.get_dbname().map_or(true, str::is_empty) {
+        if config.get_dbname().is_none_or(str::is_empty) {
             return Err(bad("has no database"));
         }
         match config.get_hosts() {

@@ -99,11 +99,11 @@ impl Records {
 /// `writes` applied is what the attempt's rows now hold.
 fn owns(before: &AttemptRecord, writes: &Writes) -> bool {
     let id = &before.attempt.id;
-    writes.attempt.as_ref().map_or(true, |a| &a.id == id)
+    writes.attempt.as_ref().is_none_or(|a| &a.id == id)
         && writes
             .command
             .as_ref()
-            .map_or(true, |c| c.id == before.command.id && &c.attempt_id == id)
+            .is_none_or(|c| c.id == before.command.id && &c.attempt_id == id)
         && writes
             .receipts
             .iter()

@@ -386,7 +386,7 @@ impl Writer {
                         }
                     }
                     commits += 1;
-                    if commits % CHECKPOINT_EVERY == 0 {
+                    if commits.is_multiple_of(CHECKPOINT_EVERY) {
                         if let Some(Checkpointer { wake: Some(wake), .. }) = &checkpointer {
                             let _ = wake.try_send(());
                         }
