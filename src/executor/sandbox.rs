@@ -188,12 +188,22 @@ impl SqliteSandbox {
                 return ExecutorResult::Permanent(format!("step {}: cancelled before it ran", request.step.code));
             }
             let flag = Arc::clone(&cancelled);
-            sandbox
+            // Without its progress handler the step could not be cancelled: it does
+            // not run then, as when its sandbox cannot be opened.
+            if let Err(e) = sandbox
                 .conn
-                .progress_handler(PROGRESS_OPS, Some(move || flag.load(Ordering::Relaxed)));
+                .progress_handler(PROGRESS_OPS, Some(move || flag.load(Ordering::Relaxed)))
+            {
+                return ExecutorResult::Transient(format!(
+                    "step {}: could not arm the sandbox's cancellation: {e}",
+                    request.step.code
+                ));
+            }
             let sandbox_id = Self::sandbox_id(&request.attempt_id, request.delivery);
             let answer = run_step(&sandbox, &request.step, &payload, &sandbox_id, &request.idempotency_key);
-            sandbox.conn.progress_handler(0, None::<fn() -> bool>);
+            // A handler left in place only reads this step's flag, which is set once
+            // the step's future is gone; the next step installs its own.
+            let _ = sandbox.conn.progress_handler(0, None::<fn() -> bool>);
             // A cancelled step has no answer to repeat: nobody received this one.
             if !cancelled.load(Ordering::Relaxed) {
                 sandbox.answered.insert(request.idempotency_key.clone(), answer.clone());
@@ -220,15 +230,19 @@ impl Drop for CancelOnDrop {
 /// Opens a fresh in-memory sandbox database, locked down as the module docs say.
 fn open_sandbox(checking: Arc<AtomicBool>) -> Result<Connection, String> {
     let fail = |what: &str, e: rusqlite::Error| format!("could not {what} in the sandbox: {e}");
-    let conn = Connection::open_in_memory().map_err(|e| format!("could not open a sandbox database: {e}"))?;
+    let mut conn = Connection::open_in_memory().map_err(|e| format!("could not open a sandbox database: {e}"))?;
     conn.execute_batch(&format!(
         "PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; \
          PRAGMA main.max_page_count = {MAX_DATABASE_PAGES}; PRAGMA temp.max_page_count = {MAX_DATABASE_PAGES};"
     ))
     .map_err(|e| fail("set its pragmas", e))?;
-    conn.set_limit(Limit::SQLITE_LIMIT_ATTACHED, 0);
-    conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES);
-    conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES);
+    for (limit, value) in [
+        (Limit::SQLITE_LIMIT_ATTACHED, 0),
+        (Limit::SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES),
+        (Limit::SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES),
+    ] {
+        conn.set_limit(limit, value).map_err(|e| fail("set its limits", e))?;
+    }
     for (setting, on) in [
         (DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true),
         (DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false),
@@ -243,7 +257,8 @@ fn open_sandbox(checking: Arc<AtomicBool>) -> Result<Connection, String> {
         } else {
             Authorization::Deny
         }
-    }));
+    }))
+    .map_err(|e| fail("install its authorizer", e))?;
     Ok(conn)
 }
 

@@ -493,7 +493,7 @@ fn busy_and_locked_map_to_unavailable() {
 fn a_second_connection_waits_for_the_write_lock_then_proceeds() {
     let (_dir, clock, core, _lease) = claimed_fixture();
     let path = core.connection().path().unwrap().to_owned();
-    let other = core_at(&path, &clock, 99);
+    let mut other = core_at(&path, &clock, 99);
     // The waiter reports (through its busy handler) that it found the lock taken.
     static WAITED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     fn note_busy(_attempts: i32) -> bool {
@@ -501,7 +501,7 @@ fn a_second_connection_waits_for_the_write_lock_then_proceeds() {
         std::thread::yield_now();
         true
     }
-    other.connection().busy_handler(Some(note_busy)).unwrap();
+    other.connection_mut().busy_handler(Some(note_busy)).unwrap();
     let tx = core.write_tx().unwrap();
     let waiter = std::thread::spawn(move || other.open_attempts().and_then(|_| other.claim("w2", 1, LEASE_MS)));
     while !WAITED.load(std::sync::atomic::Ordering::SeqCst) {
@@ -1442,16 +1442,18 @@ fn an_open_attempt_is_counted_by_its_command() {
 fn an_ending_write_and_the_claim_after_it_commit_once_outside_a_group() {
     let (_dir, path) = temp_db();
     let clock = clock();
-    let core = core_at(&path, &clock, 1);
+    let mut core = core_at(&path, &clock, 1);
     core.migrate().unwrap();
     let plans = three_queued(&core, &clock);
     let first = core.claim_and_begin("w1", 1, LEASE_MS).unwrap().remove(0);
     let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&commits);
-    core.connection().commit_hook(Some(move || {
-        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        false
-    }));
+    core.connection_mut()
+        .commit_hook(Some(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            false
+        }))
+        .unwrap();
     let claim = leasehold_engine::ClaimRequest {
         owner: "w1".into(),
         batch: 1,
@@ -1476,7 +1478,7 @@ fn an_ending_write_and_the_claim_after_it_commit_once_outside_a_group() {
     };
     assert!(core.worker_then_claim(&first.lease, again, claim).is_err());
     assert_eq!(commits.load(std::sync::atomic::Ordering::SeqCst), 1);
-    core.connection().commit_hook(None::<fn() -> bool>);
+    core.connection_mut().commit_hook(None::<fn() -> bool>).unwrap();
     let statuses: Vec<AttemptStatus> = plans
         .iter()
         .map(|p| core.history(p).unwrap().remove(0).attempt.status)

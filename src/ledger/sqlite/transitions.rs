@@ -249,6 +249,12 @@ impl SqliteCore {
         &self.conn
     }
 
+    /// The underlying connection, to install hooks on it (tests).
+    #[cfg(test)]
+    pub(super) fn connection_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+
     /// The attempts whose records this connection holds (tests).
     #[cfg(test)]
     pub(super) fn cached_records(&self) -> Vec<AttemptId> {
