@@ -49,6 +49,9 @@
 //! tokens, load code, or keep a worker busy past its step budget. It can still spend
 //! up to a step's budget of one blocking thread's CPU and the memory of one capped
 //! database per open delivery.
+//!
+//! Plan SQL runs on SQLite itself, so SQLite's own bugs are within its reach: the
+//! bundled SQLite is kept current (`docs/security.md`).
 
 use super::{describe, pace, payload_delay_ms, ExecRequest, Executor, ExecutorResult};
 use leasehold_engine::{Action, AttemptId, Step};

@@ -245,8 +245,8 @@ pub(crate) fn push_placeholder(dialect: &Dialect, text: &mut String, n: usize) {
 /// The placeholder `n` where it gives a `LIMIT` its value. SQLite's is behind a
 /// unary plus: after 3.46 its planner reads a value bound to a bare `LIMIT`
 /// parameter, and then prepares the statement again whenever that parameter is
-/// bound anew, which a cached statement is on every use (its bindings are cleared
-/// when it returns to the cache). The plus hides the value; the limit is the same.
+/// bound anew or the bindings are cleared, which rusqlite does to a cached
+/// statement on every use. The plus hides the value; the limit is the same.
 pub(crate) fn limit_placeholder(dialect: &Dialect, n: usize) -> String {
     let mut text = String::new();
     if dialect.placeholder == Placeholder::Numbered {
