@@ -1752,3 +1752,31 @@ fn claims_of_different_batches_reuse_the_prepared_claim_statement() {
     );
     assert_eq!(statement.get_status(rusqlite::StatementStatus::RePrepare), 0);
 }
+
+#[test]
+fn enqueues_and_reads_reuse_their_prepared_statements() {
+    // The same for a value in `col = ?` of a statement the planner weighs whole
+    // (a join, a sort): with the planner's stability guarantee off, SQLite marks it
+    // and rusqlite's cache, clearing the bindings after each use, made every
+    // enqueue and every read prepare such statements again.
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    let mut ids = Vec::new();
+    for i in 1..=4 {
+        let plan = core
+            .register_plan(spec(&format!("reuse{i}"), "replay", 1), KNOWN)
+            .unwrap();
+        ids.push(core.enqueue(&plan.id, Action::Execute).unwrap().attempt.id);
+    }
+    for id in &ids {
+        core.attempt(id).unwrap();
+    }
+    let q = super::super::sql::query::queries(&super::super::sql::SQLITE);
+    for sql in [&q.ready_plan_by_fingerprint_locked, &q.history_attempts] {
+        let statement = core.connection().prepare_cached(sql).unwrap();
+        assert!(statement.get_status(rusqlite::StatementStatus::VmStep) > 0, "{sql}");
+        assert_eq!(statement.get_status(rusqlite::StatementStatus::RePrepare), 0, "{sql}");
+    }
+}

@@ -13,6 +13,7 @@ use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
     PlanStatus, Reply, Request, WorkerRequest, Writes,
 };
+use rusqlite::config::DbConfig;
 use rusqlite::Connection;
 
 use std::cell::{Cell, RefCell};
@@ -221,6 +222,13 @@ impl SqliteCore {
         }
         conn.pragma_update(None, "synchronous", "NORMAL").sql()?;
         conn.pragma_update(None, "foreign_keys", "ON").sql()?;
+        // The query planner's stability guarantee: plans never depend on bound
+        // values. Without it SQLite (after 3.46) marks a statement whose plan looked
+        // at a bound value (`col = ?` in a join or a sort, a bare `LIMIT ?`) to be
+        // prepared again when its bindings are cleared, which rusqlite does to every
+        // cached statement after each use: every enqueue and every read paid a fresh
+        // prepare. Our statements are written for their indexes, not for values.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).sql()?;
         // The default 2 MiB page cache no longer holds the indexes a claim walks by
         // random text ids once some ten thousand attempts are queued; claims then read
         // most pages back from the OS. 32 MiB (a ceiling, allocated as used) keeps a
