@@ -244,13 +244,19 @@ fn commit(conn: &rusqlite::Connection) -> Result<(), LedgerError> {
         .map_err(sqlite_error)
 }
 
-/// One SQLite worker: claims (and completes) until nothing is PENDING; answers the
-/// jobs it claimed.
-fn sqlite_worker(path: &Path, kind: RawKind, worker: u32, start: &Barrier) -> Result<u64, LedgerError> {
+/// One SQLite worker: opens its connection, waits for the others, then claims (and
+/// completes) until nothing is PENDING; answers when it started (after the barrier)
+/// and the jobs it claimed.
+fn sqlite_worker(path: &Path, kind: RawKind, worker: u32, start: &Barrier) -> (Instant, Result<u64, LedgerError>) {
     let conn = sqlite_open(path);
     // Every worker passes the barrier, even one that could not open its connection.
     start.wait();
-    let conn = conn?;
+    let started = Instant::now();
+    (started, conn.and_then(|conn| sqlite_work(&conn, kind, worker)))
+}
+
+/// The loop of [`sqlite_worker`] on its open connection.
+fn sqlite_work(conn: &rusqlite::Connection, kind: RawKind, worker: u32) -> Result<u64, LedgerError> {
     let mut claimed = 0u64;
     let mut serial = 0u64;
     // `+status` keeps the planner on the primary key for the outer `UPDATE`: on the
@@ -268,7 +274,7 @@ fn sqlite_worker(path: &Path, kind: RawKind, worker: u32, start: &Barrier) -> Re
         serial += 1;
         let token = format!("{worker:08x}{serial:024x}");
         let now = now_ms();
-        begin_immediate(&conn)?;
+        begin_immediate(conn)?;
         let got: Vec<(i64, String)> = {
             let mut claim = conn.prepare_cached(claim_sql).map_err(sqlite_error)?;
             let rows = claim
@@ -278,20 +284,20 @@ fn sqlite_worker(path: &Path, kind: RawKind, worker: u32, start: &Barrier) -> Re
                 .map_err(sqlite_error)?;
             rows.collect::<Result<_, _>>().map_err(sqlite_error)?
         };
-        commit(&conn)?;
+        commit(conn)?;
         if got.is_empty() {
             return Ok(claimed);
         }
         claimed += got.len() as u64;
         if kind == RawKind::ClaimThenComplete {
             for (id, token) in got {
-                begin_immediate(&conn)?;
+                begin_immediate(conn)?;
                 let n = conn
                     .prepare_cached(complete_sql)
                     .map_err(sqlite_error)?
                     .execute(rusqlite::params![id, token, now_ms()])
                     .map_err(sqlite_error)?;
-                commit(&conn)?;
+                commit(conn)?;
                 if n != 1 {
                     return Err(LedgerError::Internal(format!(
                         "raw baseline (sqlite): the token-checked complete of job {id} matched {n} rows"
@@ -312,13 +318,20 @@ fn sqlite_run(path: &Path, kind: RawKind, workers: u32, jobs: u64) -> Result<Raw
         })
         .collect();
     start.wait();
-    let began = Instant::now();
+    // Timed from the first worker's start, as each worker saw it: this thread may
+    // be scheduled out after the barrier while the workers run.
+    let mut began = Instant::now();
     let mut claimed = 0;
     let mut failure = None;
     for thread in threads {
         match thread.join() {
-            Ok(Ok(n)) => claimed += n,
-            Ok(Err(e)) => failure = Some(e),
+            Ok((started, result)) => {
+                began = began.min(started);
+                match result {
+                    Ok(n) => claimed += n,
+                    Err(e) => failure = Some(e),
+                }
+            }
             Err(_) => failure = Some(LedgerError::Internal("raw baseline (sqlite): a worker panicked".into())),
         }
     }
