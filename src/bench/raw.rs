@@ -194,6 +194,10 @@ fn sqlite_open(path: &Path) -> Result<rusqlite::Connection, LedgerError> {
     conn.busy_timeout(Duration::from_secs(5)).map_err(sqlite_error)?;
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(sqlite_error)?;
+    // As the ledger's: plans never depend on bound values, so a cached statement is
+    // not prepared again on every use (see `SqliteCore::open_with`).
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(sqlite_error)?;
     Ok(conn)
 }
 
@@ -260,13 +264,11 @@ fn sqlite_work(conn: &rusqlite::Connection, kind: RawKind, worker: u32) -> Resul
     let mut claimed = 0u64;
     let mut serial = 0u64;
     // `+status` keeps the planner on the primary key for the outer `UPDATE`: on the
-    // status index it would scan every PENDING job per claim. `+?4` hides the limit's
-    // value from the planner, which would otherwise prepare the statement again on
-    // every use, as the ledger's own claim does (see `ledger::sql::limit_placeholder`).
+    // status index it would scan every PENDING job per claim.
     let claim_sql = "UPDATE job SET status = 'PROCESSING', lease_token = ?1 || '-' || id, lease_until = ?2, \
                      attempts = attempts + 1 \
                      WHERE id IN (SELECT id FROM job WHERE status = 'PENDING' AND available_at <= ?3 \
-                                  ORDER BY available_at, id LIMIT +?4) AND +status = 'PENDING' \
+                                  ORDER BY available_at, id LIMIT ?4) AND +status = 'PENDING' \
                      RETURNING id, lease_token";
     let complete_sql = "UPDATE job SET status = 'DONE', lease_token = NULL, finished_at = ?3 \
                         WHERE id = ?1 AND status = 'PROCESSING' AND lease_token = ?2";

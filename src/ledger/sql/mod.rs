@@ -26,7 +26,7 @@ pub(crate) mod table;
 pub(crate) mod write;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// What went wrong in one try of a SQL backend's transaction.
 #[derive(Debug)]
@@ -240,20 +240,6 @@ pub(crate) fn push_placeholder(dialect: &Dialect, text: &mut String, n: usize) {
             let _ = write!(text, "${n}");
         }
     }
-}
-
-/// The placeholder `n` where it gives a `LIMIT` its value. SQLite's is behind a
-/// unary plus: after 3.46 its planner reads a value bound to a bare `LIMIT`
-/// parameter, and then prepares the statement again whenever that parameter is
-/// bound anew or the bindings are cleared, which rusqlite does to a cached
-/// statement on every use. The plus hides the value; the limit is the same.
-pub(crate) fn limit_placeholder(dialect: &Dialect, n: usize) -> String {
-    let mut text = String::new();
-    if dialect.placeholder == Placeholder::Numbered {
-        text.push('+');
-    }
-    push_placeholder(dialect, &mut text, n);
-    text
 }
 
 /// `n` placeholders from `first`, comma-separated.

@@ -7,7 +7,7 @@
 //! the same text where it does not (SQLite's write transaction holds the database).
 
 use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
-use super::{limit_placeholder, placeholders, Dialect, Value, MYSQL, POSTGRES, SQLITE, SQLITE_WITHOUT_ROOM};
+use super::{placeholders, Dialect, Value, MYSQL, POSTGRES, SQLITE, SQLITE_WITHOUT_ROOM};
 use leasehold_engine::{AttemptStatus, PlanId};
 use std::sync::LazyLock;
 
@@ -144,7 +144,6 @@ fn insert(d: &Dialect, table: &Table, tail: &str) -> String {
 fn build(d: &'static Dialect) -> Queries {
     let p1 = placeholders(d, 1, 1);
     let p2 = placeholders(d, 2, 1);
-    let (limit1, limit2) = (limit_placeholder(d, 1), limit_placeholder(d, 2));
     let lock = d.for_update();
     let plan = PLAN.column_list(None);
     let attempt = ATTEMPT.column_list(None);
@@ -162,10 +161,10 @@ fn build(d: &'static Dialect) -> Queries {
         ),
         plans: format!("SELECT {plan} FROM plan ORDER BY {order}"),
         plans_named: format!("SELECT {plan} FROM plan WHERE name = {p1} ORDER BY {order}"),
-        plans_newest: format!("SELECT {plan} FROM plan ORDER BY {order} DESC LIMIT {limit1}"),
+        plans_newest: format!("SELECT {plan} FROM plan ORDER BY {order} DESC LIMIT {p1}"),
         plans_newest_before: format!(
             "SELECT {plan} FROM plan WHERE {order} < (SELECT {order} FROM plan WHERE id = {p1}) \
-             ORDER BY {order} DESC LIMIT {limit2}"
+             ORDER BY {order} DESC LIMIT {p2}"
         ),
         insert_plan: insert(d, &PLAN, ""),
         set_plan_status: format!("UPDATE plan SET status = {p1} WHERE id = {p2}"),
@@ -199,7 +198,7 @@ fn build(d: &'static Dialect) -> Queries {
                     Some(command) => ("command", command),
                     None => ("attempt", s.as_str()),
                 };
-                format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE status = '{status}' LIMIT {limit1}) t")
+                format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE status = '{status}' LIMIT {p1}) t")
             })
             .collect(),
     }

@@ -42,9 +42,7 @@ pub(super) fn list_attempts(conn: &Connection, query: &AttemptQuery) -> Result<A
         format!("WHERE {}", conditions.join(" AND "))
     };
     params.push(Value::Integer(i64::from(limit) + 1));
-    // `+?`: a bare `LIMIT ?` would be prepared again on every use (see
-    // `sql::limit_placeholder`).
-    let sql = format!("SELECT id FROM attempt {filter} ORDER BY created_at DESC, id DESC LIMIT +?");
+    let sql = format!("SELECT id FROM attempt {filter} ORDER BY created_at DESC, id DESC LIMIT ?");
     // One snapshot for the ids and their records (inside a caller's transaction, that one).
     let tx = if conn.is_autocommit() {
         Some(conn.unchecked_transaction().map_err(sql_error)?)

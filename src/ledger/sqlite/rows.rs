@@ -275,14 +275,9 @@ pub(super) fn read_history(conn: &Connection, plan: &PlanId) -> Result<Vec<Attem
 
 /// The claim statement over the commands matching `range` (one arm of the shared
 /// claim rule, the range of one partial index): see [`CLAIM_PENDING_SQL`].
-///
-/// Its limit is `+?2`, not `?2`: SQLite after 3.46 plans with the value bound to a
-/// bare `LIMIT` parameter and so prepares the statement again each time that value
-/// changes, which a claim's batch does from one call to the next (it cost a third of
-/// the writer's time); a unary plus hides the value from the planner.
 fn claim_sql(range: &str) -> String {
     format!(
-        "SELECT {}, {}, {} FROM (SELECT rowid AS rid FROM command WHERE {range}?1 ORDER BY {} LIMIT +?2) k \
+        "SELECT {}, {}, {} FROM (SELECT rowid AS rid FROM command WHERE {range}?1 ORDER BY {} LIMIT ?2) k \
          CROSS JOIN command c ON c.rowid = k.rid CROSS JOIN attempt a ON a.id = c.attempt_id \
          CROSS JOIN plan p ON p.id = a.plan_id LEFT JOIN receipt r ON r.attempt_id = a.id",
         attempt_and_command(),

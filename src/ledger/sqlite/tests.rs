@@ -1729,9 +1729,9 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
 
 #[test]
 fn claims_of_different_batches_reuse_the_prepared_claim_statement() {
-    // SQLite plans with a value bound to a bare `LIMIT` parameter and prepares the
-    // statement again whenever that value changes; a claim's batch changes from
-    // call to call, so its limit must not be seen (see `rows::claim_sql`).
+    // Without the planner's stability guarantee (see `SqliteCore::open_with`)
+    // SQLite plans with the value bound to the claim's `LIMIT` and prepares the
+    // statement again on every use.
     let (_dir, path) = temp_db();
     let clock = clock();
     let core = core_at(&path, &clock, 1);
@@ -1756,9 +1756,7 @@ fn claims_of_different_batches_reuse_the_prepared_claim_statement() {
 #[test]
 fn enqueues_and_reads_reuse_their_prepared_statements() {
     // The same for a value in `col = ?` of a statement the planner weighs whole
-    // (a join, a sort): with the planner's stability guarantee off, SQLite marks it
-    // and rusqlite's cache, clearing the bindings after each use, made every
-    // enqueue and every read prepare such statements again.
+    // (a join, a sort).
     let (_dir, path) = temp_db();
     let clock = clock();
     let core = core_at(&path, &clock, 1);

@@ -224,10 +224,10 @@ impl SqliteCore {
         conn.pragma_update(None, "foreign_keys", "ON").sql()?;
         // The query planner's stability guarantee: plans never depend on bound
         // values. Without it SQLite (after 3.46) marks a statement whose plan looked
-        // at a bound value (`col = ?` in a join or a sort, a bare `LIMIT ?`) to be
+        // at a bound value (`col = ?` in a join or a sort, a `LIMIT ?`) to be
         // prepared again when its bindings are cleared, which rusqlite does to every
-        // cached statement after each use: every enqueue and every read paid a fresh
-        // prepare. Our statements are written for their indexes, not for values.
+        // cached statement after each use: claims, enqueues and reads each paid a
+        // fresh prepare. Our statements are written for their indexes, not for values.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).sql()?;
         // The default 2 MiB page cache no longer holds the indexes a claim walks by
         // random text ids once some ten thousand attempts are queued; claims then read
