@@ -700,16 +700,5 @@ async fn an_open_attempt_is_counted_by_its_command() {
     )
     .await
     .unwrap();
-    assert_eq!(ledger.open_attempts().await.unwrap(), 1, "a PENDING command is open");
-    assert_eq!(
-        count(AttemptStatus::Queued).await,
-        1,
-        "counted QUEUED by its PENDING command"
-    );
-    assert_eq!(count(AttemptStatus::Running).await, 0);
-    assert_eq!(
-        count(AttemptStatus::Succeeded).await,
-        1,
-        "an ended status is the attempt's own"
-    );
+    crate::ledger::sql::tests::assert_damaged_pair_counted_by_command(&ledger).await;
 }

@@ -263,3 +263,24 @@ mod postgres {
             .unwrap();
     }
 }
+
+/// What a SQL ledger holding one attempt counts once a test has damaged its pair
+/// (the attempt SUCCEEDED, its command back to PENDING): the open count and the
+/// console's QUEUED and RUNNING counts go by the command, the ended states by the
+/// attempt.
+pub(crate) async fn assert_damaged_pair_counted_by_command(ledger: &impl crate::ledger::Ledger) {
+    use leasehold_engine::AttemptStatus;
+    let count = |status| async move { ledger.count_attempts(10).await.unwrap().get(status).unwrap().count };
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1, "a PENDING command is open");
+    assert_eq!(
+        count(AttemptStatus::Queued).await,
+        1,
+        "counted QUEUED by its PENDING command"
+    );
+    assert_eq!(count(AttemptStatus::Running).await, 0);
+    assert_eq!(
+        count(AttemptStatus::Succeeded).await,
+        1,
+        "an ended status is the attempt's own"
+    );
+}
