@@ -772,6 +772,43 @@ fn the_claim_candidate_queries_search_each_range_by_its_own_index() {
     assert!(!text.contains("TEMP B-TREE"), "{text}");
 }
 
+#[test]
+fn claim_candidates_come_whole_and_in_claim_order_even_from_rows_out_of_order() {
+    let (_dir, path) = temp_db();
+    let clock = clock();
+    let core = core_at(&path, &clock, 1);
+    core.migrate().unwrap();
+    for i in 0..3 {
+        let plan = core.register_plan(spec(&format!("p{i}"), "resume", 3), KNOWN).unwrap();
+        core.enqueue(&plan.id, Action::Execute).unwrap();
+        clock.advance_ms(1);
+    }
+    let read = rows::claim_candidates(core.connection(), clock.now(), 3).unwrap();
+    assert_eq!(read.len(), 3);
+    assert!(read.iter().all(|(r, _)| r.receipts.len() == 3), "every receipt of each");
+    let order: Vec<_> = read.iter().map(|(r, _)| r.command.id.clone()).collect();
+    let mut sorted = read.clone();
+    sorted.sort_by(|(a, _), (b, _)| {
+        (a.command.available_at, &a.command.id).cmp(&(b.command.available_at, &b.command.id))
+    });
+    assert_eq!(read, sorted, "claim order");
+    // Rows that did not come one command after another: the newest first, and the
+    // oldest command's receipts split into two entries around the others.
+    let mut first = read[0].clone();
+    let mut split = first.clone();
+    split.0.receipts = vec![first.0.receipts.remove(1)];
+    first.0.receipts.reverse();
+    let scattered = vec![read[2].clone(), first, read[1].clone(), split];
+    assert_eq!(rows::in_claim_order(scattered.clone(), 3), read);
+    // A batch takes the oldest.
+    let two = rows::in_claim_order(scattered, 2);
+    assert_eq!(
+        two.iter().map(|(r, _)| r.command.id.clone()).collect::<Vec<_>>(),
+        order[..2]
+    );
+    assert_eq!(two[0].0.receipts.len(), 3);
+}
+
 /// SQLite's `EXPLAIN QUERY PLAN` of `sql` with `params`, one detail line per step.
 fn query_plan(conn: &rusqlite::Connection, sql: &str, params: impl rusqlite::Params) -> String {
     let lines: Vec<String> = conn

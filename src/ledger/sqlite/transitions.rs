@@ -454,7 +454,8 @@ impl SqliteCore {
         let now = self.clock.now();
         let mut candidates: Vec<Option<rows::Candidate>> =
             rows::claim_candidates(&tx, now, total)?.into_iter().map(Some).collect();
-        let mut decided = Vec::new();
+        // Every vector sized once (see `rows::claim_candidates` on large allocations).
+        let mut decided = Vec::with_capacity(candidates.len());
         for (k, request) in requests.iter().enumerate() {
             let window: Vec<usize> = (0..candidates.len())
                 .filter(|&i| candidates[i].is_some())
@@ -478,7 +479,10 @@ impl SqliteCore {
         // A command taken by someone else between the candidate query and the write
         // is refused and skipped (nothing was written for it).
         let applied = rows::update_many(&tx, self.dialect.get(), &items)?;
-        let mut claimed: Vec<Vec<Claimed>> = requests.iter().map(|_| Vec::new()).collect();
+        let mut claimed: Vec<Vec<Claimed>> = requests
+            .iter()
+            .map(|r| Vec::with_capacity((r.batch as usize).min(decided.len())))
+            .collect();
         let mut records = self.records.borrow_mut();
         for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
             if applied {
