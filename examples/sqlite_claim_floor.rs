@@ -172,7 +172,8 @@ fn now_ms() -> i64 {
 }
 
 /// The candidate read: the ledger's (`rows::claim_sql`) for [`Work::Claim`], the ids
-/// alone for [`Work::Queue`]. `integer`: the tables are keyed by integers.
+/// alone for [`Work::Queue`]; the same text whether the tables are keyed by text or
+/// by integers.
 fn candidate_read(work: Work) -> String {
     let window = "SELECT rowid AS rid FROM command WHERE status = 'PENDING' AND available_at <= ?1 \
                   ORDER BY available_at, id LIMIT ?2";
@@ -280,24 +281,27 @@ fn floor_claim(conn: &Connection, read: &str, work: Work, integer: bool, worker:
             Value::Integer(now),
             Value::Integer(now),
         ];
-        let n = conn
-            .prepare_cached(UPDATE_COMMAND)
-            .expect("prepare")
-            .execute(params_from_iter(values))
-            .expect("update the command");
-        assert_eq!(n, 1, "the guard held");
+        update_one(conn, UPDATE_COMMAND, values);
         if work == Work::Claim {
-            let values = [attempt.clone(), Value::Text("RUNNING".into()), Value::Integer(now)];
-            let n = conn
-                .prepare_cached(UPDATE_ATTEMPT)
-                .expect("prepare")
-                .execute(params_from_iter(values))
-                .expect("update the attempt");
-            assert_eq!(n, 1, "the attempt exists");
+            update_one(
+                conn,
+                UPDATE_ATTEMPT,
+                [attempt.clone(), Value::Text("RUNNING".into()), Value::Integer(now)],
+            );
         }
     }
     conn.execute_batch("COMMIT").expect("commit");
     Some(ids.len() as u64)
+}
+
+/// Runs an `UPDATE` that must match exactly one row (the guard held, the row exists).
+fn update_one<const N: usize>(conn: &Connection, sql: &str, values: [Value; N]) {
+    let n = conn
+        .prepare_cached(sql)
+        .expect("prepare")
+        .execute(params_from_iter(values))
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    assert_eq!(n, 1, "{sql} matched one row");
 }
 
 /// Rebuilds the attempt, command and receipt tables of the ledger at `path` keyed by
