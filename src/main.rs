@@ -1,6 +1,6 @@
 //! The `leasehold` command line: register plans, enqueue attempts, run workers, and
 //! inspect and repair deliveries. Exit codes: 0 ok, 1 internal error, 2 bad input,
-//! 3 refused.
+//! 3 refused, 4 gate blocked, 141 the reader of its output went away (as SIGPIPE).
 
 mod cli;
 

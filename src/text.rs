@@ -2,13 +2,21 @@
 //! controls goes through [`clean`] before it is printed for a human, so that no
 //! newline, carriage return, escape sequence or other control character in a plan
 //! name, step code, error message, id or evidence value can forge a line of output
-//! or drive the terminal. JSON output needs none of this: its encoder escapes them.
+//! or drive the terminal, and no invisible or separator character (a zero-width
+//! space, a bidirectional override, a no-break space…) can make one stored name look
+//! like another: each is shown as its `\u{…}` escape. The characters escaped are
+//! exactly those no name may hold ([`leasehold_engine::names`]), so names stored
+//! before that rule show their hidden characters. JSON output needs none of this:
+//! its reader sees every character as it is.
 
+use leasehold_engine::names::forbidden;
 use std::borrow::Cow;
 
-/// `text` with every control character (C0, DEL, C1) and every bidirectional
-/// override escaped as `\n`, `\r`, `\t` or `\u{…}`; a backslash stays as it is.
-/// Answers the text itself, unallocated, when it holds none.
+/// `text` with every character no name may hold — control characters (C0, DEL, C1),
+/// format characters (zero-width, bidirectional, BOM…), separators other than the
+/// plain space, variation selectors and blanks — escaped as `\n`, `\r`, `\t` or
+/// `\u{…}`; a backslash stays as it is. Answers the text itself, unallocated, when
+/// it holds none.
 pub fn clean(text: &str) -> Cow<'_, str> {
     if !text.chars().any(needs_escape) {
         return Cow::Borrowed(text);
@@ -26,9 +34,10 @@ pub fn clean(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// Whether `c` must not reach a terminal as it is.
+/// Whether `c` must not reach a terminal as it is: whether a name may not hold it
+/// ([`leasehold_engine::names::forbidden`]).
 pub fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
+    forbidden(c).is_some()
 }
 
 /// The first 16 characters of a SHA-256 hex digest, or `<not a sha-256>` when the
@@ -57,6 +66,18 @@ mod tests {
             clean("[w1] x\n[w1] attempt y: delivered"),
             "[w1] x\\n[w1] attempt y: delivered"
         );
+    }
+
+    #[test]
+    fn invisible_and_separator_characters_are_escaped_and_letters_are_not() {
+        assert_eq!(clean("dry\u{200b}-run"), "dry\\u{200b}-run");
+        assert_eq!(
+            clean("a\u{2028}b\u{2029}c\u{feff}d\u{a0}e\u{3000}f\u{ad}g\u{fe0f}h\u{e0041}"),
+            "a\\u{2028}b\\u{2029}c\\u{feff}d\\u{a0}e\\u{3000}f\\u{ad}g\\u{fe0f}h\\u{e0041}"
+        );
+        for plain in ["déploiement", "部署", "two words", "naïve ✓"] {
+            assert!(matches!(clean(plain), Cow::Borrowed(_)), "{plain}");
+        }
     }
 
     #[test]

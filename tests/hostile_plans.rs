@@ -391,6 +391,102 @@ fn control_characters_are_refused_in_plans_and_escaped_in_output() {
 }
 
 #[test]
+fn invisible_and_separator_characters_are_refused_in_plans_by_field_and_code_point() {
+    let db = Db::new();
+    let step = |code: &str| json!([{"code": code, "executor": "dry-run:v1"}]);
+    let cases = [
+        (
+            "name",
+            "U+200B",
+            json!({"name": "dry\u{200b}-run", "recovery": "resume", "steps": step("a")}),
+        ),
+        (
+            "name",
+            "U+00A0",
+            json!({"name": "nightly\u{a0}import", "recovery": "resume", "steps": step("a")}),
+        ),
+        (
+            "steps[0].code",
+            "U+2028",
+            json!({"name": "p", "recovery": "resume", "steps": step("a\u{2028}b")}),
+        ),
+        (
+            "steps[0].code",
+            "U+E0041",
+            json!({"name": "p", "recovery": "resume", "steps": step("a\u{e0041}")}),
+        ),
+        (
+            "volatile_fields[0]",
+            "U+FEFF",
+            json!({"name": "p", "recovery": "resume", "volatile_fields": ["\u{feff}at"], "steps": step("a")}),
+        ),
+    ];
+    for (field, code_point, plan) in cases {
+        let file = db.path("bad.json");
+        std::fs::write(&file, plan.to_string()).unwrap();
+        let out = db.run(&["plan", "add", file.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{plan}");
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            format!(
+                "error: plan file {}: {field}: must not contain invisible or separator characters (found {code_point})\n",
+                file.display()
+            )
+        );
+        assert!(out.stdout.is_empty());
+    }
+    assert_eq!(db.ok(&["plan", "list"]), "no plans\n");
+    // Letters of every script and plain spaces stay allowed.
+    let file = db.path("good.json");
+    let good = json!({"name": "déploiement 部署", "recovery": "resume", "steps": step("étape 1")});
+    std::fs::write(&file, good.to_string()).unwrap();
+    db.ok(&["plan", "add", file.to_str().unwrap()]);
+    assert!(db.ok(&["plan", "list"]).contains("déploiement 部署"));
+}
+
+#[test]
+fn token_names_and_worker_ids_with_invisible_characters_are_refused() {
+    let db = Db::new();
+    let out = db.run(&["token", "add", "ci\u{200b}-bot", "--role", "admin"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "error: token name: must not contain invisible or separator characters (found U+200B)\n"
+    );
+    assert!(out.stdout.is_empty(), "no secret is printed for a refused name");
+    assert_eq!(db.ok(&["token", "list"]), "no tokens\n");
+    let out = db.run(&["worker", "--id", "w\u{2060}1", "--until-idle"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "error: --id: must not contain invisible or separator characters (found U+2060)\n"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn names_stored_before_the_rule_show_their_invisible_characters() {
+    let db = Db::new();
+    db.enqueue("p", &dry_run_plan("p"));
+    let conn = rusqlite::Connection::open(db.path("ledger.db")).unwrap();
+    conn.execute(
+        "UPDATE plan SET name = ?1, steps_json = replace(steps_json, '\"hello\"', ?2)",
+        ("dry\u{200b}-run", "\"hel\u{2029}lo\""),
+    )
+    .unwrap();
+    drop(conn);
+    let list = db.ok(&["plan", "list"]);
+    assert!(list.contains("dry\\u{200b}-run"), "{list}");
+    let history = db.ok(&["history", "dry\u{200b}-run"]);
+    assert!(history.contains("dry\\u{200b}-run"), "{history}");
+    let shown = db.ok(&["plan", "show", "dry\u{200b}-run"]);
+    assert!(shown.contains("hel\\u{2029}lo"), "{shown}");
+    for text in [&list, &history, &shown] {
+        assert!(!text.contains(['\u{200b}', '\u{2029}']), "{text:?}");
+    }
+}
+
+#[test]
 fn a_plan_file_is_read_only_up_to_its_size_limit() {
     let db = Db::new();
     let out = db.run(&["plan", "add", "/dev/zero"]);

@@ -1,11 +1,12 @@
 //! The sans-IO core of leasehold.
 //!
 //! Plain data in, plain data out: the model ([`model`]), plan validation and
-//! fingerprints ([`plan`], [`canonical`]), every transition of the design's table as
-//! a guard plus writes ([`transition`]), the request vocabulary that names them all
-//! as data with its one entry point ([`request::decide`]), lease math and the configuration clamp
-//! ([`lease`]), and the worker driver ([`driver`]). Time, ids and lease tokens are
-//! arguments; nothing here reads a clock, draws a random number or does I/O.
+//! fingerprints ([`plan`], [`canonical`]), what a name may hold ([`names`]), every
+//! transition of the design's table as a guard plus writes ([`transition`]), the
+//! request vocabulary that names them all as data with its one entry point
+//! ([`request::decide`]), lease math and the configuration clamp ([`lease`]), and the
+//! worker driver ([`driver`]). Time, ids and lease tokens are arguments; nothing here
+//! reads a clock, draws a random number or does I/O.
 
 pub mod canonical;
 pub mod driver;
@@ -14,6 +15,7 @@ pub mod gate;
 pub mod ids;
 pub mod lease;
 pub mod model;
+pub mod names;
 pub mod plan;
 pub mod request;
 pub mod transition;

@@ -6,6 +6,7 @@
 use crate::canonical::fingerprint;
 use crate::ids::{AttemptId, PlanId, Timestamp};
 use crate::model::{Plan, PlanStatus, Recovery, Step};
+use crate::names::Forbidden;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -96,6 +97,16 @@ pub enum PlanError {
         field: String,
         /// The first one, escaped (`\n`, `\u{1b}`).
         found: String,
+    },
+    /// A name, code or volatile field holds a format, separator or otherwise
+    /// invisible character ([`crate::names`]), which would make it look like
+    /// another name.
+    #[error("{field}: must not contain invisible or separator characters (found {code_point})")]
+    InvisibleCharacter {
+        /// The field, e.g. `steps[2].code`.
+        field: String,
+        /// The first one, as `U+200B`.
+        code_point: String,
     },
     /// A name, code or volatile field is too long.
     #[error("{field}: {chars} characters exceeds the limit of {MAX_NAME_CHARS}")]
@@ -197,18 +208,19 @@ impl PlanSpec {
     }
 }
 
-/// Refuses a name, code or volatile field with a control character (C0, DEL, C1, or
-/// a bidirectional override) or longer than [`MAX_NAME_CHARS`].
+/// Refuses a name, code or volatile field holding a character no name may hold
+/// ([`crate::names`]) or longer than [`MAX_NAME_CHARS`].
 fn check_text(field: &str, text: &str) -> Result<(), PlanError> {
-    let is_bad = |c: char| {
-        c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
-    };
-    if let Some(bad) = text.chars().find(|c| is_bad(*c)) {
-        return Err(PlanError::ControlCharacter {
-            field: field.to_owned(),
-            found: bad.escape_default().to_string(),
-        });
-    }
+    crate::names::check(field, text).map_err(|e| match e.forbidden {
+        Forbidden::Control(c) => PlanError::ControlCharacter {
+            field: e.field,
+            found: c.escape_default().to_string(),
+        },
+        Forbidden::Invisible(c) => PlanError::InvisibleCharacter {
+            field: e.field,
+            code_point: crate::names::code_point(c),
+        },
+    })?;
     let chars = text.chars().count();
     if chars > MAX_NAME_CHARS {
         return Err(PlanError::TooLong {
@@ -337,6 +349,35 @@ mod tests {
             .collect();
         let e = build(spec(Value::Array(many))).unwrap_err();
         assert_eq!(e.to_string(), "steps: 1001 entries exceeds the limit of 1000");
+    }
+
+    #[test]
+    fn invisible_and_separator_characters_are_refused_by_field_and_code_point() {
+        let mut s = spec(json!([{"code": "a", "executor": "dry-run:v1"}]));
+        s.name = "dry\u{200b}-run".into();
+        assert_eq!(
+            build(s).unwrap_err().to_string(),
+            "name: must not contain invisible or separator characters (found U+200B)"
+        );
+        let e = build(spec(
+            json!([{"code": "a", "executor": "dry-run:v1"}, {"code": "b\u{2028}", "executor": "dry-run:v1"}]),
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "steps[1].code: must not contain invisible or separator characters (found U+2028)"
+        );
+        let mut s = spec(json!([{"code": "a", "executor": "dry-run:v1"}]));
+        s.volatile_fields = vec!["ok".into(), "\u{feff}at".into()];
+        assert_eq!(
+            build(s).unwrap_err().to_string(),
+            "volatile_fields[1]: must not contain invisible or separator characters (found U+FEFF)"
+        );
+        let mut s =
+            spec(json!([{"code": "étape 1", "executor": "dry-run:v1"}, {"code": "部署", "executor": "dry-run:v1"}]));
+        s.name = "déploiement nocturne".into();
+        s.volatile_fields = vec!["généré_à".into()];
+        build(s).unwrap();
     }
 
     #[test]

@@ -92,7 +92,7 @@ pub(super) async fn run<L: Ledger>(ledger: Arc<L>, args: BenchArgs, json: bool) 
     if json {
         super::render::print_json(&report);
     } else {
-        print!("{}", render(&report, &backend));
+        out!("{}", render(&report, &backend));
     }
     if report.exactly_once() {
         Ok(())

@@ -1,4 +1,8 @@
-//! Argument parsing and dispatch for the `leasehold` binary.
+//! Argument parsing and dispatch for the `leasehold` binary. Everything it prints
+//! goes through [`output`], so a closed pipe ends a command quietly.
+
+#[macro_use]
+mod output;
 
 mod bench;
 mod render;
@@ -32,7 +36,9 @@ const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml"
     version,
     about = "A durable, lease-fenced outbox for multi-step deliveries"
 )]
-#[command(after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked.")]
+#[command(
+    after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked, 141 output closed by its reader."
+)]
 struct Cli {
     /// Database URL: sqlite://FILE (relative or absolute path), sqlite::memory:, or
     /// mysql://USER[:PASSWORD]@HOST[:PORT]/DB[?pool_max=N&connect_timeout_ms=N…] (MySQL, MariaDB), or
@@ -382,7 +388,7 @@ pub fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
+            errln!("error: cannot start the runtime: {e}");
             return ExitCode::from(1);
         }
     };
@@ -394,7 +400,7 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             if !f.message.is_empty() {
-                eprintln!("error: {}", leasehold::text::clean(&f.message));
+                errln!("error: {}", leasehold::text::clean(&f.message));
             }
             ExitCode::from(f.code)
         }
@@ -456,10 +462,10 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         Command::Migrate => {
             let applied = ledger.migrate().await?;
             if applied.is_empty() {
-                println!("schema is up to date");
+                outln!("schema is up to date");
             } else {
                 let list: Vec<String> = applied.iter().map(u32::to_string).collect();
-                println!("applied migrations: {}", list.join(", "));
+                outln!("applied migrations: {}", list.join(", "));
             }
             Ok(())
         }
@@ -475,7 +481,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&plan);
             } else {
-                println!("{} {}", plan.id, plan.fingerprint);
+                outln!("{} {}", plan.id, plan.fingerprint);
             }
             Ok(())
         }
@@ -484,7 +490,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&plans);
             } else {
-                print!("{}", render::plan_list(&plans));
+                out!("{}", render::plan_list(&plans));
             }
             Ok(())
         }
@@ -493,7 +499,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&plan);
             } else {
-                print!("{}", render::plan(&plan));
+                out!("{}", render::plan(&plan));
             }
             Ok(())
         }
@@ -503,7 +509,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&plan);
             } else {
-                println!("plan {} is {}", plan.id, plan.status);
+                outln!("plan {} is {}", plan.id, plan.status);
             }
             Ok(())
         }
@@ -513,7 +519,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&record);
             } else {
-                println!("{}", record.attempt.id);
+                outln!("{}", record.attempt.id);
             }
             Ok(())
         }
@@ -534,6 +540,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                 lease_secs.clamp(1, 86_400) * 1_000,
             );
             let id = id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
+            check_worker_id(&id)?;
             let settings = WorkerSettings {
                 until_idle,
                 grace_ms: grace_secs.clamp(0, 3_600) * 1_000,
@@ -541,7 +548,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             };
             let executors = Arc::new(http.executors(settings.step_timeout)?);
             let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
-            println!(
+            outln!(
                 "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
                 leasehold::text::clean(&id),
                 report.claimed,
@@ -557,7 +564,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&record);
             } else {
-                print!("{}", render::status(&record));
+                out!("{}", render::status(&record));
             }
             Ok(())
         }
@@ -567,7 +574,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&records);
             } else {
-                print!("{}", render::history(&plan, &records));
+                out!("{}", render::history(&plan, &records));
             }
             Ok(())
         }
@@ -581,11 +588,12 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             } else {
                 match outcome {
                     ReconcileOutcome::Requeued => {
-                        println!("requeued attempt {}: its expired lease was cleared", record.attempt.id)
+                        outln!("requeued attempt {}: its expired lease was cleared", record.attempt.id)
                     }
-                    ReconcileOutcome::Unchanged => println!(
+                    ReconcileOutcome::Unchanged => outln!(
                         "left attempt {} unchanged: its command is {}",
-                        record.attempt.id, record.command.status
+                        record.attempt.id,
+                        record.command.status
                     ),
                 }
             }
@@ -596,7 +604,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&record);
             } else {
-                println!("aborted attempt {}", record.attempt.id);
+                outln!("aborted attempt {}", record.attempt.id);
             }
             Ok(())
         }
@@ -630,7 +638,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&report::comparison_json(&comparison, &plan));
             } else {
-                print!("{}", report::comparison_text(&comparison, &plan));
+                out!("{}", report::comparison_text(&comparison, &plan));
             }
             Ok(())
         }
@@ -641,7 +649,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             if json {
                 render::print_json(&report::gate_json(&gate, &plan));
             } else {
-                print!("{}", report::gate_text(&gate, &plan));
+                out!("{}", report::gate_text(&gate, &plan));
             }
             match report::gate_exit_code(&gate) {
                 0 => Ok(()),
@@ -667,7 +675,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                     step_timeout_secs: 300,
                     http,
                 };
-                println!();
+                outln!();
                 serve(ledger, args).await?;
             }
             Ok(())
@@ -709,8 +717,8 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
         faults,
         listener,
         |store| {
-            println!("leasehold target listening on http://{addr}");
-            println!(
+            outln!("leasehold target listening on http://{addr}");
+            outln!(
                 "keys in {store}; faults: fail-rate {}, drop-reply-rate {}, delay {} ms, seed {seed}",
                 faults.fail_rate,
                 faults.drop_reply_rate,
@@ -727,6 +735,22 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
         },
         message: e.to_string(),
     })
+}
+
+/// Refuses a `--id` no lease owner may have: blank, holding a character no name may
+/// hold ([`leasehold_engine::names`]), or longer than a name may be.
+fn check_worker_id(id: &str) -> Outcome {
+    if id.trim().is_empty() {
+        return Err(Failure::bad_input("--id: must not be empty"));
+    }
+    leasehold_engine::names::check("--id", id).map_err(|e| Failure::bad_input(e.to_string()))?;
+    let (chars, max) = (id.chars().count(), leasehold_engine::plan::MAX_NAME_CHARS);
+    if chars > max {
+        return Err(Failure::bad_input(format!(
+            "--id: {chars} characters exceeds the limit of {max}"
+        )));
+    }
+    Ok(())
 }
 
 /// How a command-line worker runs, beyond its [`WorkerConfig`].
@@ -747,7 +771,7 @@ async fn run_worker<L: Ledger>(
     let prefix = leasehold::text::clean(id).into_owned();
     let worker = Worker::new(id, ledger, executors, Arc::new(SystemClock), config)
         .with_step_timeout(settings.step_timeout)
-        .on_event(move |event: &WorkerEvent| println!("[{prefix}] {}", leasehold::text::clean(&event.to_string())));
+        .on_event(move |event: &WorkerEvent| outln!("[{prefix}] {}", leasehold::text::clean(&event.to_string())));
     let options = RunOptions {
         until_idle: settings.until_idle,
         grace_ms: settings.grace_ms,
@@ -830,28 +854,29 @@ async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {
     let executors = Arc::new(http.executors(leasehold::worker::DEFAULT_STEP_TIMEOUT)?);
     let applied = ledger.migrate().await?;
     if !applied.is_empty() {
-        println!("migrated the database schema");
+        outln!("migrated the database schema");
     }
     let spec = parse_plan(REHEARSAL_PLAN, false).map_err(|e| Failure {
         code: 1,
         message: format!("built-in rehearsal plan: {e}"),
     })?;
     let plan = ledger.register_plan(spec, &executors.names()).await?;
-    println!(
+    outln!(
         "plan {} ({}, {} steps, recovery {})",
         plan.id,
         plan.name,
         plan.steps.len(),
         plan.recovery
     );
-    println!("fingerprint {}", plan.fingerprint);
+    outln!("fingerprint {}", plan.fingerprint);
     let config = WorkerConfig::clamped(true, 50, 5, 30_000);
     let mut attempts = Vec::new();
     for n in 1..=2 {
         let record = ledger.enqueue(&plan.id, Action::Execute).await?;
-        println!(
+        outln!(
             "\nenqueued attempt {} (#{}) — running it with an in-process worker",
-            record.attempt.id, record.attempt.number
+            record.attempt.id,
+            record.attempt.number
         );
         let stop = std::future::pending::<()>();
         let settings = WorkerSettings {
@@ -876,21 +901,21 @@ async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {
         }
         attempts.push(record.attempt.id);
     }
-    println!();
+    outln!();
     let mut records = Vec::new();
     for id in &attempts {
         let record = ledger.attempt(id).await?;
-        print!("{}", render::outcome(&plan, &record));
+        out!("{}", render::outcome(&plan, &record));
         records.push(record);
     }
-    println!();
-    print!(
+    outln!();
+    out!(
         "{}",
         report::comparison_text(&compare(&plan, &records[0], &records[1]), &plan)
     );
-    println!();
+    outln!();
     let history = ledger.history(&plan.id).await?;
-    print!("{}", report::gate_text(&gate(&plan, &history), &plan));
+    out!("{}", report::gate_text(&gate(&plan, &history), &plan));
     Ok(())
 }
 
@@ -926,10 +951,11 @@ async fn token<S: TokenStore>(store: &S, command: TokenCommand, json: bool) -> O
                     &serde_json::json!({"name": info.name, "role": info.role, "token": secret.expose()}),
                 );
             } else {
-                println!("{}", secret.expose());
-                eprintln!(
+                outln!("{}", secret.expose());
+                errln!(
                     "created {} token {:?}: the token above is shown only now (only its SHA-256 is stored)",
-                    info.role, info.name
+                    info.role,
+                    info.name
                 );
             }
             Ok(())
@@ -939,10 +965,10 @@ async fn token<S: TokenStore>(store: &S, command: TokenCommand, json: bool) -> O
             if json {
                 render::print_json(&tokens);
             } else if tokens.is_empty() {
-                println!("no tokens");
+                outln!("no tokens");
             } else {
                 for t in &tokens {
-                    println!(
+                    outln!(
                         "{:<24} {:<8} created {}  {}",
                         t.name,
                         t.role,
@@ -959,7 +985,7 @@ async fn token<S: TokenStore>(store: &S, command: TokenCommand, json: bool) -> O
             if json {
                 render::print_json(&info);
             } else {
-                println!("revoked token {:?}", info.name);
+                outln!("revoked token {:?}", info.name);
             }
             Ok(())
         }
@@ -993,7 +1019,7 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
     let applied = ledger.migrate().await?;
     if !applied.is_empty() {
         let list: Vec<String> = applied.iter().map(u32::to_string).collect();
-        println!("applied migrations: {}", list.join(", "));
+        outln!("applied migrations: {}", list.join(", "));
     }
     let listener = bind("--listen", &args.listen).await?;
     let metrics = match &args.metrics_listen {
@@ -1025,22 +1051,22 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
             code: 1,
             message: p.detail,
         })?;
-        println!(
+        outln!(
             "no API token existed: created admin token {:?} (shown only now):",
             info.name
         );
-        println!("  {}", secret.expose());
-        println!("log in to the console once with this link (valid 15 minutes, one use):");
-        println!("  {base}{path}");
+        outln!("  {}", secret.expose());
+        outln!("log in to the console once with this link (valid 15 minutes, one use):");
+        outln!("  {base}{path}");
     }
-    println!(
+    outln!(
         "serving the console at {base}/attempts, the API at {base}/api/v1 and metrics at {base}/metrics; {} in-process worker{}",
         args.workers,
         if args.workers == 1 { "" } else { "s" }
     );
     if let Some(m) = &metrics {
         if let Ok(a) = m.local_addr() {
-            println!("serving /metrics without authentication at http://{a}/metrics");
+            outln!("serving /metrics without authentication at http://{a}/metrics");
         }
     }
     let pool = leasehold::serve::WorkerPool {
@@ -1062,9 +1088,13 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
             message: format!("server: {e}"),
         })?;
     let w = report.workers;
-    println!(
+    outln!(
         "stopped: workers claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
-        w.claimed, w.delivered, w.failed, w.refused, w.abandoned
+        w.claimed,
+        w.delivered,
+        w.failed,
+        w.refused,
+        w.abandoned
     );
     Ok(())
 }

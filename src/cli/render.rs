@@ -21,8 +21,8 @@ fn c(value: impl Display) -> String {
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: Serialize>(value: &T) {
     match serde_json::to_string_pretty(value) {
-        Ok(text) => println!("{text}"),
-        Err(e) => eprintln!("error: cannot render JSON: {e}"),
+        Ok(text) => outln!("{text}"),
+        Err(e) => errln!("error: cannot render JSON: {e}"),
     }
 }
 

@@ -101,7 +101,8 @@ impl<E: Executor> DynExecutor for E {
 /// Why an [`ExecutorsBuilder`] refused a registration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistryError {
-    /// The name is empty, too long, or has whitespace or control characters.
+    /// The name is empty, too long, or has whitespace or a character no name may
+    /// hold ([`leasehold_engine::names`]: control, invisible, separator).
     #[error("executor name {0:?} is invalid (1 to 64 printable characters, no spaces)")]
     InvalidName(String),
     /// The name is already taken (by a built-in or an earlier registration).
@@ -205,7 +206,8 @@ impl ExecutorsBuilder {
         let name = name.into();
         let valid = !name.is_empty()
             && name.chars().count() <= 64
-            && !name.chars().any(|c| c.is_whitespace() || c.is_control());
+            && !name.chars().any(char::is_whitespace)
+            && leasehold_engine::names::first_forbidden(&name).is_none();
         let taken =
             [dry_run::NAME, sandbox::NAME, http::NAME].contains(&name.as_str()) || self.custom.contains_key(&name);
         if self.error.is_none() {
@@ -421,7 +423,14 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(err, RegistryError::Duplicate("a:v1".into()));
-        for bad in ["", "has space", "ctl\u{7}"] {
+        for bad in [
+            "",
+            "has space",
+            "ctl\u{7}",
+            "acme\u{200b}-crm:v1",
+            "nb\u{a0}sp:v1",
+            "bom\u{feff}:v1",
+        ] {
             let err = Executors::builder().register(bad, Echo).build().unwrap_err();
             assert_eq!(err, RegistryError::InvalidName(bad.into()));
         }

@@ -65,6 +65,9 @@ pub fn init(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
+        // A line that cannot be written (stderr closed) is dropped, not reported on
+        // that same stderr, which would panic.
+        .log_internal_errors(false)
         .with_target(false);
     let _ = match format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

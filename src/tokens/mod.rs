@@ -139,8 +139,11 @@ pub fn token_hash(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-/// Checks a token name: 1 to [`NAME_MAX_CHARS`] characters of `A-Z a-z 0-9 . _ -`.
+/// Checks a token name: no character a name may not hold
+/// ([`leasehold_engine::names`], refused naming its code point), then 1 to
+/// [`NAME_MAX_CHARS`] characters of `A-Z a-z 0-9 . _ -`.
 pub fn check_name(name: &str) -> Result<(), LedgerError> {
+    leasehold_engine::names::check("token name", name).map_err(|e| LedgerError::BadInput(e.to_string()))?;
     let ok = !name.is_empty()
         && name.chars().count() <= NAME_MAX_CHARS
         && name
@@ -287,5 +290,10 @@ mod tests {
         for bad in ["", "has space", "new\nline", &"x".repeat(NAME_MAX_CHARS + 1), "é"] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
+        let e = check_name("ci\u{200b}-bot").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "token name: must not contain invisible or separator characters (found U+200B)"
+        );
     }
 }
