@@ -843,6 +843,7 @@ async fn a_console_session_is_a_strict_http_only_cookie_that_revocation_ends() {
     let act = client
         .post(format!("{}/api/v1/plans", server.base))
         .header("cookie", session.clone())
+        .header("content-type", "application/json")
         .body("{}")
         .send()
         .await

@@ -74,7 +74,9 @@ fn audit(who: &Principal, action: &str, target: &str, outcome: &str) {
     info(
         title = "leasehold",
         description = "The leasehold outbox: plans, attempts, reconcile, comparison and release gate. \
-                       Authenticate with `Authorization: Bearer <token>` (see `leasehold token add`)."
+                       Authenticate with `Authorization: Bearer <token>` (see `leasehold token add`). \
+                       A change authenticated by the console's session cookie instead must send \
+                       `Content-Type: application/json` (else 415)."
     ),
     modifiers(&BearerAuth),
     components(schemas(Problem, EnqueueBody, AbortBody, TokenBody))
@@ -113,6 +115,7 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(openapi_json))
         .routes(routes!(list_tokens, add_token))
         .routes(routes!(revoke_token))
+        .route_layer(axum::middleware::from_fn(super::auth::json_only_for_sessions))
 }
 
 /// The OpenAPI document, generated from the handlers' annotations.
@@ -570,6 +573,7 @@ async fn add_token(State(app): State<App>, headers: HeaderMap, bytes: Bytes) -> 
 async fn revoke_token(State(app): State<App>, headers: HeaderMap, Path(name): Path<String>) -> ApiResult {
     let who = app.require(&headers, Role::Admin).await?;
     let info = app.backend().revoke_token(&name, app.now()).await?;
+    app.sessions().close_token(&info.name);
     audit(&who, "revoke_token", &info.name, "revoked");
     ok(to_json(&info)?)
 }

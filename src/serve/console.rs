@@ -6,7 +6,9 @@
 //! legal and permitted), `/attempts/{id}/confirm?action=…` (every action asks
 //! first), `/plans`, `/plans/{plan}` (release gate checks, then the evidence
 //! history, then a comparison form), `/plans/{plan}/compare`, `/plans/{plan}/gate`,
-//! and `/login`. The attempts list and an open attempt's page refresh their live
+//! and `/login`. After an action, the attempt page shows the fixed notice its
+//! redirect names (`?done=requeued`, `unchanged`, `aborted`, `retried`,
+//! `compensated`); any other value shows nothing. The attempts list and an open attempt's page refresh their live
 //! region every 2 s (`?fragment=live` answers just that region); the script pauses
 //! on request and stops while the tab is hidden. Everything works without a mouse:
 //! plain links, forms and buttons, a skip link, visible focus.
@@ -32,6 +34,7 @@ use leasehold_engine::{
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
+use std::time::Instant;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -529,7 +532,8 @@ async fn attempt_page(
         a.action,
         params
             .get("done")
-            .map(|d| format!("\n<p class=\"notice\" role=\"status\">{}</p>", esc(d)))
+            .and_then(|key| done_text(key))
+            .map(|text| format!("\n<p class=\"notice\" role=\"status\">{text}</p>"))
             .unwrap_or_default()
     );
     let mut region = format!(
@@ -583,6 +587,19 @@ async fn attempt_page(
     }
     let src = format!("/attempts/{}?fragment=live", q(a.id.as_str()));
     Ok(live_response(&params, &title, &who, &before, &region, &src, open))
+}
+
+/// The notice an action's redirect names (`?done=KEY`): a fixed text per key, and
+/// nothing for any other key, so that a link cannot put its own words on the page.
+fn done_text(key: &str) -> Option<&'static str> {
+    match key {
+        "requeued" => Some("Requeued: the expired lease was cleared; the attempt waits for a worker."),
+        "unchanged" => Some("Unchanged: there was no expired lease to clear."),
+        "aborted" => Some("Aborted."),
+        "retried" => Some("Retry enqueued: this is the new attempt."),
+        "compensated" => Some("Compensation enqueued: this is the new attempt."),
+        _ => None,
+    }
 }
 
 fn action_of(name: &str) -> Option<(&'static str, &'static str)> {
@@ -648,35 +665,30 @@ async fn act(
         .get("action")
         .and_then(|a| action_of(a))
         .ok_or_else(|| Problem::bad_input("action: must be reconcile, abort, retry or compensate"))?;
-    let result: Result<(String, String), Problem> = match action {
+    let result: Result<(String, &str), Problem> = match action {
         "reconcile" => do_reconcile(&app, &who, &id).await.map(|(outcome, r)| {
             let done = match outcome {
-                ReconcileOutcome::Requeued => {
-                    "Requeued: the expired lease was cleared; the attempt waits for a worker.".to_owned()
-                }
-                ReconcileOutcome::Unchanged => format!("Unchanged: the command is {}.", r.command.status),
+                ReconcileOutcome::Requeued => "requeued",
+                ReconcileOutcome::Unchanged => "unchanged",
             };
             (r.attempt.id.as_str().to_owned(), done)
         }),
         "abort" => do_abort(&app, &who, &id, form.get("reason").map(String::as_str))
             .await
-            .map(|r| (r.attempt.id.as_str().to_owned(), "Aborted.".to_owned())),
+            .map(|r| (r.attempt.id.as_str().to_owned(), "aborted")),
         other => {
-            let a = if other == "retry" {
-                Action::Retry
+            let (a, done) = if other == "retry" {
+                (Action::Retry, "retried")
             } else {
-                Action::Compensate
+                (Action::Compensate, "compensated")
             };
-            do_follow_up(&app, &who, &id, a).await.map(|r| {
-                (
-                    r.attempt.id.as_str().to_owned(),
-                    format!("Enqueued {} attempt #{} (from attempt {id}).", a, r.attempt.number),
-                )
-            })
+            do_follow_up(&app, &who, &id, a)
+                .await
+                .map(|r| (r.attempt.id.as_str().to_owned(), done))
         }
     };
     match result {
-        Ok((target, done)) => Ok(Redirect::to(&format!("/attempts/{}?done={}", q(&target), q(&done))).into_response()),
+        Ok((target, done)) => Ok(Redirect::to(&format!("/attempts/{}?done={done}", q(&target))).into_response()),
         Err(p) if p.status == 409 || p.status == 400 => {
             let body = confirm_form(&id, action, question, Some(&p.detail));
             Ok((p.status_code(), html(&format!("Confirm {action}"), &who, &body)).into_response())
@@ -1088,8 +1100,8 @@ fn login_form(error: Option<&str>) -> String {
     out
 }
 
-fn logged_in(token_hash: String, app: &App) -> PageResult {
-    let id = app.sessions().open(token_hash)?;
+fn logged_in(token_hash: String, token_name: &str, app: &App) -> PageResult {
+    let id = app.sessions().open(token_hash, token_name, Instant::now())?;
     let mut response = Redirect::to("/attempts").into_response();
     response.headers_mut().insert(header::SET_COOKIE, session_cookie(&id));
     Ok(response)
@@ -1097,9 +1109,13 @@ fn logged_in(token_hash: String, app: &App) -> PageResult {
 
 async fn login_page(State(app): State<App>, Query(params): Query<HashMap<String, String>>) -> PageResult {
     if let Some(code) = params.get("code") {
-        return match app.sessions().redeem(code) {
-            Some(hash) if app.backend().token_by_hash(&hash).await?.is_some() => logged_in(hash, &app),
-            _ => Ok((
+        let token = match app.sessions().redeem(code, Instant::now()) {
+            Some(hash) => app.backend().token_by_hash(&hash).await?.map(|t| (hash, t)),
+            None => None,
+        };
+        return match token {
+            Some((hash, token)) => logged_in(hash, &token.name, &app),
+            None => Ok((
                 StatusCode::UNAUTHORIZED,
                 Html(layout(
                     "Log in",
@@ -1118,9 +1134,11 @@ async fn login_page(State(app): State<App>, Query(params): Query<HashMap<String,
 async fn login(State(app): State<App>, Form(form): Form<HashMap<String, String>>) -> PageResult {
     let token = form.get("token").map(|t| t.trim()).unwrap_or_default();
     let hash = token_hash(token);
-    if !token.is_empty() && app.backend().token_by_hash(&hash).await?.is_some() {
-        tracing::info!(event = "login", "console login");
-        return logged_in(hash, &app);
+    if !token.is_empty() {
+        if let Some(found) = app.backend().token_by_hash(&hash).await? {
+            tracing::info!(event = "login", "console login");
+            return logged_in(hash, &found.name, &app);
+        }
     }
     Ok((
         StatusCode::UNAUTHORIZED,

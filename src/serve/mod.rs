@@ -134,7 +134,8 @@ impl App {
 
     /// A one-time login link's path (`/login?code=…`) for the token with this hash.
     pub fn login_path(&self, token_hash: String) -> Result<String, problem::Problem> {
-        Ok(format!("/login?code={}", self.sessions().login_code(token_hash)?))
+        let code = self.sessions().login_code(token_hash, Instant::now())?;
+        Ok(format!("/login?code={code}"))
     }
 }
 
@@ -240,6 +241,7 @@ pub async fn run<L: Ledger, E: Executor>(
         let stop = stopping();
         workers.spawn(async move { worker.run(stop, options).await });
     }
+    let pruner = tokio::spawn(auth::prune_until(app.clone(), auth::PRUNE_EVERY, stopping()));
     let scrape = metrics.map(|listener| {
         let router = metrics_router(app.clone());
         let stop = stopping();
@@ -271,6 +273,7 @@ pub async fn run<L: Ledger, E: Executor>(
     if let Some(scrape) = scrape {
         let _ = scrape.await;
     }
+    let _ = pruner.await;
     signal.abort();
     served.map(|()| report)
 }

@@ -1,6 +1,7 @@
 //! Errors as `application/problem+json` (RFC 9457), with the CLI's meanings: 400
 //! bad input, 422 invalid plan, 401 no or unknown token, 403 not permitted, 404 not
-//! found, 409 refused by the engine, 503 ledger unavailable, 500 anything else.
+//! found, 409 refused by the engine, 415 a console session's change that is not
+//! JSON, 503 ledger unavailable, 500 anything else.
 //!
 //! A 5xx answer never carries the ledger's own message (it can name the database):
 //! the message goes to the log, redacted, and the answer says only what kind of
@@ -27,8 +28,8 @@ pub struct Problem {
     /// What went wrong, for a person.
     pub detail: String,
     /// A stable machine-readable name: `bad_input`, `invalid_plan`, `unauthorized`,
-    /// `forbidden`, `not_found`, `refused`, `unavailable`, `outcome_unknown`,
-    /// `internal`.
+    /// `forbidden`, `not_found`, `refused`, `unsupported_media_type`, `unavailable`,
+    /// `outcome_unknown`, `internal`.
     pub code: String,
 }
 
@@ -66,6 +67,11 @@ impl Problem {
     /// 404.
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found", detail)
+    }
+
+    /// 415.
+    pub fn unsupported_media_type(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", detail)
     }
 
     /// The status as a [`StatusCode`].
