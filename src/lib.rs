@@ -158,6 +158,7 @@ pub mod clock;
 pub mod entropy;
 pub mod executor;
 pub mod ledger;
+pub mod listener;
 pub mod outbox;
 pub mod report;
 pub mod serve;

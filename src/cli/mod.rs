@@ -196,6 +196,50 @@ struct TargetArgs {
     /// Seeds the fault draws (default: a random seed, printed).
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Seconds requests in flight get to finish after SIGINT/SIGTERM; connections
+    /// still open then are closed (clamped to 0..=3600).
+    #[arg(long, default_value_t = 10)]
+    grace_secs: u64,
+    #[command(flatten)]
+    connections: ListenArgs,
+}
+
+/// The listener's bounds, on `serve` and `target`.
+#[derive(clap::Args, Debug)]
+struct ListenArgs {
+    /// Connections open at once; more are answered 503 and closed at once (clamped to 1..=65536).
+    #[arg(long, value_name = "N", default_value_t = leasehold::listener::MAX_CONNECTIONS_DEFAULT)]
+    max_connections: usize,
+    /// An origin clients reach this server at, http(s)://HOST[:PORT], whose host is
+    /// answered besides IP addresses and localhost (repeatable; also
+    /// LEASEHOLD_PUBLIC_ORIGIN, comma-separated). Any other Host header gets 421.
+    #[arg(
+        long = "public-origin",
+        value_name = "URL",
+        env = "LEASEHOLD_PUBLIC_ORIGIN",
+        value_delimiter = ','
+    )]
+    public_origins: Vec<String>,
+}
+
+impl ListenArgs {
+    fn defaults() -> Self {
+        Self {
+            max_connections: leasehold::listener::MAX_CONNECTIONS_DEFAULT,
+            public_origins: Vec::new(),
+        }
+    }
+
+    /// The listener configuration these flags and a grace period make.
+    fn config(&self, grace_secs: u64) -> Result<leasehold::listener::Config, Failure> {
+        Ok(leasehold::listener::Config {
+            max_connections: self.max_connections.clamp(1, 65_536),
+            grace: Duration::from_secs(grace_secs.clamp(0, 3_600)),
+            hosts: leasehold::listener::AllowedHosts::from_origins("--public-origin", &self.public_origins)
+                .map_err(Failure::bad_input)?,
+            ..leasehold::listener::Config::default()
+        })
+    }
 }
 
 /// The `http:v1` executor's egress allowlist, on `worker` and `demo`.
@@ -260,6 +304,8 @@ struct ServeArgs {
     step_timeout_secs: u64,
     #[command(flatten)]
     http: HttpArgs,
+    #[command(flatten)]
+    connections: ListenArgs,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -674,6 +720,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                     grace_secs: 30,
                     step_timeout_secs: 300,
                     http,
+                    connections: ListenArgs::defaults(),
                 };
                 outln!();
                 serve(ledger, args).await?;
@@ -711,10 +758,12 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
         code: 1,
         message: format!("--listen {}: {e}", args.listen),
     })?;
+    let config = args.connections.config(args.grace_secs)?;
     let stop = stop_signal();
-    leasehold::target::open_and_serve(
+    let served = leasehold::target::open_and_serve_with(
         &db,
         faults,
+        config,
         listener,
         |store| {
             outln!("leasehold target listening on http://{addr}");
@@ -734,7 +783,12 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
             _ => 1,
         },
         message: e.to_string(),
-    })
+    })?;
+    outln!(
+        "stopped: {} connections served, {} refused at --max-connections, {} closed at the end of --grace-secs",
+        served.accepted, served.refused, served.cut_at_grace
+    );
+    Ok(())
 }
 
 /// Refuses a `--id` no lease owner may have: blank, holding a character no name may
@@ -1021,6 +1075,7 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         let list: Vec<String> = applied.iter().map(u32::to_string).collect();
         outln!("applied migrations: {}", list.join(", "));
     }
+    let config = args.connections.config(args.grace_secs)?;
     let listener = bind("--listen", &args.listen).await?;
     let metrics = match &args.metrics_listen {
         Some(addr) => Some(bind("--metrics-listen", addr).await?),
@@ -1081,7 +1136,12 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         grace_ms: args.grace_secs.clamp(0, 3_600) * 1_000,
         step_timeout,
     };
-    let report = leasehold::serve::run(app, ledger, executors, listener, metrics, pool, stop)
+    let listeners = leasehold::serve::Listeners {
+        api: listener,
+        metrics,
+        config,
+    };
+    let report = leasehold::serve::run(app, ledger, executors, listeners, pool, stop)
         .await
         .map_err(|e| Failure {
             code: 1,
@@ -1089,12 +1149,10 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         })?;
     let w = report.workers;
     outln!(
-        "stopped: workers claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
-        w.claimed,
-        w.delivered,
-        w.failed,
-        w.refused,
-        w.abandoned
+        "stopped: workers claimed {}, delivered {}, failed {}, refused {}, abandoned {}; connections refused at --max-connections {}, closed at the end of --grace-secs {}",
+        w.claimed, w.delivered, w.failed, w.refused, w.abandoned,
+        report.api.refused + report.metrics.refused,
+        report.api.cut_at_grace + report.metrics.cut_at_grace
     );
     Ok(())
 }

@@ -1,5 +1,7 @@
 //! `leasehold serve`: the HTTP API (`/api/v1`), the web console, Prometheus metrics
-//! and, optionally, in-process workers, on one axum server.
+//! and, optionally, in-process workers, on one axum router served by
+//! [`crate::listener`] (header and request timeouts, a connection cap, a `Host`
+//! check against DNS rebinding, and a shutdown bounded by the grace period).
 //!
 //! - [`api`]: JSON routes under `/api/v1`, errors as `application/problem+json`
 //!   ([`problem`]), the OpenAPI document generated from the handlers
@@ -9,6 +11,11 @@
 //! - [`auth`]: API tokens with roles ([`crate::tokens`]), console sessions, CSRF
 //!   and security headers.
 //! - [`metrics`] and [`logs`]: `/metrics` and structured `tracing` logs.
+//!
+//! A request that would change something (any method but GET, HEAD and OPTIONS,
+//! other than the login form's POST) from a caller without a valid token or session
+//! reaches its handler with an empty body: the client's body is never read before
+//! authentication, and the handler answers 401 from the headers alone.
 //!
 //! The handlers reach the ledger only through [`Backend`], implemented for every
 //! [`Ledger`] that is also a [`TokenStore`]. Responses never hold a lease token
@@ -30,9 +37,12 @@ use crate::clock::{Clock, SystemClock};
 use crate::executor::Executor;
 use crate::ledger::listing::COUNT_CAP_DEFAULT;
 use crate::ledger::Ledger;
+use crate::listener::Served;
 use crate::tokens::TokenStore;
 use crate::worker::{RunOptions, Worker, WorkerReport};
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
@@ -156,8 +166,23 @@ async fn access_log(request: Request, next: Next) -> Response {
     response
 }
 
+/// Keeps the body of a state-changing request from a caller without credentials
+/// away from its handler (see the module): the handler sees an empty body and
+/// refuses the request on its headers, so nothing the client sends is buffered.
+async fn no_body_before_authentication(State(app): State<App>, request: Request, next: Next) -> Response {
+    let safe = matches!(*request.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if safe || request.uri().path() == "/login" || matches!(app.principal(request.headers()).await, Ok(Some(_))) {
+        return next.run(request).await;
+    }
+    let (mut parts, _unread) = request.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    next.run(Request::from_parts(parts, Body::empty())).await
+}
+
 /// The whole server: API, console, `/metrics` and assets, behind the CSRF guard,
-/// the security headers and the access log.
+/// the security headers and the access log; a body is read only once its request
+/// is authenticated (but the login form's).
 pub fn router(app: App) -> Router {
     let (api, _) = api::routes().split_for_parts();
     Router::new()
@@ -166,6 +191,10 @@ pub fn router(app: App) -> Router {
         .route("/metrics", axum::routing::get(api::metrics_authenticated))
         .fallback(console::not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            no_body_before_authentication,
+        ))
         .layer(middleware::from_fn(auth::csrf_guard))
         .layer(middleware::from_fn(auth::security_headers))
         .layer(middleware::from_fn(access_log))
@@ -195,23 +224,38 @@ pub struct WorkerPool {
     pub step_timeout: Duration,
 }
 
+/// Where `serve` listens, and the bounds of its connections.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The API and console.
+    pub api: TcpListener,
+    /// `/metrics` alone, without authentication (a private scrape port), if given.
+    pub metrics: Option<TcpListener>,
+    /// Timeouts, connection cap (for each listener), allowed hosts and the grace
+    /// period of both listeners.
+    pub config: crate::listener::Config,
+}
+
 /// What a server run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServeReport {
     /// The workers' reports, summed.
     pub workers: WorkerReport,
+    /// The API and console listener's connections.
+    pub api: Served,
+    /// The metrics listener's connections (zero without one).
+    pub metrics: Served,
 }
 
-/// Serves `app` on `listener` (and `/metrics` alone on `metrics`, if given) with
-/// `pool`'s workers delivering from `ledger`, until `stop` resolves: then the
-/// listeners stop accepting, requests in flight finish, and the workers drain
-/// within their grace period.
+/// Serves `app` on `listeners` with `pool`'s workers delivering from `ledger`,
+/// until `stop` resolves: then the listeners close, requests in flight finish and
+/// the workers drain, all within the grace period (connections still open when it
+/// ends are closed; see [`crate::listener`]).
 pub async fn run<L: Ledger, E: Executor>(
     app: App,
     ledger: Arc<L>,
     executor: Arc<E>,
-    listener: TcpListener,
-    metrics: Option<TcpListener>,
+    listeners: Listeners,
     pool: WorkerPool,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<ServeReport> {
@@ -224,43 +268,25 @@ pub async fn run<L: Ledger, E: Executor>(
     };
     let mut workers = tokio::task::JoinSet::new();
     for n in 1..=pool.workers {
-        let id = format!("{}-{n}", pool.id);
-        let worker = Worker::new(
-            id.clone(),
-            Arc::clone(&ledger),
-            Arc::clone(&executor),
-            Arc::new(SystemClock),
-            pool.config,
-        )
-        .with_step_timeout(pool.step_timeout)
-        .on_event(app.metrics().observer(&id));
-        let options = RunOptions {
-            until_idle: false,
-            grace_ms: pool.grace_ms,
-        };
         let stop = stopping();
+        let (worker, options) = pool.worker(n, &app, &ledger, &executor);
         workers.spawn(async move { worker.run(stop, options).await });
     }
     let pruner = tokio::spawn(auth::prune_until(app.clone(), auth::PRUNE_EVERY, stopping()));
-    let scrape = metrics.map(|listener| {
-        let router = metrics_router(app.clone());
-        let stop = stopping();
-        tokio::spawn(async move { axum::serve(listener, router).with_graceful_shutdown(stop).await })
+    let config = listeners.config;
+    let scrape = listeners.metrics.map(|listener| {
+        let (router, config, stop) = (metrics_router(app.clone()), config.clone(), stopping());
+        tokio::spawn(async move { crate::listener::serve(listener, router, config, stop).await })
     });
-    let server = axum::serve(listener, router(app)).with_graceful_shutdown(stopping());
-    let stopped = Arc::new(stopped);
-    let signal = {
-        let stopped = Arc::clone(&stopped);
-        tokio::spawn(async move {
-            stop.await;
-            tracing::info!(event = "stopping", "stop requested: draining requests and workers");
-            let _ = stopped.send(true);
-        })
+    let signal = tokio::spawn(async move {
+        stop.await;
+        tracing::info!(event = "stopping", "stop requested: draining requests and workers");
+        let _ = stopped.send(true);
+    });
+    let mut report = ServeReport {
+        api: crate::listener::serve(listeners.api, router(app), config, stopping()).await,
+        ..ServeReport::default()
     };
-    let served = server.await;
-    // Whatever ended the server (a stop, or an error), the workers drain now.
-    let _ = stopped.send(true);
-    let mut report = ServeReport::default();
     while let Some(done) = workers.join_next().await {
         if let Ok(r) = done {
             report.workers.claimed += r.claimed;
@@ -271,9 +297,36 @@ pub async fn run<L: Ledger, E: Executor>(
         }
     }
     if let Some(scrape) = scrape {
-        let _ = scrape.await;
+        report.metrics = scrape.await.unwrap_or_default();
     }
     let _ = pruner.await;
     signal.abort();
-    served.map(|()| report)
+    Ok(report)
+}
+
+impl WorkerPool {
+    /// The `n`th in-process worker, recording into `app`'s metrics, and how it runs.
+    fn worker<L: Ledger, E: Executor>(
+        &self,
+        n: u32,
+        app: &App,
+        ledger: &Arc<L>,
+        executor: &Arc<E>,
+    ) -> (Worker<L, E, SystemClock>, RunOptions) {
+        let id = format!("{}-{n}", self.id);
+        let worker = Worker::new(
+            id.clone(),
+            Arc::clone(ledger),
+            Arc::clone(executor),
+            Arc::new(SystemClock),
+            self.config,
+        )
+        .with_step_timeout(self.step_timeout)
+        .on_event(app.metrics().observer(&id));
+        let options = RunOptions {
+            until_idle: false,
+            grace_ms: self.grace_ms,
+        };
+        (worker, options)
+    }
 }

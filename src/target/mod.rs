@@ -36,6 +36,11 @@
 //! 503 before anything is done, or have its effect applied and its connection closed
 //! without a reply (the ambiguous case a sender must retry with the same key).
 //!
+//! The receiver is served by [`crate::listener`]: header and request timeouts, a
+//! connection cap, a `Host` check (an IP address, `localhost` or a configured
+//! public origin; anything else is 421, against DNS rebinding) and a shutdown
+//! bounded by a grace period ([`open_and_serve_with`]).
+//!
 //! Storage sits behind [`KeyStore`], one file per backend: [`sqlite::SqliteStore`],
 //! [`mysql::MysqlStore`] and [`postgres::PostgresStore`]. The tables (`leasehold_target_key`,
 //! `leasehold_target_effect`, `leasehold_target_counter`) are created by the target
@@ -50,6 +55,7 @@ pub mod sqlite;
 pub use server::{Faults, Target, MAX_DELAY};
 
 use crate::ledger::DbUrl;
+use crate::listener::Served;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -208,7 +214,8 @@ pub trait KeyStore: Send + Sync + 'static {
 /// `mysql://…` or `postgres://…`), creating the target's tables, and serves `target`'s receiver on
 /// `listener` until `shutdown` resolves. `on_ready` is called with a description
 /// of the store (never a password) once it is open and before the first request is
-/// accepted.
+/// accepted. The listener has the default [`crate::listener::Config`]; see
+/// [`open_and_serve_with`].
 pub async fn open_and_serve(
     db: &DbUrl,
     faults: Faults,
@@ -216,6 +223,22 @@ pub async fn open_and_serve(
     on_ready: impl FnOnce(&str),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StoreError> {
+    let config = crate::listener::Config::default();
+    open_and_serve_with(db, faults, config, listener, on_ready, shutdown)
+        .await
+        .map(|_| ())
+}
+
+/// [`open_and_serve`] with the listener's timeouts, connection cap, allowed hosts
+/// and grace period from `config`; answers what the listener counted.
+pub async fn open_and_serve_with(
+    db: &DbUrl,
+    faults: Faults,
+    config: crate::listener::Config,
+    listener: tokio::net::TcpListener,
+    on_ready: impl FnOnce(&str),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Served, StoreError> {
     let serve_error = |e: std::io::Error| StoreError::Unavailable(format!("cannot serve: {e}"));
     match db {
         DbUrl::Sqlite(path) => {
@@ -226,7 +249,7 @@ pub async fn open_and_serve(
                 on_ready(&format!("sqlite://{path}"));
             }
             Target::new(store, faults)
-                .serve(listener, shutdown)
+                .serve_with(listener, config, shutdown)
                 .await
                 .map_err(serve_error)
         }
@@ -234,7 +257,7 @@ pub async fn open_and_serve(
             let store = mysql::MysqlStore::open(url).await?;
             on_ready(&url.to_string());
             Target::new(store, faults)
-                .serve(listener, shutdown)
+                .serve_with(listener, config, shutdown)
                 .await
                 .map_err(serve_error)
         }
@@ -242,7 +265,7 @@ pub async fn open_and_serve(
             let store = postgres::PostgresStore::open(url).await?;
             on_ready(&url.to_string());
             Target::new(store, faults)
-                .serve(listener, shutdown)
+                .serve_with(listener, config, shutdown)
                 .await
                 .map_err(serve_error)
         }

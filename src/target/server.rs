@@ -8,19 +8,17 @@ use super::{
     Begun, Counted, Effects, FaultCounts, KeyStore, StoreError, StoredResponse, MAX_KEY_CHARS, PROCESSING_HOLD,
 };
 use crate::entropy::{Entropy, OsEntropy, SeededEntropy};
+use crate::listener;
 use axum::body::Bytes;
-use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::IncomingStream;
 use axum::{Json, Router};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -125,23 +123,46 @@ impl<S: KeyStore> Target<S> {
         }
     }
 
-    /// Serves the receiver on `listener` until `shutdown` resolves (then lets the
-    /// requests in flight finish).
+    /// Serves the receiver on `listener` until `shutdown` resolves, with the default
+    /// [`listener::Config`]; see [`Target::serve_with`].
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> io::Result<()> {
+        self.serve_with(listener, listener::Config::default(), shutdown)
+            .await
+            .map(|_| ())
+    }
+
+    /// Serves the receiver on `listener` until `shutdown` resolves (then lets the
+    /// requests in flight finish within `config.grace`), with `config`'s timeouts,
+    /// connection cap and allowed hosts ([`crate::listener`]). The request timeout
+    /// counts from the end of the faults' delay, so a delayed request is not cut.
+    /// Answers what the listener counted.
+    pub async fn serve_with(
+        self,
+        listener: TcpListener,
+        config: listener::Config,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> io::Result<listener::Served> {
+        let config = listener::Config {
+            request_timeout: config.request_timeout + self.faults.delay,
+            ..config
+        };
         let app = Router::new()
             .route("/effects", get(effects::<S>))
             .fallback(deliver::<S>)
             .with_state(Arc::new(self));
-        axum::serve(
-            DroppingListener(listener),
-            app.into_make_service_with_connect_info::<ReplyDrop>(),
-        )
-        .with_graceful_shutdown(shutdown)
-        .await
+        let wrap = |stream, _peer| {
+            let reply_drop = ReplyDrop::default();
+            let stream = DroppableStream {
+                stream,
+                reply_drop: reply_drop.clone(),
+            };
+            (stream, reply_drop)
+        };
+        Ok(listener::serve_wrapped(listener, app, config, wrap, shutdown).await)
     }
 
     /// Draws this request's faults: (fail before doing anything, drop the reply).
@@ -310,32 +331,11 @@ fn now_ms() -> u64 {
 }
 
 // Dropping a reply. A handler cannot close its own connection, so every connection
-// carries a switch ([`ReplyDrop`], handed to handlers as connect info): once armed,
+// is wrapped with a switch ([`ReplyDrop`], handed to handlers as connect info by
+// [`listener::serve_wrapped`]): once armed,
 // the connection refuses to write, and the server closes it without having sent a
 // byte of the response. The sender sees its connection end with no reply — after the
 // effect was committed.
-
-/// Accepts TCP connections, each with its own [`ReplyDrop`] switch.
-struct DroppingListener(TcpListener);
-
-impl axum::serve::Listener for DroppingListener {
-    type Io = DroppableStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.0).await;
-        let _ = stream.set_nodelay(true);
-        let stream = DroppableStream {
-            stream,
-            reply_drop: ReplyDrop::default(),
-        };
-        (stream, addr)
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
 
 /// A connection's switch: armed, the connection writes nothing more.
 #[derive(Debug, Clone, Default)]
@@ -348,12 +348,6 @@ impl ReplyDrop {
 
     fn armed(&self) -> bool {
         self.0.load(Ordering::SeqCst)
-    }
-}
-
-impl Connected<IncomingStream<'_, DroppingListener>> for ReplyDrop {
-    fn connect_info(stream: IncomingStream<'_, DroppingListener>) -> Self {
-        stream.io().reply_drop.clone()
     }
 }
 
