@@ -103,6 +103,26 @@ fn wait_gone(pid: u32) -> bool {
     false
 }
 
+/// Whether `pid` has exited (gone, or a zombie whose new parent has yet to reap it):
+/// for the children of a worker that ended, which its init process reaps.
+fn wait_exited(pid: u32) -> bool {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return true,
+            Ok(stat)
+                if stat
+                    .rsplit_once(')')
+                    .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) =>
+            {
+                return true
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+    false
+}
+
 /// The pid of the sandbox child of one delivery, which must be running.
 fn child_of(sandbox: &SqliteSandbox, attempt: &str) -> u32 {
     sandbox
@@ -394,7 +414,7 @@ fn a_worker_fails_the_heap_attack_and_neither_it_nor_its_child_passes_the_budget
         mib(child_peak)
     );
     for (child, _) in peaks.children {
-        assert!(wait_gone(child), "the sandbox child {child} outlived its worker");
+        assert!(wait_exited(child), "the sandbox child {child} outlived its worker");
     }
 }
 
@@ -408,6 +428,40 @@ fn a_worker_still_delivers_a_rehearsal_through_its_sandbox_children() {
     assert_eq!(done["status"], "SUCCEEDED", "{done:#}");
     assert!(!peaks.children.is_empty(), "no sandbox child was seen");
     for (child, _) in peaks.children {
-        assert!(wait_gone(child), "the sandbox child {child} outlived its worker");
+        assert!(wait_exited(child), "the sandbox child {child} outlived its worker");
     }
+}
+
+#[test]
+fn a_worker_killed_mid_step_leaves_no_sandbox_child_running() {
+    let ledger = Ledger::new();
+    let plan = ledger.dir.path().join("runaway.json");
+    let runaway = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n";
+    let spec = json!({
+        "name": "runaway",
+        "recovery": "replay",
+        "steps": [{"code": "spin", "executor": NAME, "payload": {"sql": [runaway], "checks": []}}],
+    });
+    std::fs::write(&plan, spec.to_string()).unwrap();
+    ledger.enqueue(&plan);
+    let mut worker = ledger
+        .cmd(&["worker", "--id", "w1", "--poll-secs", "1", "--until-idle"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    let child = loop {
+        if let Some(child) = children_of(worker.id()).first() {
+            break *child;
+        }
+        assert!(Instant::now() < deadline, "no sandbox child started");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    // Its stdin closed: the child interrupts its SQL and exits by itself.
+    assert!(
+        wait_exited(child),
+        "the sandbox child {child} outlived its killed worker"
+    );
 }

@@ -138,7 +138,10 @@ impl Default for Executors {
 
 impl Executors {
     /// The built-in executors only; `http:v1` with an empty allowlist (every call
-    /// refused until hosts are allowed through [`ExecutorsBuilder::http`]).
+    /// refused until hosts are allowed through [`ExecutorsBuilder::http`]), and
+    /// `sqlite-sandbox:v1` in-process, without a memory bound per sandbox (the
+    /// `leasehold` binary sets [`SqliteSandbox::isolated`] through
+    /// [`ExecutorsBuilder::sandbox`]).
     pub fn new() -> Self {
         Self {
             dry_run: DryRun,
