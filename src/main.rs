@@ -12,5 +12,6 @@ use std::process::ExitCode;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    cli::main()
+    // A sandbox child (`sqlite-sandbox:v1` in its isolated mode) before any flag parsing.
+    leasehold::executor::sandbox::child_main_if_requested().unwrap_or_else(cli::main)
 }

@@ -264,7 +264,13 @@ impl HttpArgs {
         config.budget_cap = step_timeout
             .saturating_sub(Duration::from_millis(500))
             .max(Duration::from_millis(100));
+        // Each sandbox in a child process of this binary: a hard memory bound per sandbox.
+        let program = std::env::current_exe().map_err(|e| Failure {
+            code: 1,
+            message: format!("could not find this program to run sandboxes in: {e}"),
+        })?;
         Executors::builder()
+            .sandbox(leasehold::executor::SqliteSandbox::isolated(program))
             .http(config)
             .build()
             .map_err(|e| Failure::bad_input(e.to_string()))

@@ -139,7 +139,10 @@ impl Default for Executors {
 
 impl Executors {
     /// The built-in executors only; `http:v1` with an empty allowlist (every call
-    /// refused until hosts are allowed through [`ExecutorsBuilder::http`]).
+    /// refused until hosts are allowed through [`ExecutorsBuilder::http`]), and
+    /// `sqlite-sandbox:v1` in-process, without a memory bound per sandbox (the
+    /// `leasehold` binary sets [`SqliteSandbox::isolated`] through
+    /// [`ExecutorsBuilder::sandbox`]).
     pub fn new() -> Self {
         Self {
             dry_run: DryRun,
@@ -152,6 +155,7 @@ impl Executors {
     /// A builder: the built-ins plus executors the program registers by name.
     pub fn builder() -> ExecutorsBuilder {
         ExecutorsBuilder {
+            sandbox: None,
             http: HttpConfig::default(),
             custom: BTreeMap::new(),
             error: None,
@@ -185,6 +189,8 @@ impl Executors {
 /// Builds an [`Executors`] registry: `Executors::builder().register("acme-crm:v1",
 /// MyExecutor).build()?`.
 pub struct ExecutorsBuilder {
+    /// The `sqlite-sandbox:v1` executor, if not the in-process default.
+    sandbox: Option<SqliteSandbox>,
     http: HttpConfig,
     custom: BTreeMap<String, Arc<dyn DynExecutor>>,
     /// The first refused registration, reported by [`ExecutorsBuilder::build`].
@@ -224,6 +230,13 @@ impl ExecutorsBuilder {
         self
     }
 
+    /// Sets the built-in `sqlite-sandbox:v1` executor, for example
+    /// [`SqliteSandbox::isolated`] (the default is [`SqliteSandbox::new`], in-process).
+    pub fn sandbox(mut self, sandbox: SqliteSandbox) -> Self {
+        self.sandbox = Some(sandbox);
+        self
+    }
+
     /// Configures the built-in `http:v1` executor (its egress allowlist and limits).
     pub fn http(mut self, config: HttpConfig) -> Self {
         self.http = config;
@@ -236,6 +249,7 @@ impl ExecutorsBuilder {
             return Err(error);
         }
         Ok(Executors {
+            sandbox: self.sandbox.unwrap_or_default(),
             http: Http::new(self.http),
             custom: self.custom,
             ..Executors::new()
