@@ -20,7 +20,7 @@
 //! naming the table and the column) while every other row is shown as usual. Any
 //! other error (the ledger unreachable or busy) still fails the page. The SQL ledgers
 //! read a page's keys (`id, created_at`) first and each record by its id
-//! ([`PageKey`]), so a damaged row still advances the cursor: a page's cursor is the
+//! (`PageKey`), so a damaged row still advances the cursor: a page's cursor is the
 //! key of its last row. A key that does not read (a `created_at` that is not an
 //! integer, possible only where the database does not enforce column types: SQLite)
 //! cannot be a cursor: the cursor is then the last key of the page that reads (the

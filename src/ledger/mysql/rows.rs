@@ -197,7 +197,7 @@ pub(super) async fn read_plans<Q: Queryable + Send>(q: &mut Q) -> Result<Vec<Pla
 /// Every plan, in registration order, each row read on its own: a listing's
 /// ([`PlanRow`]).
 pub(super) async fn read_plan_rows<Q: Queryable + Send>(q: &mut Q) -> Result<Vec<PlanRow>, TxError> {
-    let rows = query_all(q, &queries(&MYSQL).plans, &[], |r| decode::listed_plan(r)).await?;
+    let rows = query_all(q, &queries(&MYSQL).plans, &[], decode::listed_plan).await?;
     Ok(placed(rows))
 }
 
@@ -223,7 +223,7 @@ pub(super) async fn read_plan_rows_newest_first<Q: Queryable + Send>(
     limit: u32,
 ) -> Result<Vec<PlanRow>, TxError> {
     let (sql, values) = sql::query::plans_page(&MYSQL, before, limit);
-    let page = query_all(q, sql, &values, |r| decode::listed_plan(r)).await?;
+    let page = query_all(q, sql, &values, decode::listed_plan).await?;
     // An empty page after `before`: the oldest plan, or no such plan.
     if let (true, Some(id)) = (page.is_empty(), before) {
         read_plan(q, id, false).await?.ok_or_else(|| not_found("plan", id))?;
