@@ -13,10 +13,27 @@
 //! [`Ledger::list_attempts`] and [`Ledger::count_attempts`] have default
 //! implementations built from the other reads ([`list_from_history`],
 //! [`count_from_history`]); the SQL ledgers answer with their own queries.
+//!
+//! A damaged row does not cost the page: each row is read on its own, and a row
+//! whose stored data does not parse ([`LedgerError::Integrity`]) is listed as a
+//! [`DamagedRow`] in its place (its id when that reads, and the reason in one line,
+//! naming the table and the column) while every other row is shown as usual. Any
+//! other error (the ledger unreachable or busy) still fails the page. The SQL ledgers
+//! read a page's keys (`id, created_at`) first and each record by its id
+//! (`PageKey`), so a damaged row still advances the cursor: a page's cursor is the
+//! key of its last row. A key that does not read (a `created_at` that is not an
+//! integer, possible only where the database does not enforce column types: SQLite)
+//! cannot be a cursor: the cursor is then the last key of the page that reads (the
+//! rows after it are listed again on the next page), and after a page none of whose
+//! keys read, the next page starts at the newest key that reads
+//! ([`AttemptCursor::newest`]; SQLite orders text before every number, so such rows
+//! come first, and only on the first page). The plans listings ([`Ledger::list_plan_rows`],
+//! [`Ledger::plan_rows_newest_first`]) read one row per plan and mark a damaged one
+//! the same way ([`PlanRow`]); the other reads of plans still refuse a damaged row.
 
 use super::{Ledger, LedgerError};
 use base64::Engine as _;
-use leasehold_engine::{AttemptId, AttemptRecord, AttemptStatus, PlanId, Timestamp};
+use leasehold_engine::{AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, Timestamp};
 use serde::Serialize;
 
 /// The most attempts one page holds.
@@ -41,6 +58,15 @@ impl AttemptCursor {
         Self {
             created_at: record.attempt.created_at,
             id: record.attempt.id.clone(),
+        }
+    }
+
+    /// A cursor before every attempt whose key reads: the next page after a page
+    /// none of whose keys read starts here.
+    pub fn newest() -> Self {
+        Self {
+            created_at: Timestamp::from_millis(i64::MAX),
+            id: AttemptId::new("\u{10FFFF}"),
         }
     }
 
@@ -109,11 +135,143 @@ impl AttemptQuery {
     }
 }
 
+/// A row a listing could not read: shown as damaged, in its place, while the rest of
+/// the listing is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct DamagedRow {
+    /// The row's id, when that much of it reads.
+    pub id: Option<String>,
+    /// Where it stands on its page: how many rows (read or damaged) come before it.
+    pub position: usize,
+    /// Why it could not be read, in one line: the table and the column, and what is
+    /// wrong with the value (a lease token column is never quoted).
+    pub reason: String,
+}
+
+/// The most characters of a reason a [`DamagedRow`] keeps.
+pub const REASON_CHARS_MAX: usize = 300;
+
+impl DamagedRow {
+    /// The damaged row `id` (if it reads), for `reason`, made one line of at most
+    /// [`REASON_CHARS_MAX`] characters. Its position is set by the page.
+    pub fn new(id: Option<String>, reason: &str) -> Self {
+        let line = crate::text::clean(reason);
+        let mut reason: String = line.chars().take(REASON_CHARS_MAX).collect();
+        if line.chars().count() > REASON_CHARS_MAX {
+            reason.push('…');
+        }
+        Self {
+            id,
+            position: 0,
+            reason,
+        }
+    }
+}
+
+/// An error that may say a stored row does not parse: the one kind of error a
+/// listing survives ([`tolerate`]).
+pub(crate) trait RowError {
+    /// The reason, when this error is a row that does not parse.
+    fn damage(&self) -> Option<&str>;
+}
+
+impl RowError for LedgerError {
+    fn damage(&self) -> Option<&str> {
+        match self {
+            LedgerError::Integrity(reason) => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+impl RowError for super::sql::TxError {
+    fn damage(&self) -> Option<&str> {
+        match self {
+            super::sql::TxError::Ledger(e) => e.damage(),
+            _ => None,
+        }
+    }
+}
+
+/// One row of a listing read on its own: a row whose data does not parse is
+/// `Ok(Err(damaged))` naming `id`; any other error fails the listing.
+pub(crate) fn tolerate<T, E: RowError>(id: Option<&str>, read: Result<T, E>) -> Result<Result<T, DamagedRow>, E> {
+    match read {
+        Ok(row) => Ok(Ok(row)),
+        Err(e) => match e.damage() {
+            Some(reason) => Ok(Err(DamagedRow::new(id.map(str::to_owned), reason))),
+            None => Err(e),
+        },
+    }
+}
+
+/// One row of a page before it is read: the attempt's id and its place in listing
+/// order, each as far as they read. The SQL ledgers read these first (`SELECT id,
+/// created_at`), then each record by its id ([`PageKey::into_row`]).
+#[derive(Debug, Clone)]
+pub(crate) struct PageKey {
+    id: Result<AttemptId, String>,
+    cursor: Option<AttemptCursor>,
+}
+
+impl PageKey {
+    /// The key of a row whose id and `created_at` read as `id` and `created_at`.
+    pub(crate) fn new(id: Result<String, LedgerError>, created_at: Result<i64, LedgerError>) -> Self {
+        let id = id.map(AttemptId::new).map_err(|e| e.to_string());
+        let cursor = match (&id, created_at) {
+            (Ok(id), Ok(ms)) => Some(AttemptCursor {
+                created_at: Timestamp::from_millis(ms),
+                id: id.clone(),
+            }),
+            _ => None,
+        };
+        Self { id, cursor }
+    }
+
+    /// The id to read the record by, if it reads.
+    pub(crate) fn id(&self) -> Option<&AttemptId> {
+        self.id.as_ref().ok()
+    }
+
+    /// This key's row, given what reading its record by id answered (`None` when the
+    /// id does not read, so nothing was read): the record, or the row marked damaged
+    /// when its data does not parse; no row when it was not found (gone since the
+    /// keys were read). Any other error fails the page.
+    pub(crate) fn into_row<E: RowError>(
+        self,
+        read: Option<Result<Option<AttemptRecord>, E>>,
+    ) -> Result<Option<PageRow>, E> {
+        let row = match (self.id, read) {
+            (Err(reason), _) => Err(DamagedRow::new(None, &reason)),
+            (Ok(_), None) => return Ok(None),
+            (Ok(id), Some(read)) => match tolerate(Some(id.as_str()), read)? {
+                Ok(Some(record)) => Ok(record),
+                Ok(None) => return Ok(None),
+                Err(damaged) => Err(damaged),
+            },
+        };
+        Ok(Some(PageRow {
+            cursor: self.cursor,
+            row,
+        }))
+    }
+}
+
+/// One row of a page as read, with its place in listing order when that reads.
+#[derive(Debug, Clone)]
+pub(crate) struct PageRow {
+    cursor: Option<AttemptCursor>,
+    row: Result<AttemptRecord, DamagedRow>,
+}
+
 /// One page of attempts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttemptPage {
-    /// Newest first.
+    /// The attempts that read, newest first.
     pub records: Vec<AttemptRecord>,
+    /// The rows that did not read, each with its position on the page among
+    /// `records` (empty on a sound ledger).
+    pub damaged: Vec<DamagedRow>,
     /// Where the next page starts; `None` on the last page.
     pub next: Option<AttemptCursor>,
 }
@@ -121,16 +279,99 @@ pub struct AttemptPage {
 impl AttemptPage {
     /// A page from `records` read in listing order, one more than `limit` when there
     /// is a further page.
-    pub fn from_rows(mut records: Vec<AttemptRecord>, limit: u32) -> Self {
-        let more = records.len() > limit as usize;
-        records.truncate(limit as usize);
-        let next = if more {
-            records.last().map(AttemptCursor::after)
-        } else {
-            None
-        };
-        Self { records, next }
+    pub fn from_rows(records: Vec<AttemptRecord>, limit: u32) -> Self {
+        let rows = records
+            .into_iter()
+            .map(|record| PageRow {
+                cursor: Some(AttemptCursor::after(&record)),
+                row: Ok(record),
+            })
+            .collect();
+        Self::from_page_rows(rows, limit)
     }
+
+    /// A page from rows read in listing order (damaged ones included), one more than
+    /// `limit` when there is a further page: the next page starts after the last row
+    /// whose key reads.
+    pub(crate) fn from_page_rows(mut rows: Vec<PageRow>, limit: u32) -> Self {
+        let more = rows.len() > limit as usize;
+        rows.truncate(limit as usize);
+        let next = more.then(|| {
+            rows.iter()
+                .rev()
+                .find_map(|r| r.cursor.clone())
+                .unwrap_or_else(AttemptCursor::newest)
+        });
+        let mut page = Self {
+            records: Vec::with_capacity(rows.len()),
+            damaged: Vec::new(),
+            next,
+        };
+        for (position, row) in rows.into_iter().enumerate() {
+            match row.row {
+                Ok(record) => page.records.push(record),
+                Err(damaged) => page.damaged.push(DamagedRow { position, ..damaged }),
+            }
+        }
+        page
+    }
+
+    /// The page's rows in listing order: each record, or a damaged row in its place.
+    pub fn rows(&self) -> Vec<Result<&AttemptRecord, &DamagedRow>> {
+        let mut records = self.records.iter();
+        let mut damaged = self.damaged.iter().peekable();
+        let mut out = Vec::with_capacity(self.records.len() + self.damaged.len());
+        loop {
+            if let Some(d) = damaged.next_if(|d| d.position <= out.len()) {
+                out.push(Err(d));
+            } else if let Some(r) = records.next() {
+                out.push(Ok(r));
+            } else if let Some(d) = damaged.next() {
+                out.push(Err(d));
+            } else {
+                return out;
+            }
+        }
+    }
+}
+
+/// A plan of a plans listing as read: the plan, or its row marked damaged.
+pub type PlanRow = Result<Plan, DamagedRow>;
+
+/// Rows read in listing order, each damaged one told its position.
+pub(crate) fn placed<T>(rows: Vec<Result<T, DamagedRow>>) -> Vec<Result<T, DamagedRow>> {
+    rows.into_iter()
+        .enumerate()
+        .map(|(position, row)| row.map_err(|d| DamagedRow { position, ..d }))
+        .collect()
+}
+
+/// The rows of a read that must all parse (every read but a listing): the first
+/// damaged one is [`LedgerError::Integrity`] with its reason.
+pub(crate) fn all_read<T>(rows: Vec<Result<T, DamagedRow>>) -> Result<Vec<T>, LedgerError> {
+    rows.into_iter()
+        .map(|row| row.map_err(|d| LedgerError::Integrity(d.reason)))
+        .collect()
+}
+
+/// [`Ledger::list_plan_rows`] from [`Ledger::list_plans`]: every row read, none marked.
+pub async fn plan_rows_from_list<L: Ledger + ?Sized>(ledger: &L) -> Result<Vec<PlanRow>, LedgerError> {
+    Ok(ledger.list_plans().await?.into_iter().map(Ok).collect())
+}
+
+/// [`Ledger::plan_rows_newest_first`] from [`Ledger::plans_newest_first`]: every row
+/// read, none marked.
+pub async fn plan_rows_from_page<L: Ledger + ?Sized>(
+    ledger: &L,
+    before: Option<&PlanId>,
+    limit: u32,
+) -> Result<Vec<PlanRow>, LedgerError> {
+    Ok(ledger
+        .plans_newest_first(before, limit)
+        .await?
+        .into_iter()
+        .map(Ok)
+        .collect())
 }
 
 /// The count of one status.
@@ -245,6 +486,94 @@ mod tests {
                 "{bad:?}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn the_newest_cursor_round_trips_and_precedes_every_readable_key() {
+        let newest = AttemptCursor::newest();
+        assert_eq!(AttemptCursor::decode(&newest.encode()).unwrap(), newest);
+        let key = (Timestamp::from_millis(i64::MAX - 1), "att-ffff");
+        assert!(key < (newest.created_at, newest.id.as_str()));
+    }
+
+    fn record_at(id: &str, ms: i64) -> AttemptRecord {
+        use leasehold_engine::{Action, Attempt, Command, CommandId, CommandStatus};
+        let at = Timestamp::from_millis(ms);
+        AttemptRecord {
+            attempt: Attempt {
+                id: AttemptId::new(id),
+                plan_id: PlanId::new("plan"),
+                number: 1,
+                action: Action::Execute,
+                status: AttemptStatus::Queued,
+                created_at: at,
+                started_at: None,
+                finished_at: None,
+                error: None,
+            },
+            command: Command {
+                id: CommandId::new(format!("cmd-{id}")),
+                attempt_id: AttemptId::new(id),
+                status: CommandStatus::Pending,
+                available_at: at,
+                lease_owner: None,
+                lease_token: None,
+                lease_until: None,
+                last_heartbeat_at: None,
+                delivery_count: 0,
+                last_error: None,
+                finished_at: None,
+            },
+            receipts: Vec::new(),
+        }
+    }
+
+    fn damaged(id: &str) -> PageRow {
+        PageRow {
+            cursor: None,
+            row: Err(DamagedRow::new(
+                Some(id.into()),
+                "attempt row: column created_at: is text",
+            )),
+        }
+    }
+
+    #[test]
+    fn a_page_keeps_damaged_rows_in_place_and_its_cursor_after_the_last_key_that_reads() {
+        let record = |id: &str, ms: i64| {
+            let r = record_at(id, ms);
+            PageRow {
+                cursor: Some(AttemptCursor::after(&r)),
+                row: Ok(r),
+            }
+        };
+        let page = AttemptPage::from_page_rows(vec![record("a3", 3), damaged("a2"), record("a1", 1), damaged("a0")], 3);
+        let order: Vec<String> = page
+            .rows()
+            .iter()
+            .map(|r| match r {
+                Ok(r) => r.attempt.id.to_string(),
+                Err(d) => format!("damaged {}", d.id.as_deref().unwrap_or("?")),
+            })
+            .collect();
+        assert_eq!(order, ["a3", "damaged a2", "a1"]);
+        assert_eq!(page.damaged[0].position, 1);
+        assert_eq!(page.next.unwrap().id.as_str(), "a1");
+        // A page of rows none of whose keys read goes on from the newest key that does.
+        let page = AttemptPage::from_page_rows(vec![damaged("x"), damaged("y")], 1);
+        assert_eq!(page.next, Some(AttemptCursor::newest()));
+        assert_eq!(page.damaged.len(), 1);
+    }
+
+    #[test]
+    fn a_reason_is_one_bounded_line_and_only_integrity_is_tolerated() {
+        let d = DamagedRow::new(None, &format!("line\nbreak {}", "x".repeat(1000)));
+        assert!(!d.reason.contains('\n'), "{}", d.reason);
+        assert!(d.reason.chars().count() <= REASON_CHARS_MAX + 1);
+        let read: Result<(), LedgerError> = Err(LedgerError::Integrity("bad".into()));
+        assert_eq!(tolerate(Some("a"), read).unwrap().unwrap_err().id.as_deref(), Some("a"));
+        let read: Result<(), LedgerError> = Err(LedgerError::Unavailable("down".into()));
+        assert!(tolerate(Some("a"), read).is_err());
     }
 
     #[test]

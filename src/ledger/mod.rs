@@ -216,6 +216,24 @@ pub trait Ledger: Send + Sync + 'static {
         }
     }
 
+    /// Every plan like [`Ledger::list_plans`], for a listing: a plan whose stored row
+    /// does not parse is listed as damaged in its place ([`listing::PlanRow`]) instead
+    /// of failing the whole list. The default reads [`Ledger::list_plans`].
+    fn list_plan_rows(&self) -> impl Future<Output = Result<Vec<listing::PlanRow>, LedgerError>> + Send {
+        listing::plan_rows_from_list(self)
+    }
+
+    /// A page of plans like [`Ledger::plans_newest_first`], for a listing: a plan whose
+    /// stored row does not parse is listed as damaged in its place. The default reads
+    /// [`Ledger::plans_newest_first`].
+    fn plan_rows_newest_first(
+        &self,
+        before: Option<&PlanId>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<listing::PlanRow>, LedgerError>> + Send {
+        listing::plan_rows_from_page(self, before, limit)
+    }
+
     /// Marks a plan RETIRED: it accepts no new attempts.
     fn retire_plan(&self, id: &PlanId) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
 
@@ -423,6 +441,16 @@ pub trait Ledger: Send + Sync + 'static {
     /// announces nothing. Called inside a tokio runtime.
     fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
+    }
+
+    /// What keeps this ledger from serving, one line each; empty when it is ready.
+    /// The SQL ledgers check that their schema is at this binary's version and that
+    /// every table they use answers a query naming every column they read (reading
+    /// no row); each line names a table or a version, never the database. An error:
+    /// the ledger could not be asked (unreachable, busy). The default (a ledger
+    /// without a schema, in memory) is always ready.
+    fn check_ready(&self) -> impl Future<Output = Result<Vec<String>, LedgerError>> + Send {
+        async { Ok(Vec::new()) }
     }
 
     /// Attempts per status, each count capped at `cap` ([`listing`]). The default

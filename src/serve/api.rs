@@ -19,7 +19,7 @@
 use super::auth::Principal;
 use super::problem::Problem;
 use super::App;
-use crate::ledger::listing::{AttemptCursor, AttemptQuery, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::ledger::listing::{AttemptCursor, AttemptQuery, DamagedRow, PlanRow, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
 use crate::ledger::LedgerError;
 use crate::report;
 use crate::tokens::Role;
@@ -79,7 +79,7 @@ fn audit(who: &Principal, action: &str, target: &str, outcome: &str) {
                        `Content-Type: application/json` (else 415)."
     ),
     modifiers(&BearerAuth),
-    components(schemas(Problem, EnqueueBody, AbortBody, TokenBody))
+    components(schemas(Problem, EnqueueBody, AbortBody, TokenBody, DamagedRow, AttemptPageBody, NotReady))
 )]
 struct ApiDoc;
 
@@ -127,7 +127,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 #[utoipa::path(get, path = "/api/v1/plans", tag = "plans", security(("token" = [])),
     params(("limit" = Option<u32>, Query, description = "1 to 200: answer that many plans, newest first, instead of every plan oldest first"),
         ("before" = Option<String>, Query, description = "With `limit`: the plans registered before this plan id (the last id of the previous page)")),
-    responses((status = 200, description = "Every plan, oldest first (as `leasehold plan list --json`); with `limit`, a page, newest first", body = Vec<Value>),
+    responses((status = 200, description = "Every plan, oldest first (as `leasehold plan list --json`); with `limit`, a page, newest first. \
+            A plan whose stored row does not parse is `{\"damaged\": DamagedRow}` in its place (its id if that reads, the reason)", body = Vec<Value>),
         (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`before` names no plan", body = Problem, content_type = "application/problem+json")))]
 async fn list_plans(State(app): State<App>, headers: HeaderMap, Query(q): Query<HashMap<String, String>>) -> ApiResult {
@@ -135,14 +136,26 @@ async fn list_plans(State(app): State<App>, headers: HeaderMap, Query(q): Query<
     let limit = page_limit(&q)?;
     let before = q.get("before").filter(|s| !s.is_empty()).map(PlanId::new);
     match (limit, before) {
-        (None, None) => ok(to_json(&app.backend().list_plans().await?)?),
+        (None, None) => ok(plan_rows_json(&app.backend().list_plan_rows().await?)?),
         (None, Some(_)) => Err(Problem::bad_input(format!(
             "before: only pages have one; add limit (1 to {PAGE_LIMIT_MAX})"
         ))),
-        (Some(limit), before) => ok(to_json(
-            &app.backend().plans_newest_first(before.as_ref(), limit).await?,
+        (Some(limit), before) => ok(plan_rows_json(
+            &app.backend().plan_rows_newest_first(before.as_ref(), limit).await?,
         )?),
     }
+}
+
+/// A plans listing as JSON: each plan, or `{"damaged": DamagedRow}` in its place.
+fn plan_rows_json(rows: &[PlanRow]) -> Result<Value, Problem> {
+    let rows = rows
+        .iter()
+        .map(|row| match row {
+            Ok(plan) => to_json(plan),
+            Err(damaged) => Ok(json!({"damaged": to_json(damaged)?})),
+        })
+        .collect::<Result<Vec<Value>, Problem>>()?;
+    Ok(Value::Array(rows))
 }
 
 /// Registers a plan (the body is a plan file's content, as JSON).
@@ -323,7 +336,9 @@ pub(crate) async fn attempt_query(app: &App, q: &HashMap<String, String>) -> Res
         ("plan" = Option<String>, Query, description = "Plan id or name"),
         ("limit" = Option<u32>, Query, description = "1 to 200 (default 50)"),
         ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
-    responses((status = 200, description = "`{\"attempts\": [record…], \"next_cursor\": string|null}`", body = Value),
+    responses((status = 200, description = "`{\"attempts\": [record…], \"damaged\": [DamagedRow…], \"next_cursor\": string|null, \"limit\": n}`: \
+            the attempts that read, newest first, and each row whose stored data does not parse (its id if that reads, its \
+            position on the page, the reason); the cursor moves past both", body = AttemptPageBody),
         (status = 400, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem), (status = 404, body = Problem)))]
 async fn list_attempts(
     State(app): State<App>,
@@ -335,9 +350,24 @@ async fn list_attempts(
     let page = app.backend().list_attempts(&query).await?;
     ok(json!({
         "attempts": to_json(&page.records)?,
+        "damaged": to_json(&page.damaged)?,
         "next_cursor": page.next.as_ref().map(AttemptCursor::encode),
         "limit": query.clamped_limit(),
     }))
+}
+
+/// The body of `GET /api/v1/attempts` (for the OpenAPI document).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct AttemptPageBody {
+    /// The attempts that read, newest first (each as `leasehold status --json`).
+    pub attempts: Vec<Value>,
+    /// The rows whose stored data does not parse, each in its position on the page;
+    /// empty on a sound ledger.
+    pub damaged: Vec<DamagedRow>,
+    /// `cursor` for the next page; null on the last.
+    pub next_cursor: Option<String>,
+    /// The page size used.
+    pub limit: u32,
 }
 
 /// An attempt with its command and receipts (never the lease token).
@@ -515,13 +545,40 @@ async fn healthz() -> ApiResult {
     ok(json!({"status": "ok"}))
 }
 
-/// Readiness: the ledger answers a read.
+/// Readiness: the ledger answers, its schema is at this binary's version, and every
+/// table the server uses exists with the columns it reads.
 #[utoipa::path(get, path = "/api/v1/readyz", tag = "health",
     responses((status = 200, description = "`{\"status\": \"ready\"}`", body = Value),
-        (status = 503, description = "The ledger does not answer", body = Problem, content_type = "application/problem+json")))]
+        (status = 503, description = "The ledger does not answer (`code` `unavailable`), or its schema is not ready \
+            (`code` `not_ready`; `problems` names each missing table or the version to migrate to)",
+            body = NotReady, content_type = "application/problem+json")))]
 async fn readyz(State(app): State<App>) -> ApiResult {
-    app.backend().open_attempts().await?;
-    ok(json!({"status": "ready"}))
+    let problems = app.backend().check_ready().await?;
+    if problems.is_empty() {
+        return ok(json!({"status": "ready"}));
+    }
+    tracing::warn!(event = "not_ready", problems = %problems.join("; "), "ledger not ready");
+    let problem = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", problems.join("; "));
+    let body = NotReady { problem, problems };
+    let mut response = (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(super::problem::PROBLEM_JSON),
+    );
+    Ok(response)
+}
+
+/// A 503 from `GET /api/v1/readyz` when the ledger's schema is not ready: a problem
+/// (`code` `not_ready`) with what is missing, one line each.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct NotReady {
+    /// The problem; its `detail` joins `problems`.
+    #[serde(flatten)]
+    pub problem: Problem,
+    /// What is missing, one line each: "table attempt is missing", "schema version 2
+    /// is older than this binary's 3: run `leasehold migrate`". Never the database's
+    /// name or URL.
+    pub problems: Vec<String>,
 }
 
 /// This document.

@@ -1,7 +1,7 @@
 //! What the server asks of its ledger, as one object-safe trait: the handlers are
 //! written once, for any ledger and token store.
 
-use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
+use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::{find_plan, Ledger, LedgerError};
 use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
 use leasehold_engine::transition::ReconcileOutcome;
@@ -19,6 +19,10 @@ pub trait Backend: Send + Sync + 'static {
     fn list_plans(&self) -> Fut<'_, Vec<Plan>>;
     /// [`Ledger::plans_newest_first`].
     fn plans_newest_first<'a>(&'a self, before: Option<&'a PlanId>, limit: u32) -> Fut<'a, Vec<Plan>>;
+    /// [`Ledger::list_plan_rows`].
+    fn list_plan_rows(&self) -> Fut<'_, Vec<PlanRow>>;
+    /// [`Ledger::plan_rows_newest_first`].
+    fn plan_rows_newest_first<'a>(&'a self, before: Option<&'a PlanId>, limit: u32) -> Fut<'a, Vec<PlanRow>>;
     /// [`find_plan`]: by id, or else by name.
     fn find_plan<'a>(&'a self, reference: &'a str) -> Fut<'a, Plan>;
     /// [`Ledger::register_plan`].
@@ -37,8 +41,10 @@ pub trait Backend: Send + Sync + 'static {
     fn reconcile<'a>(&'a self, id: &'a AttemptId) -> Fut<'a, (ReconcileOutcome, AttemptRecord)>;
     /// [`Ledger::abort`].
     fn abort<'a>(&'a self, id: &'a AttemptId, reason: &'a str) -> Fut<'a, AttemptRecord>;
-    /// [`Ledger::open_attempts`] (readiness).
+    /// [`Ledger::open_attempts`].
     fn open_attempts(&self) -> Fut<'_, u64>;
+    /// [`Ledger::check_ready`] (readiness).
+    fn check_ready(&self) -> Fut<'_, Vec<String>>;
     /// [`TokenStore::token_by_hash`].
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>>;
     /// [`create_token`].
@@ -55,6 +61,12 @@ impl<L: Ledger + TokenStore> Backend for L {
     }
     fn plans_newest_first<'a>(&'a self, before: Option<&'a PlanId>, limit: u32) -> Fut<'a, Vec<Plan>> {
         Box::pin(Ledger::plans_newest_first(self, before, limit))
+    }
+    fn list_plan_rows(&self) -> Fut<'_, Vec<PlanRow>> {
+        Box::pin(Ledger::list_plan_rows(self))
+    }
+    fn plan_rows_newest_first<'a>(&'a self, before: Option<&'a PlanId>, limit: u32) -> Fut<'a, Vec<PlanRow>> {
+        Box::pin(Ledger::plan_rows_newest_first(self, before, limit))
     }
     fn find_plan<'a>(&'a self, reference: &'a str) -> Fut<'a, Plan> {
         Box::pin(find_plan(self, reference))
@@ -85,6 +97,9 @@ impl<L: Ledger + TokenStore> Backend for L {
     }
     fn open_attempts(&self) -> Fut<'_, u64> {
         Box::pin(Ledger::open_attempts(self))
+    }
+    fn check_ready(&self) -> Fut<'_, Vec<String>> {
+        Box::pin(Ledger::check_ready(self))
     }
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>> {
         Box::pin(TokenStore::token_by_hash(self, hash))

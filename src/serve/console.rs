@@ -17,7 +17,7 @@ use super::api::{attempt_query, comparison_pair, do_abort, do_follow_up, do_reco
 use super::auth::{clear_cookie, cookie, session_cookie, Principal, SESSION_COOKIE};
 use super::problem::Problem;
 use super::App;
-use crate::ledger::listing::AttemptCursor;
+use crate::ledger::listing::{AttemptCursor, DamagedRow};
 use crate::text::{clean, short_sha};
 use crate::tokens::{token_hash, Role};
 use axum::extract::{Form, Path, Query, State};
@@ -327,6 +327,36 @@ async fn plan_names<'a>(app: &App, ids: impl Iterator<Item = &'a str>) -> BTreeM
     names
 }
 
+/// One attempt's row of the attempts list.
+fn attempt_row(r: &AttemptRecord, names: &BTreeMap<String, String>) -> String {
+    let (a, c) = (&r.attempt, &r.command);
+    format!(
+        "<tr><td><a href=\"/attempts/{id}\">{id}</a></td><td><a href=\"/plans/{pid}\">{pname}</a></td><td>#{n}</td><td>{action}</td>\
+         <td>{status}</td><td>{outbox}</td><td>{owner}</td><td>{deliveries}</td><td>{created}</td></tr>",
+        id = esc(&a.id),
+        pid = esc(&a.plan_id),
+        pname = esc(names.get(a.plan_id.as_str()).map_or(a.plan_id.as_str(), String::as_str)),
+        n = a.number,
+        action = a.action,
+        status = attempt_badge(a.status),
+        outbox = command_badge(c.status),
+        owner = esc(c.lease_owner.as_deref().unwrap_or("—")),
+        deliveries = c.delivery_count,
+        created = time(Some(a.created_at)),
+    )
+}
+
+/// A row of the attempts list whose stored data does not parse: its id (when that
+/// reads) and why, in its place, marked damaged (in words, not only by colour).
+fn damaged_row(d: &DamagedRow) -> String {
+    format!(
+        "<tr class=\"damaged\"><td><code>{}</code></td><td colspan=\"8\"><span class=\"badge failed\">\
+         <span aria-hidden=\"true\">⚠</span> damaged</span> {}</td></tr>",
+        esc(d.id.as_deref().unwrap_or("(id unreadable)")),
+        esc(&d.reason)
+    )
+}
+
 async fn attempts_page(
     State(app): State<App>,
     headers: HeaderMap,
@@ -380,24 +410,11 @@ async fn attempts_page(
     }
     region.push_str("</ul>\n");
     let rows: Vec<String> = page
-        .records
-        .iter()
-        .map(|r| {
-            let (a, c) = (&r.attempt, &r.command);
-            format!(
-                "<tr><td><a href=\"/attempts/{id}\">{id}</a></td><td><a href=\"/plans/{pid}\">{pname}</a></td><td>#{n}</td><td>{action}</td>\
-                 <td>{status}</td><td>{outbox}</td><td>{owner}</td><td>{deliveries}</td><td>{created}</td></tr>",
-                id = esc(&a.id),
-                pid = esc(&a.plan_id),
-                pname = esc(names.get(a.plan_id.as_str()).map_or(a.plan_id.as_str(), String::as_str)),
-                n = a.number,
-                action = a.action,
-                status = attempt_badge(a.status),
-                outbox = command_badge(c.status),
-                owner = esc(c.lease_owner.as_deref().unwrap_or("—")),
-                deliveries = c.delivery_count,
-                created = time(Some(a.created_at)),
-            )
+        .rows()
+        .into_iter()
+        .map(|row| match row {
+            Ok(record) => attempt_row(record, &names),
+            Err(damaged) => damaged_row(damaged),
         })
         .collect();
     if rows.is_empty() {
@@ -700,6 +717,31 @@ async fn act(
 /// Plans a page of the plans list shows.
 const PLANS_PER_PAGE: u32 = 50;
 
+/// One plan's row of the plans list.
+fn plan_row(p: &Plan) -> String {
+    format!(
+        "<tr><td><a href=\"/plans/{id}\">{name}</a></td><td><code>{id}</code></td><td>{status}</td><td>{recovery}</td><td>{steps}</td><td><code title=\"{fp}\">{short}</code></td><td>{created}</td></tr>",
+        id = esc(&p.id),
+        name = esc(&p.name),
+        status = p.status,
+        recovery = p.recovery,
+        steps = p.steps.len(),
+        fp = esc(&p.fingerprint),
+        short = esc(short_sha(&p.fingerprint)),
+        created = time(Some(p.created_at)),
+    )
+}
+
+/// A row of the plans list whose stored data does not parse, marked damaged.
+fn damaged_plan_row(d: &DamagedRow) -> String {
+    format!(
+        "<tr class=\"damaged\"><td><span class=\"badge failed\"><span aria-hidden=\"true\">⚠</span> damaged</span></td>\
+         <td><code>{}</code></td><td colspan=\"5\">{}</td></tr>",
+        esc(d.id.as_deref().unwrap_or("(id unreadable)")),
+        esc(&d.reason)
+    )
+}
+
 async fn plans_page(
     State(app): State<App>,
     headers: HeaderMap,
@@ -710,24 +752,15 @@ async fn plans_page(
     // One more than a page, to know whether there is an older one.
     let mut plans = app
         .backend()
-        .plans_newest_first(before.as_ref(), PLANS_PER_PAGE + 1)
+        .plan_rows_newest_first(before.as_ref(), PLANS_PER_PAGE + 1)
         .await?;
     let older = plans.len() > PLANS_PER_PAGE as usize;
     plans.truncate(PLANS_PER_PAGE as usize);
     let rows: Vec<String> = plans
         .iter()
-        .map(|p| {
-            format!(
-                "<tr><td><a href=\"/plans/{id}\">{name}</a></td><td><code>{id}</code></td><td>{status}</td><td>{recovery}</td><td>{steps}</td><td><code title=\"{fp}\">{short}</code></td><td>{created}</td></tr>",
-                id = esc(&p.id),
-                name = esc(&p.name),
-                status = p.status,
-                recovery = p.recovery,
-                steps = p.steps.len(),
-                fp = esc(&p.fingerprint),
-                short = esc(short_sha(&p.fingerprint)),
-                created = time(Some(p.created_at)),
-            )
+        .map(|row| match row {
+            Ok(p) => plan_row(p),
+            Err(damaged) => damaged_plan_row(damaged),
         })
         .collect();
     let mut body = if rows.is_empty() && before.is_none() {
@@ -744,11 +777,16 @@ async fn plans_page(
             )
         )
     };
-    if let (true, Some(last)) = (older, plans.last()) {
+    // The next page starts before the last plan whose id reads.
+    let last = plans.iter().rev().find_map(|row| match row {
+        Ok(p) => Some(p.id.as_str()),
+        Err(d) => d.id.as_deref(),
+    });
+    if let (true, Some(last)) = (older, last) {
         let _ = writeln!(
             body,
             "<p class=\"pager\"><a href=\"/plans?before={}\" rel=\"next\">Older plans →</a></p>",
-            q(last.id.as_str())
+            q(last)
         );
     }
     Ok(html("Plans", &who, &body))

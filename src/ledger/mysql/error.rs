@@ -40,7 +40,9 @@ const ER_CONNECTION_KILLED: u16 = 1927;
 /// MySQL 8: the client was disconnected by the server because of inactivity.
 const ER_CLIENT_INTERACTION_TIMEOUT: u16 = 4031;
 /// Table doesn't exist.
-const ER_NO_SUCH_TABLE: u16 = 1146;
+pub(super) const ER_NO_SUCH_TABLE: u16 = 1146;
+/// Unknown column.
+pub(super) const ER_BAD_FIELD_ERROR: u16 = 1054;
 
 /// Whether the server error code means "try the transaction again".
 pub(super) fn is_conflict(code: u16) -> bool {

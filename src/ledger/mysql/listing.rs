@@ -8,12 +8,12 @@
 //! index here): its cost grows with the attempts that match, not with the page.
 
 use super::error::{DbResult, TxError};
-use super::rows::read_record;
+use super::rows::{read_page_keys, read_record};
 use super::MysqlLedger;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::MYSQL;
-use leasehold_engine::{AttemptId, AttemptStatus};
+use leasehold_engine::AttemptStatus;
 use mysql_async::prelude::Queryable;
 use mysql_async::{TxOpts, Value};
 
@@ -43,25 +43,27 @@ impl MysqlLedger {
             format!("WHERE {}", conditions.join(" AND "))
         };
         params.push((u64::from(limit) + 1).into());
-        let sql = format!("SELECT id FROM attempt {filter} ORDER BY created_at DESC, id DESC LIMIT ?");
+        let sql = format!("SELECT id, created_at FROM attempt {filter} ORDER BY created_at DESC, id DESC LIMIT ?");
         let mut conn = self.connect().await?;
         let mut opts = TxOpts::default();
         opts.with_consistent_snapshot(true).with_readonly(Some(true));
         let mut tx = conn.start_transaction(opts).await.db()?;
         let result: Result<_, TxError> = async {
-            let ids: Vec<String> = tx.exec(sql, params).await.db()?;
-            let mut records = Vec::with_capacity(ids.len());
-            for id in ids {
-                if let Some(record) = read_record(&mut tx, &AttemptId::new(id)).await? {
-                    records.push(record);
-                }
+            let keys = read_page_keys(&mut tx, &sql, params).await?;
+            let mut page = Vec::with_capacity(keys.len());
+            for key in keys {
+                let read = match key.id() {
+                    Some(id) => Some(read_record(&mut tx, id).await),
+                    None => None,
+                };
+                page.extend(key.into_row(read)?);
             }
-            Ok(records)
+            Ok(page)
         }
         .await;
         // A read: its end never decides anything.
         let _ = tx.rollback().await;
-        Ok(AttemptPage::from_rows(result?, limit))
+        Ok(AttemptPage::from_page_rows(result?, limit))
     }
 
     /// One try of [`crate::ledger::Ledger::count_attempts`].

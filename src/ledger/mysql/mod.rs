@@ -429,6 +429,26 @@ impl Ledger for MysqlLedger {
         self.retry(|| self.plans_newest_first_once(before, limit)).await
     }
 
+    async fn list_plan_rows(&self) -> Result<Vec<crate::ledger::listing::PlanRow>, LedgerError> {
+        self.retry(|| async {
+            let mut conn = self.connect().await?;
+            rows::read_plan_rows(&mut conn).await
+        })
+        .await
+    }
+
+    async fn plan_rows_newest_first(
+        &self,
+        before: Option<&PlanId>,
+        limit: u32,
+    ) -> Result<Vec<crate::ledger::listing::PlanRow>, LedgerError> {
+        self.retry(|| async {
+            let mut conn = self.connect().await?;
+            rows::read_plan_rows_newest_first(&mut conn, before, limit).await
+        })
+        .await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         self.retry(|| self.retire_plan_once(id)).await
     }
@@ -492,5 +512,13 @@ impl Ledger for MysqlLedger {
 
     async fn count_attempts(&self, cap: u64) -> Result<crate::ledger::listing::AttemptCounts, LedgerError> {
         self.retry(|| self.count_attempts_once(cap)).await
+    }
+
+    async fn check_ready(&self) -> Result<Vec<String>, LedgerError> {
+        self.retry(|| async {
+            let mut conn = self.connect().await?;
+            schema::check_ready(&mut conn).await
+        })
+        .await
     }
 }

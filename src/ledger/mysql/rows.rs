@@ -10,6 +10,7 @@
 //! affected rows is a refusal. Lease tokens are bound as parameters only.
 
 use super::error::{DbResult, TxError};
+use crate::ledger::listing::{all_read, placed, PageKey, PlanRow};
 use crate::ledger::sql::decode::{self, ColumnReader};
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::table::{
@@ -190,7 +191,14 @@ pub(super) async fn lock_ready_plan_by_fingerprint(
 
 /// Every plan, in registration order.
 pub(super) async fn read_plans<Q: Queryable + Send>(q: &mut Q) -> Result<Vec<Plan>, TxError> {
-    query_all(q, &queries(&MYSQL).plans, &[], plan_row).await
+    Ok(all_read(read_plan_rows(q).await?)?)
+}
+
+/// Every plan, in registration order, each row read on its own: a listing's
+/// ([`PlanRow`]).
+pub(super) async fn read_plan_rows<Q: Queryable + Send>(q: &mut Q) -> Result<Vec<PlanRow>, TxError> {
+    let rows = query_all(q, &queries(&MYSQL).plans, &[], decode::listed_plan).await?;
+    Ok(placed(rows))
 }
 
 /// The plans named `name`, oldest first.
@@ -205,13 +213,22 @@ pub(super) async fn read_plans_newest_first<Q: Queryable + Send>(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, TxError> {
+    Ok(all_read(read_plan_rows_newest_first(q, before, limit).await?)?)
+}
+
+/// [`read_plans_newest_first`], each row read on its own: a listing's ([`PlanRow`]).
+pub(super) async fn read_plan_rows_newest_first<Q: Queryable + Send>(
+    q: &mut Q,
+    before: Option<&PlanId>,
+    limit: u32,
+) -> Result<Vec<PlanRow>, TxError> {
     let (sql, values) = sql::query::plans_page(&MYSQL, before, limit);
-    let page = query_all(q, sql, &values, plan_row).await?;
+    let page = query_all(q, sql, &values, decode::listed_plan).await?;
     // An empty page after `before`: the oldest plan, or no such plan.
     if let (true, Some(id)) = (page.is_empty(), before) {
         read_plan(q, id, false).await?.ok_or_else(|| not_found("plan", id))?;
     }
-    Ok(page)
+    Ok(placed(page))
 }
 
 /// Inserts a newly registered plan.
@@ -342,6 +359,17 @@ pub(super) async fn read_receipts<Q: Queryable + Send>(
         &queries.receipts_of_attempt
     };
     query_all(q, sql, &[Value::Text(id.as_str())], |r| decode::receipt(r, 0)).await
+}
+
+/// A listing's keys (`SELECT id, created_at …` with `params`), in the order read,
+/// each as far as it reads ([`decode::page_key`]).
+pub(super) async fn read_page_keys<Q: Queryable + Send>(
+    q: &mut Q,
+    sql: &str,
+    params: Vec<mysql_async::Value>,
+) -> Result<Vec<PageKey>, TxError> {
+    let rows: Vec<Row> = q.exec(sql, params).await.db()?;
+    Ok(rows.into_iter().map(|r| decode::page_key(&mut MysqlRow(r))).collect())
 }
 
 /// An attempt with its command and receipts (a consistent, non-locking read).

@@ -13,6 +13,7 @@
 use super::error::{DbResult, TxError};
 use super::rows;
 use crate::ledger::migrate::{self, Migration};
+use crate::ledger::sql::ready;
 use crate::ledger::LedgerError;
 use leasehold_engine::Timestamp;
 use mysql_async::prelude::Queryable;
@@ -135,6 +136,22 @@ impl super::MysqlLedger {
 /// transaction, [`super::outbox`]); `url` (shown without its password) names the
 /// ledger in messages.
 pub(super) async fn check_schema<Q: Queryable + Send>(conn: &mut Q, url: &str) -> Result<(), TxError> {
+    let Some(newest) = newest_version(conn).await? else {
+        return Err(LedgerError::BadInput(format!(
+            "the ledger at {url} holds no leasehold schema: run `leasehold migrate`"
+        ))
+        .into());
+    };
+    Ok(migrate::check_version(
+        &format!("the ledger at {url}"),
+        newest,
+        MIGRATIONS,
+    )?)
+}
+
+/// The newest schema version `schema_migrations` records: `None` without that table
+/// (never migrated), `Some(None)` with an empty one.
+async fn newest_version<Q: Queryable + Send>(conn: &mut Q) -> Result<Option<Option<i64>>, TxError> {
     let tables: Option<i64> = conn
         .query_first(
             "SELECT COUNT(*) FROM information_schema.tables \
@@ -143,20 +160,34 @@ pub(super) async fn check_schema<Q: Queryable + Send>(conn: &mut Q, url: &str) -
         .await
         .db()?;
     if tables.unwrap_or(0) == 0 {
-        return Err(LedgerError::BadInput(format!(
-            "the ledger at {url} holds no leasehold schema: run `leasehold migrate`"
-        ))
-        .into());
+        return Ok(None);
     }
     let newest: Option<Option<i64>> = conn
         .query_first("SELECT MAX(version) FROM schema_migrations")
         .await
         .db()?;
-    Ok(migrate::check_version(
-        &format!("the ledger at {url}"),
-        newest.flatten(),
-        MIGRATIONS,
-    )?)
+    Ok(Some(newest.flatten()))
+}
+
+/// What keeps this database from serving ([`crate::ledger::sql::ready`]): its schema's
+/// version, then each table whose probe the server refuses because the table or one
+/// of its columns does not exist. Each probe reads no row.
+pub(super) async fn check_ready<Q: Queryable + Send>(conn: &mut Q) -> Result<Vec<String>, TxError> {
+    use super::error::{classify, Phase, ER_BAD_FIELD_ERROR, ER_NO_SUCH_TABLE};
+    let mut problems: Vec<String> = ready::version(newest_version(conn).await?, MIGRATIONS)
+        .into_iter()
+        .collect();
+    for probe in ready::probes() {
+        if let Err(e) = conn.query_drop(probe.sql.as_str()).await {
+            let absent = match &e {
+                mysql_async::Error::Server(s) if s.code == ER_NO_SUCH_TABLE => ready::Absent::Table,
+                mysql_async::Error::Server(s) if s.code == ER_BAD_FIELD_ERROR => ready::Absent::Column,
+                _ => return Err(classify(&e, Phase::Statement)),
+            };
+            problems.push(ready::absent(probe.table, absent));
+        }
+    }
+    Ok(problems)
 }
 
 async fn run_locked(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>, TxError> {

@@ -13,14 +13,14 @@ use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
 use crate::ledger::sql::decode;
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::{Sql, Value, POSTGRES};
-use leasehold_engine::{AttemptId, AttemptStatus};
+use leasehold_engine::AttemptStatus;
 
 impl PostgresLedger {
     /// One try of [`crate::ledger::Ledger::list_attempts`].
     pub(super) async fn list_attempts_once(&self, query: &AttemptQuery) -> Result<AttemptPage, TxError> {
         let limit = query.clamped_limit();
         let mut sql = Sql::new(&POSTGRES);
-        sql.push("SELECT id FROM attempt WHERE TRUE");
+        sql.push("SELECT id, created_at FROM attempt WHERE TRUE");
         if let Some(status) = query.status {
             sql.push(" AND status = ").bind(Value::Text(status.as_str()));
         }
@@ -39,19 +39,21 @@ impl PostgresLedger {
         let mut client = self.connect().await?;
         let tx = begin_read(&mut client).await?;
         let result: Result<_, TxError> = async {
-            let ids = rows::query_all(&tx, &sql.text, &sql.values, |r| decode::string(r, 0, "attempt id")).await?;
-            let mut records = Vec::with_capacity(ids.len());
-            for id in ids {
-                if let Some(record) = read_record(&tx, &AttemptId::new(id)).await? {
-                    records.push(record);
-                }
+            let keys = rows::query_all(&tx, &sql.text, &sql.values, |r| Ok(decode::page_key(r))).await?;
+            let mut page = Vec::with_capacity(keys.len());
+            for key in keys {
+                let read = match key.id() {
+                    Some(id) => Some(read_record(&tx, id).await),
+                    None => None,
+                };
+                page.extend(key.into_row(read)?);
             }
-            Ok(records)
+            Ok(page)
         }
         .await;
         // A read: its end never decides anything.
         let _ = tx.rollback().await;
-        Ok(AttemptPage::from_rows(result?, limit))
+        Ok(AttemptPage::from_page_rows(result?, limit))
     }
 
     /// One try of [`crate::ledger::Ledger::count_attempts`].

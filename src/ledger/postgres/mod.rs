@@ -221,6 +221,26 @@ impl Ledger for PostgresLedger {
         self.retry(|| self.plans_newest_first_once(before, limit)).await
     }
 
+    async fn list_plan_rows(&self) -> Result<Vec<crate::ledger::listing::PlanRow>, LedgerError> {
+        self.retry(|| async {
+            let client = self.connect().await?;
+            rows::read_plan_rows(&client).await
+        })
+        .await
+    }
+
+    async fn plan_rows_newest_first(
+        &self,
+        before: Option<&PlanId>,
+        limit: u32,
+    ) -> Result<Vec<crate::ledger::listing::PlanRow>, LedgerError> {
+        self.retry(|| async {
+            let client = self.connect().await?;
+            rows::read_plan_rows_newest_first(&client, before, limit).await
+        })
+        .await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         self.retry(|| self.retire_plan_once(id)).await
     }
@@ -287,6 +307,14 @@ impl Ledger for PostgresLedger {
             return None;
         }
         Some(self.wake.get_or_init(|| notify::listen(&self.url)).clone())
+    }
+
+    async fn check_ready(&self) -> Result<Vec<String>, LedgerError> {
+        self.retry(|| async {
+            let client = self.connect().await?;
+            schema::check_ready(&client).await
+        })
+        .await
     }
 
     async fn count_attempts(&self, cap: u64) -> Result<crate::ledger::listing::AttemptCounts, LedgerError> {

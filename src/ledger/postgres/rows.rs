@@ -14,6 +14,7 @@
 //! ([`Session`]).
 
 use super::error::{classify, Phase, TxError};
+use crate::ledger::listing::{all_read, placed, PlanRow};
 use crate::ledger::sql::decode::{self, ColumnReader};
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::table::{plan_json, plan_values, ATTEMPT, COMMAND, PLAN, RECEIPT};
@@ -301,7 +302,14 @@ pub(super) async fn lock_ready_plan_by_fingerprint<C: Session>(
 
 /// Every plan, in registration order.
 pub(super) async fn read_plans<C: Session>(c: &C) -> Result<Vec<Plan>, TxError> {
-    query_all(c, &queries(&POSTGRES).plans, &[], plan_row).await
+    Ok(all_read(read_plan_rows(c).await?)?)
+}
+
+/// Every plan, in registration order, each row read on its own: a listing's
+/// ([`PlanRow`]).
+pub(super) async fn read_plan_rows<C: Session>(c: &C) -> Result<Vec<PlanRow>, TxError> {
+    let rows = query_all(c, &queries(&POSTGRES).plans, &[], |r| decode::listed_plan(r)).await?;
+    Ok(placed(rows))
 }
 
 /// The plans named `name`, oldest first.
@@ -316,13 +324,22 @@ pub(super) async fn read_plans_newest_first<C: Session>(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, TxError> {
+    Ok(all_read(read_plan_rows_newest_first(c, before, limit).await?)?)
+}
+
+/// [`read_plans_newest_first`], each row read on its own: a listing's ([`PlanRow`]).
+pub(super) async fn read_plan_rows_newest_first<C: Session>(
+    c: &C,
+    before: Option<&PlanId>,
+    limit: u32,
+) -> Result<Vec<PlanRow>, TxError> {
     let (sql, values) = sql::query::plans_page(&POSTGRES, before, limit);
-    let page = query_all(c, sql, &values, plan_row).await?;
+    let page = query_all(c, sql, &values, |r| decode::listed_plan(r)).await?;
     // An empty page after `before`: the oldest plan, or no such plan.
     if let (true, Some(id)) = (page.is_empty(), before) {
         read_plan(c, id, false).await?.ok_or_else(|| not_found("plan", id))?;
     }
-    Ok(page)
+    Ok(placed(page))
 }
 
 /// Inserts a newly registered plan.

@@ -9,6 +9,7 @@
 
 use super::error::{classify, Phase, TxError};
 use crate::ledger::migrate::{self, Migration};
+use crate::ledger::sql::ready;
 use crate::ledger::LedgerError;
 use tokio_postgres::Client;
 
@@ -88,25 +89,55 @@ pub(super) async fn migrate(client: &mut Client) -> Result<Vec<u32>, TxError> {
 /// migrated), or a schema version newer than this binary knows. `ledger` (shown
 /// without its password) names the database in messages.
 pub(super) async fn check_schema(client: &Client, ledger: &str) -> Result<(), TxError> {
+    let Some(newest) = newest_version(client).await? else {
+        return Err(LedgerError::BadInput(format!(
+            "the ledger at {ledger} holds no leasehold schema: run `leasehold migrate`"
+        ))
+        .into());
+    };
+    Ok(migrate::check_version(
+        &format!("the ledger at {ledger}"),
+        newest,
+        MIGRATIONS,
+    )?)
+}
+
+/// The newest schema version `schema_migrations` records: `None` without that table
+/// (never migrated), `Some(None)` with an empty one.
+async fn newest_version(client: &Client) -> Result<Option<Option<i64>>, TxError> {
     let statement = |e: tokio_postgres::Error| classify(&e, Phase::Statement);
     let row = client
         .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
         .await
         .map_err(statement)?;
     if !row.get::<_, bool>(0) {
-        return Err(LedgerError::BadInput(format!(
-            "the ledger at {ledger} holds no leasehold schema: run `leasehold migrate`"
-        ))
-        .into());
+        return Ok(None);
     }
     let row = client
         .query_one("SELECT MAX(version) FROM schema_migrations", &[])
         .await
         .map_err(statement)?;
-    let newest: Option<i64> = row.get(0);
-    Ok(migrate::check_version(
-        &format!("the ledger at {ledger}"),
-        newest,
-        MIGRATIONS,
-    )?)
+    Ok(Some(row.get(0)))
+}
+
+/// What keeps this database from serving ([`crate::ledger::sql::ready`]): its schema's
+/// version, then each table whose probe the server refuses because the table or one
+/// of its columns does not exist. Each probe runs on its own (outside a
+/// transaction, which the first refusal would abort) and reads no row.
+pub(super) async fn check_ready(client: &Client) -> Result<Vec<String>, TxError> {
+    use tokio_postgres::error::SqlState;
+    let mut problems: Vec<String> = ready::version(newest_version(client).await?, MIGRATIONS)
+        .into_iter()
+        .collect();
+    for probe in ready::probes() {
+        if let Err(e) = client.query(probe.sql.as_str(), &[]).await {
+            let absent = match e.code() {
+                Some(code) if *code == SqlState::UNDEFINED_TABLE => ready::Absent::Table,
+                Some(code) if *code == SqlState::UNDEFINED_COLUMN => ready::Absent::Column,
+                _ => return Err(classify(&e, Phase::Statement)),
+            };
+            problems.push(ready::absent(probe.table, absent));
+        }
+    }
+    Ok(problems)
 }

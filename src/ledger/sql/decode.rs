@@ -6,6 +6,7 @@
 //! a value is never echoed (it could be a lease token).
 
 use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
+use crate::ledger::listing::{tolerate, DamagedRow, PageKey};
 use crate::ledger::LedgerError;
 use leasehold_engine::{
     Attempt, AttemptId, AttemptRecord, Command, CommandId, LeaseToken, Plan, PlanId, Receipt, Step, Timestamp,
@@ -119,9 +120,27 @@ impl<'r, R: ColumnReader + ?Sized> Columns<'r, R> {
 
 /// The plan whose columns start at column `base`.
 pub(crate) fn plan<R: ColumnReader + ?Sized>(row: &mut R, base: usize) -> Result<Plan, LedgerError> {
+    let id = Columns::new(row, &PLAN, base).string(0)?;
+    plan_with_id(row, base, id)
+}
+
+/// A plan row of a listing: the plan, or the row marked damaged (with its id when
+/// that reads) when its data does not parse ([`tolerate`]).
+pub(crate) fn listed_plan<R: ColumnReader + ?Sized>(row: &mut R) -> Result<Result<Plan, DamagedRow>, LedgerError> {
+    // The id is read once (a driver's row may give each column only once).
+    let id = match Columns::new(row, &PLAN, 0).string(0) {
+        Ok(id) => id,
+        Err(e) => return tolerate(None, Err(e)),
+    };
+    let plan = plan_with_id(row, 0, id.clone());
+    tolerate(Some(&id), plan)
+}
+
+/// The plan whose columns start at column `base`, its id already read as `id`.
+fn plan_with_id<R: ColumnReader + ?Sized>(row: &mut R, base: usize, id: String) -> Result<Plan, LedgerError> {
     let mut c = Columns::new(row, &PLAN, base);
     Ok(Plan {
-        id: PlanId::new(c.string(0)?),
+        id: PlanId::new(id),
         name: c.string(1)?,
         status: c.text_enum(2)?,
         recovery: c.text_enum(3)?,
@@ -222,6 +241,14 @@ pub(crate) fn string<R: ColumnReader + ?Sized>(row: &mut R, idx: usize, what: &s
     row.text(idx)
         .map_err(|e| LedgerError::Integrity(format!("{what}: {e}")))?
         .ok_or_else(|| LedgerError::Integrity(format!("{what}: is NULL")))
+}
+
+/// A listing's key row (`SELECT id, created_at FROM attempt …`), each column as far
+/// as it reads: a key that does not read is a damaged row, not a failed page.
+pub(crate) fn page_key<R: ColumnReader + ?Sized>(row: &mut R) -> PageKey {
+    let id = string(row, 0, "attempt row: column id");
+    let created_at = scalar(row, 1, "attempt row: column created_at");
+    PageKey::new(id, created_at)
 }
 
 /// A command id in result column `idx` (a guard check's first column).

@@ -16,12 +16,15 @@
 //! - [`write`] renders guards and plans writes: the command's statement carries the
 //!   guard, goes first, and matching no row is [`leasehold_engine::Refusal::StaleToken`]
 //!   with nothing written by it. Lease tokens are only ever bound as parameters.
+//! - [`ready`] lists the probes that say whether a ledger can serve (its schema's
+//!   version, every table and column it reads), and says what is missing.
 //! - A backend supplies the execution (a connection, a transaction, its driver's
 //!   value type) and the SQL text that is its own (how it locks, how it claims in
 //!   bulk): nothing else.
 
 pub(crate) mod decode;
 pub(crate) mod query;
+pub(crate) mod ready;
 pub(crate) mod table;
 pub(crate) mod write;
 

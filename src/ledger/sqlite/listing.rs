@@ -6,17 +6,19 @@
 //! quick while succeeded attempts are most of the ledger, a scan of the whole table
 //! when there are fewer than the cap.
 
-use super::rows::{read_record, sql_error};
+use super::rows::{read_page_keys, read_record, sql_error};
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery};
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::SQLITE;
 use crate::ledger::LedgerError;
-use leasehold_engine::{AttemptId, AttemptStatus};
+use leasehold_engine::AttemptStatus;
 use rusqlite::types::Value;
 use rusqlite::Connection;
 
-/// A page: the ids from the index in listing order (one more than the limit, to
-/// know whether another page follows), then each record, in one read transaction.
+/// A page: the keys from the index in listing order (one more than the limit, to
+/// know whether another page follows), then each record by its id, in one read
+/// transaction; a record that does not parse is listed as damaged in its place
+/// ([`crate::ledger::listing::PageKey`]).
 pub(super) fn list_attempts(conn: &Connection, query: &AttemptQuery) -> Result<AttemptPage, LedgerError> {
     let limit = query.clamped_limit();
     let mut conditions = Vec::new();
@@ -42,29 +44,21 @@ pub(super) fn list_attempts(conn: &Connection, query: &AttemptQuery) -> Result<A
         format!("WHERE {}", conditions.join(" AND "))
     };
     params.push(Value::Integer(i64::from(limit) + 1));
-    let sql = format!("SELECT id FROM attempt {filter} ORDER BY created_at DESC, id DESC LIMIT ?");
-    // One snapshot for the ids and their records (inside a caller's transaction, that one).
+    let sql = format!("SELECT id, created_at FROM attempt {filter} ORDER BY created_at DESC, id DESC LIMIT ?");
+    // One snapshot for the keys and their records (inside a caller's transaction, that one).
     let tx = if conn.is_autocommit() {
         Some(conn.unchecked_transaction().map_err(sql_error)?)
     } else {
         None
     };
-    let ids: Vec<String> = conn
-        .prepare_cached(&sql)
-        .map_err(sql_error)?
-        .query_map(rusqlite::params_from_iter(params), |row| row.get(0))
-        .map_err(sql_error)?
-        .collect::<Result<_, _>>()
-        .map_err(sql_error)?;
-    let mut records = Vec::with_capacity(ids.len());
-    for id in ids {
-        let id = AttemptId::new(id);
-        if let Some(record) = read_record(conn, &id)? {
-            records.push(record);
-        }
+    let keys = read_page_keys(conn, &sql, params)?;
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        let read = key.id().map(|id| read_record(conn, id));
+        rows.extend(key.into_row(read)?);
     }
     drop(tx);
-    Ok(AttemptPage::from_rows(records, limit))
+    Ok(AttemptPage::from_page_rows(rows, limit))
 }
 
 /// Counts per status, each reading at most `cap + 1` index entries or rows

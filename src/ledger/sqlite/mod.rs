@@ -55,7 +55,7 @@ pub use transitions::{SqliteCore, BUSY_TIMEOUT};
 use writer::{Call, Job, Writer};
 pub use writer::{GroupCall, WriterStats};
 
-use super::listing::{AttemptCounts, AttemptPage, AttemptQuery};
+use super::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
@@ -314,6 +314,16 @@ impl Ledger for SqliteLedger {
             .await
     }
 
+    async fn list_plan_rows(&self) -> Result<Vec<PlanRow>, LedgerError> {
+        self.read_with(rows::read_plan_rows).await
+    }
+
+    async fn plan_rows_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<PlanRow>, LedgerError> {
+        let before = before.cloned();
+        self.read_with(move |conn| rows::read_plan_rows_newest_first(conn, before.as_ref(), limit))
+            .await
+    }
+
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let id = id.clone();
         self.write(move |core| core.retire_plan(&id)).await
@@ -380,5 +390,19 @@ impl Ledger for SqliteLedger {
 
     async fn count_attempts(&self, cap: u64) -> Result<AttemptCounts, LedgerError> {
         self.read_with(move |conn| listing::count_attempts(conn, cap)).await
+    }
+
+    async fn check_ready(&self) -> Result<Vec<String>, LedgerError> {
+        match self.read_with(rows::check_ready).await {
+            // A read connection could not open: the file's schema is refused (its
+            // message names the file, which the answer does not).
+            Err(LedgerError::BadInput(m)) => {
+                tracing::warn!(error = %crate::text::clean(&m), "ledger not ready");
+                Ok(vec![
+                    "the ledger's schema is missing or newer than this binary's (the server log has the cause)".into(),
+                ])
+            }
+            other => other,
+        }
     }
 }

@@ -7,10 +7,12 @@
 //! clause and zero affected rows is a refusal. Lease tokens are bound as parameters
 //! only, so no SQL text or error message ever contains one.
 
+use super::super::listing::{all_read, placed, PageKey, PlanRow};
 use super::super::migrate::{Migration, MigrationTarget};
 use super::super::LedgerError;
 use crate::ledger::sql::decode::{self, ColumnReader};
 use crate::ledger::sql::query::{self, queries};
+use crate::ledger::sql::ready;
 use crate::ledger::sql::table::{plan_json, plan_values, ATTEMPT, COMMAND, PLAN, RECEIPT};
 use crate::ledger::sql::write::{self, Expect, Statement};
 use crate::ledger::sql::{Dialect, Value, SQLITE, SQLITE_WITHOUT_ROOM};
@@ -163,7 +165,15 @@ pub(super) fn read_ready_plan_by_fingerprint(
 
 /// Every plan, in registration order.
 pub(super) fn read_plans(conn: &Connection) -> Result<Vec<Plan>, LedgerError> {
-    query_all(conn, &queries(&SQLITE).plans, &[], plan_row)
+    all_read(read_plan_rows(conn)?)
+}
+
+/// Every plan, in registration order, each row read on its own: a listing's
+/// ([`PlanRow`]).
+pub(super) fn read_plan_rows(conn: &Connection) -> Result<Vec<PlanRow>, LedgerError> {
+    Ok(placed(query_all(conn, &queries(&SQLITE).plans, &[], |r| {
+        decode::listed_plan(r)
+    })?))
 }
 
 /// The plans named `name`, oldest first.
@@ -178,13 +188,22 @@ pub(super) fn read_plans_newest_first(
     before: Option<&PlanId>,
     limit: u32,
 ) -> Result<Vec<Plan>, LedgerError> {
+    all_read(read_plan_rows_newest_first(conn, before, limit)?)
+}
+
+/// [`read_plans_newest_first`], each row read on its own: a listing's ([`PlanRow`]).
+pub(super) fn read_plan_rows_newest_first(
+    conn: &Connection,
+    before: Option<&PlanId>,
+    limit: u32,
+) -> Result<Vec<PlanRow>, LedgerError> {
     let (sql, values) = query::plans_page(&SQLITE, before, limit);
-    let page = query_all(conn, sql, &values, plan_row)?;
+    let page = query_all(conn, sql, &values, |r| decode::listed_plan(r))?;
     // An empty page after `before`: the oldest plan, or no such plan.
     if let (true, Some(id)) = (page.is_empty(), before) {
         read_plan(conn, id)?.ok_or_else(|| not_found("plan", id))?;
     }
-    Ok(page)
+    Ok(placed(page))
 }
 
 /// Inserts a newly registered plan.
@@ -196,6 +215,22 @@ pub(super) fn insert_plan(conn: &Connection, plan: &Plan) -> Result<(), LedgerEr
         &plan_values(plan, &steps, &volatile),
     )?;
     Ok(())
+}
+
+/// A listing's keys (`SELECT id, created_at …` with `params`), in the order read,
+/// each as far as it reads ([`decode::page_key`]).
+pub(super) fn read_page_keys(
+    conn: &Connection,
+    sql: &str,
+    params: Vec<rusqlite::types::Value>,
+) -> Result<Vec<PageKey>, LedgerError> {
+    let mut stmt = conn.prepare_cached(sql).sql()?;
+    let mut rows = stmt.query(params_from_iter(params)).sql()?;
+    let mut keys = Vec::new();
+    while let Some(row) = rows.next().sql()? {
+        keys.push(decode::page_key(&mut SqliteRow(row)));
+    }
+    Ok(keys)
 }
 
 /// Sets a plan's status; answers whether the plan exists.
@@ -551,6 +586,31 @@ impl MigrationTarget for SqliteMigrations<'_> {
             .sql()?;
         Ok(())
     }
+}
+
+/// What keeps this ledger from serving ([`crate::ledger::sql::ready`]): its schema's
+/// version, then each table the probe of which does not prepare because the table or
+/// one of its columns is absent. Preparing compiles against the schema and reads
+/// nothing.
+pub(super) fn check_ready(conn: &Connection) -> Result<Vec<String>, LedgerError> {
+    let newest = super::open::schema_version(conn).sql()?;
+    let mut problems: Vec<String> = ready::version(newest, super::super::migrate::SQLITE)
+        .into_iter()
+        .collect();
+    for probe in ready::probes() {
+        if let Err(e) = conn.prepare(&probe.sql) {
+            let message = e.to_string();
+            let absent = if message.contains("no such table") {
+                ready::Absent::Table
+            } else if message.contains("no such column") {
+                ready::Absent::Column
+            } else {
+                return Err(sql_error(e));
+            };
+            problems.push(ready::absent(probe.table, absent));
+        }
+    }
+    Ok(problems)
 }
 
 /// Fails with [`LedgerError::Integrity`] naming the first row whose foreign key
