@@ -79,8 +79,9 @@ pub const MAX_VALUE_BYTES: i32 = 1024 * 1024;
 pub const MAX_DATABASE_PAGES: u32 = 16_384;
 /// The most rows one check may answer.
 pub const MAX_CHECK_ROWS: usize = 1_000;
-/// The most bytes (as JSON) the check rows of one step may add up to.
-pub const MAX_EVIDENCE_BYTES: usize = 256 * 1024;
+/// The most bytes (as JSON) the check rows of one step may add up to: the worker's
+/// default evidence cap, which every executor's evidence is held to.
+pub const MAX_EVIDENCE_BYTES: usize = leasehold_engine::lease::MAX_EVIDENCE_BYTES;
 /// Virtual-machine instructions between two looks at whether the step was cancelled.
 const PROGRESS_OPS: i32 = 1_000;
 /// The pragmas plan SQL may run: read-only introspection of its own database.
