@@ -27,6 +27,11 @@
 //! blocking thread stops it then) and the step fails permanently, with a message
 //! naming the step and the limit. The budget is on the tokio clock.
 //!
+//! Every step's evidence, whatever its executor, is held to the worker's evidence
+//! cap ([`WorkerConfig::max_evidence_bytes`], 256 KiB unless configured): a step
+//! whose evidence and target receipt take more fails permanently, naming the size
+//! and the limit, and nothing of it is written (the driver's rule).
+//!
 //! The worker is generic over its ledger, executor and clock, so the simulator runs
 //! this same code with an RPC ledger client, a simulated target and skewed clocks.
 //! Its clock only schedules heartbeats and polls; leases are decided by the ledger.
@@ -397,6 +402,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             clock: Arc::clone(&self.clock),
             observer: self.observer.clone(),
             lease_ms: self.config.lease_ms,
+            max_evidence_bytes: self.config.max_evidence_bytes,
             step_timeout: self.step_timeout,
             claimed: Box::new(claimed),
             claimed_at,
@@ -545,6 +551,7 @@ struct Delivery<L, E, C> {
     clock: Arc<C>,
     observer: Observer,
     lease_ms: u64,
+    max_evidence_bytes: usize,
     step_timeout: Duration,
     // Boxed: the task that owns this future is allocated per delivery, and a
     // smaller one is cheaper to allocate and to move.
@@ -577,7 +584,9 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             }
         }
         // Boxed, like the claim: it keeps the delivery's task small.
-        let mut driver = Box::new(Driver::fused(record, self.lease_ms, self.claimed_at));
+        let mut driver = Box::new(
+            Driver::fused(record, self.lease_ms, self.claimed_at).with_max_evidence_bytes(self.max_evidence_bytes),
+        );
         // The request in flight, when it was sent, and its call.
         let mut ledger_call: Option<(Sent, Timestamp, LedgerCall<'_>)> = None;
         let mut executor_call: Option<(u32, Boxed<'_, ExecutorResult>)> = None;
@@ -848,6 +857,75 @@ mod tests {
         let counts = ledger.counts();
         assert_eq!((counts.claims, counts.claims_after_writes), (1, 0), "{counts:?}");
         assert_eq!(memory.open_attempts().await.unwrap(), 2, "two attempts stay QUEUED");
+    }
+
+    /// An executor whose evidence is a string of `0` bytes.
+    struct Huge(usize);
+
+    impl Executor for Huge {
+        async fn execute(&self, _: ExecRequest) -> ExecutorResult {
+            ExecutorResult::Done {
+                evidence: serde_json::json!({"blob": "x".repeat(self.0)}),
+                target_receipt: serde_json::json!({}),
+            }
+        }
+    }
+
+    /// Delivers one attempt of a one-step plan run by `executor` under `config`;
+    /// answers the report, the attempt as stored, and the worker's printed lines.
+    async fn deliver_one(executor: Huge, config: WorkerConfig) -> (WorkerReport, AttemptRecord, Vec<String>) {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(6))));
+        let spec = PlanSpec {
+            name: "huge".into(),
+            recovery: "resume".into(),
+            volatile_fields: Vec::new(),
+            steps: vec![Step {
+                code: "dump".into(),
+                executor: "huge:v1".into(),
+                payload: serde_json::json!({}),
+            }],
+        };
+        let plan = ledger.register_plan(spec, &["huge:v1"]).await.unwrap();
+        let attempt = ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id;
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&lines);
+        let worker = Worker::new("w", Arc::clone(&ledger), Arc::new(executor), clock, config)
+            .on_event(move |e| seen.lock().unwrap().push(e.to_string()));
+        let options = RunOptions {
+            until_idle: true,
+            grace_ms: 0,
+        };
+        let report = worker.run(std::future::pending(), options).await;
+        let record = ledger.attempt(&attempt).await.unwrap();
+        let lines = lines.lock().unwrap().clone();
+        (report, record, lines)
+    }
+
+    #[tokio::test]
+    async fn evidence_over_the_workers_cap_fails_the_step_and_nothing_of_it_is_stored() {
+        let config = WorkerConfig::clamped(true, 10, 1, 60_000);
+        let (report, record, lines) = deliver_one(Huge(6_260_100), config).await;
+        assert_eq!(
+            (report.claimed, report.failed, report.delivered),
+            (1, 1, 0),
+            "{report:?}"
+        );
+        let receipt = &record.receipts[0];
+        assert_eq!(receipt.status, leasehold_engine::ReceiptStatus::Failed);
+        assert_eq!((&receipt.evidence, &receipt.target_receipt), (&None, &None));
+        let error = "step 1: step dump: evidence (with its target receipt) is 6,260,113 bytes, over the limit of \
+                     262,144 bytes (the worker's --max-evidence-bytes)";
+        assert_eq!(receipt.error.as_deref(), Some(error));
+        assert_eq!(
+            lines.last().unwrap(),
+            &format!("attempt {}: failed: {error}", record.attempt.id)
+        );
+        // A worker given a larger cap stores it.
+        let config = config.with_max_evidence_bytes(8 * 1024 * 1024);
+        let (report, record, _) = deliver_one(Huge(6_260_100), config).await;
+        assert_eq!((report.delivered, report.failed), (1, 0), "{report:?}");
+        assert_eq!(record.receipts[0].evidence.as_ref().map(String::len), Some(6_260_111));
     }
 
     #[tokio::test]

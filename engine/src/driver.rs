@@ -50,9 +50,16 @@
 //!   retried with a growing backoff, [`EXECUTOR_ATTEMPTS_MAX`] calls per step at most,
 //!   and then the command is abandoned. An answer for a step that is not being
 //!   executed (late, after a refusal) is dropped.
+//! - **The evidence cap.** Whatever the executor, a step whose evidence and target
+//!   receipt take more than the cap together (canonical JSON bytes; default
+//!   [`MAX_EVIDENCE_BYTES`], set with [`Driver::with_max_evidence_bytes`]) fails the
+//!   attempt permanently, with a message naming the size and the limit; nothing of
+//!   it is written.
 
+use crate::canonical::canonical_json;
 use crate::ids::{CommandId, Timestamp};
 use crate::lease::heartbeat_ms;
+use crate::lease::MAX_EVIDENCE_BYTES;
 use crate::model::{AttemptRecord, CommandStatus, ReceiptStatus};
 use crate::transition::{Continued, Refusal};
 use serde_json::Value;
@@ -212,7 +219,9 @@ enum Sent {
 #[derive(Debug)]
 pub struct Driver {
     lease_ms: u64,
-    ordinals: Vec<u32>,
+    /// Every step's ordinal and code, in ordinal order.
+    steps: Vec<(u32, String)>,
+    max_evidence_bytes: usize,
     command: CommandId,
     owner: Option<String>,
     delivery: u32,
@@ -238,8 +247,12 @@ impl Driver {
     /// starts over. The claim's owner and delivery count identify this lease when a
     /// lost reply is disambiguated.
     pub fn fused(claimed: &AttemptRecord, lease_ms: u64, now: Timestamp) -> Self {
-        let mut ordinals: Vec<u32> = claimed.receipts.iter().map(|r| r.ordinal).collect();
-        ordinals.sort_unstable();
+        let mut steps: Vec<(u32, String)> = claimed
+            .receipts
+            .iter()
+            .map(|r| (r.ordinal, r.step_code.clone()))
+            .collect();
+        steps.sort_unstable();
         let first = claimed
             .receipts
             .iter()
@@ -252,7 +265,8 @@ impl Driver {
         };
         Self {
             lease_ms,
-            ordinals,
+            steps,
+            max_evidence_bytes: MAX_EVIDENCE_BYTES,
             command: claimed.command.id.clone(),
             owner: claimed.command.lease_owner.clone(),
             delivery: claimed.command.delivery_count,
@@ -267,6 +281,14 @@ impl Driver {
             executor_failures: 0,
             outcome: None,
         }
+    }
+
+    /// The same driver with its evidence cap set to `bytes` (see the module docs);
+    /// the worker passes its configured cap.
+    #[must_use]
+    pub fn with_max_evidence_bytes(mut self, bytes: usize) -> Self {
+        self.max_evidence_bytes = bytes;
+        self
     }
 
     /// How the delivery ended, once it has.
@@ -428,7 +450,10 @@ impl Driver {
                 evidence,
                 target_receipt,
             } => {
-                self.phase = Phase::Complete(ordinal, evidence, target_receipt);
+                self.phase = match self.over_evidence_cap(ordinal, &evidence, &target_receipt) {
+                    Some(error) => Phase::Fail(Some(ordinal), format!("step {ordinal}: {error}")),
+                    None => Phase::Complete(ordinal, evidence, target_receipt),
+                };
             }
             ExecutorResult::Permanent(error) => {
                 self.phase = Phase::Fail(Some(ordinal), format!("step {ordinal}: {error}"));
@@ -449,6 +474,26 @@ impl Driver {
         }
     }
 
+    /// Why the evidence and target receipt of step `ordinal` may not be stored, if
+    /// together they take more than the cap.
+    fn over_evidence_cap(&self, ordinal: u32, evidence: &Value, target_receipt: &Value) -> Option<String> {
+        let bytes = canonical_json(evidence).len() + canonical_json(target_receipt).len();
+        if bytes <= self.max_evidence_bytes {
+            return None;
+        }
+        let code = self
+            .steps
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .map_or("", |(_, code)| code.as_str());
+        Some(format!(
+            "step {code}: evidence (with its target receipt) is {} bytes, over the limit of {} bytes \
+             (the worker's --max-evidence-bytes)",
+            grouped(bytes),
+            grouped(self.max_evidence_bytes)
+        ))
+    }
+
     fn committed(&mut self, sent: Sent, sent_at: Timestamp, continued: Option<Continued>) {
         self.renewed_at = self.renewed_at.max(sent_at);
         self.heartbeat_due = false;
@@ -462,7 +507,7 @@ impl Driver {
                 self.phase = Phase::Execute(o);
             }
             Sent::CompleteAndContinue(o) => match continued {
-                Some(Continued::Began(next)) if next > o && self.ordinals.contains(&next) => {
+                Some(Continued::Began(next)) if next > o && self.steps.iter().any(|(s, _)| *s == next) => {
                     self.executor_failures = 0;
                     self.phase = Phase::Execute(next);
                 }
@@ -529,7 +574,7 @@ impl Driver {
     fn ends(&self, sent: Sent) -> bool {
         match sent {
             Sent::Fail | Sent::Finish => true,
-            Sent::CompleteAndContinue(o) => self.ordinals.last().is_some_and(|last| *last <= o),
+            Sent::CompleteAndContinue(o) => self.steps.last().is_some_and(|(last, _)| *last <= o),
             Sent::Begin(_) | Sent::Heartbeat | Sent::Read => false,
         }
     }
@@ -564,4 +609,17 @@ impl Driver {
     fn lease_expiry(&self) -> Timestamp {
         self.renewed_at.plus_ms(self.lease_ms)
     }
+}
+
+/// `n` with a comma between each group of three digits: `6,260,112`.
+fn grouped(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
 }

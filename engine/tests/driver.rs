@@ -12,7 +12,7 @@ use leasehold_engine::driver::{
     Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult, LedgerRequest, Outcome, Reply,
     EXECUTOR_ATTEMPTS_MAX,
 };
-use leasehold_engine::lease::heartbeat_ms;
+use leasehold_engine::lease::{heartbeat_ms, MAX_EVIDENCE_BYTES};
 use leasehold_engine::transition::Continued;
 use leasehold_engine::{AttemptRecord, CommandId, CommandStatus, ReceiptStatus, Recovery, Refusal, Timestamp};
 use serde_json::{json, Value};
@@ -129,6 +129,13 @@ impl Harness {
             now,
             log: Vec::new(),
         }
+    }
+
+    /// A harness whose driver holds each step's evidence to `cap` bytes.
+    fn with_evidence_cap(receipts: &[(u32, ReceiptStatus)], cap: usize) -> Self {
+        let mut h = Self::new(receipts, 0);
+        h.driver = Driver::fused(&claimed(receipts), LEASE_MS, t(0)).with_max_evidence_bytes(cap);
+        h
     }
 
     /// Drains `poll_action` at the current time.
@@ -1184,4 +1191,104 @@ fn only_a_finish_a_fail_or_the_last_completion_ends_the_attempt() {
     ] {
         assert_eq!(driver.ends_attempt(&request), ends, "{request:?}");
     }
+}
+
+/// Evidence whose canonical JSON, with an empty target receipt (`{}`), takes
+/// exactly `bytes` bytes.
+fn evidence_of(bytes: usize) -> ExecutorResult {
+    let overhead = r#"{"blob":""}"#.len() + "{}".len();
+    ExecutorResult::Done {
+        evidence: json!({"blob": "x".repeat(bytes - overhead)}),
+        target_receipt: json!({}),
+    }
+}
+
+fn over_the_cap(ordinal: u32, bytes: &str, limit: &str) -> String {
+    format!(
+        "step {ordinal}: step step-{ordinal}: evidence (with its target receipt) is {bytes} bytes, over the limit of \
+         {limit} bytes (the worker's --max-evidence-bytes)"
+    )
+}
+
+#[test]
+fn evidence_over_the_default_cap_fails_the_step_naming_its_size_and_the_limit() {
+    let mut h = Harness::new(&running(2), 0);
+    let next = h.run_step(1, evidence_of(6_260_112));
+    let error = over_the_cap(1, "6,260,112", "262,144");
+    assert_eq!(
+        next,
+        [DriverAction::Ledger(LedgerRequest::Fail {
+            ordinal: Some(1),
+            error: error.clone()
+        })],
+        "nothing of the evidence is written"
+    );
+    h.later(5).commit();
+    assert_eq!(h.outcome(), Some(&Outcome::Failed(error)));
+    h.assert_stopped();
+    assert!(!h
+        .log
+        .iter()
+        .any(|a| matches!(a, DriverAction::Ledger(LedgerRequest::CompleteAndContinue { .. }))));
+    assert!(!h.log.contains(&execute(2)));
+}
+
+#[test]
+fn evidence_at_the_cap_is_stored_and_one_byte_more_is_not() {
+    let mut h = Harness::new(&running(2), 0);
+    let at_cap = evidence_of(MAX_EVIDENCE_BYTES);
+    let next = h.run_step(1, at_cap.clone());
+    let ExecutorResult::Done {
+        evidence,
+        target_receipt,
+    } = at_cap
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        next,
+        [DriverAction::Ledger(LedgerRequest::CompleteAndContinue {
+            ordinal: 1,
+            evidence,
+            target_receipt
+        })]
+    );
+    h.later(5).began(2);
+    let next = h.run_step(2, evidence_of(MAX_EVIDENCE_BYTES + 1));
+    assert_eq!(
+        next,
+        [DriverAction::Ledger(LedgerRequest::Fail {
+            ordinal: Some(2),
+            error: over_the_cap(2, "262,145", "262,144"),
+        })]
+    );
+}
+
+#[test]
+fn the_evidence_cap_is_configurable_and_counts_the_target_receipt() {
+    let mut h = Harness::with_evidence_cap(&running(1), 2_000);
+    let receipt_heavy = ExecutorResult::Done {
+        evidence: json!({}),
+        target_receipt: json!({"id": "r".repeat(2_000)}),
+    };
+    let next = h.run_step(1, receipt_heavy);
+    assert_eq!(
+        next,
+        [DriverAction::Ledger(LedgerRequest::Fail {
+            ordinal: Some(1),
+            error: over_the_cap(1, "2,011", "2,000"),
+        })]
+    );
+    let mut h = Harness::with_evidence_cap(&running(1), 8 * 1024 * 1024);
+    let next = h.run_step(1, evidence_of(6_260_112));
+    assert!(
+        matches!(
+            next.as_slice(),
+            [DriverAction::Ledger(LedgerRequest::CompleteAndContinue {
+                ordinal: 1,
+                ..
+            })]
+        ),
+        "a larger cap admits it: {next:?}"
+    );
 }

@@ -97,6 +97,10 @@ enum Command {
         /// Seconds one step may run before it is stopped and fails (clamped to 1..=86400).
         #[arg(long, default_value_t = 300)]
         step_timeout_secs: u64,
+        /// Bytes one step's evidence and target receipt may take (canonical JSON); a
+        /// step over it fails (clamped to 1024..=16777216).
+        #[arg(long, default_value_t = leasehold_engine::lease::MAX_EVIDENCE_BYTES)]
+        max_evidence_bytes: usize,
         #[command(flatten)]
         http: HttpArgs,
     },
@@ -242,11 +246,13 @@ impl ListenArgs {
     }
 }
 
-/// The `http:v1` executor's egress allowlist, on `worker` and `demo`.
+/// The `http:v1` executor's egress allowlist and secret bindings, on `worker`,
+/// `serve` and `demo`.
 #[derive(clap::Args, Debug, Default)]
 struct HttpArgs {
-    /// A host the http:v1 executor may call, HOST or HOST:PORT (repeatable; also
-    /// LEASEHOLD_HTTP_ALLOW, comma-separated). Every other host is refused.
+    /// A host the http:v1 executor may call, HOST (the scheme's default port) or
+    /// HOST:PORT (repeatable; also LEASEHOLD_HTTP_ALLOW, comma-separated). Every
+    /// other host is refused.
     #[arg(
         long = "http-allow",
         value_name = "HOST[:PORT]",
@@ -254,13 +260,25 @@ struct HttpArgs {
         value_delimiter = ','
     )]
     allow: Vec<String>,
+    /// A secret variable and a host it may be sent to, LEASEHOLD_SECRET_NAME=HOST[:PORT]
+    /// (repeatable; also LEASEHOLD_HTTP_SECRET, comma-separated). A secret bound to
+    /// no host is sent nowhere.
+    #[arg(
+        long = "http-secret",
+        value_name = "NAME=HOST[:PORT]",
+        env = "LEASEHOLD_HTTP_SECRET",
+        value_delimiter = ','
+    )]
+    secrets: Vec<String>,
 }
 
 impl HttpArgs {
     /// The executor registry these flags configure; `step_timeout` caps every HTTP
     /// call's own budget, so its retries end before the worker stops the call.
     fn executors(&self, step_timeout: Duration) -> Result<Executors, Failure> {
-        let mut config = HttpConfig::allowing(&self.allow).map_err(Failure::bad_input)?;
+        let mut config = HttpConfig::allowing(&self.allow)
+            .and_then(|c| c.binding(&self.secrets))
+            .map_err(Failure::bad_input)?;
         config.budget_cap = step_timeout
             .saturating_sub(Duration::from_millis(500))
             .max(Duration::from_millis(100));
@@ -269,11 +287,13 @@ impl HttpArgs {
             code: 1,
             message: format!("could not find this program to run sandboxes in: {e}"),
         })?;
-        Executors::builder()
+        let executors = Executors::builder()
             .sandbox(leasehold::executor::SqliteSandbox::isolated(program))
             .http(config)
             .build()
-            .map_err(|e| Failure::bad_input(e.to_string()))
+            .map_err(|e| Failure::bad_input(e.to_string()))?;
+        executors.http().check_secrets().map_err(Failure::bad_input)?;
+        Ok(executors)
     }
 }
 
@@ -308,6 +328,10 @@ struct ServeArgs {
     /// Seconds one step may run before it is stopped and fails (clamped to 1..=86400).
     #[arg(long, default_value_t = 300)]
     step_timeout_secs: u64,
+    /// Bytes one step's evidence and target receipt may take (canonical JSON); a
+    /// step over it fails (clamped to 1024..=16777216).
+    #[arg(long, default_value_t = leasehold_engine::lease::MAX_EVIDENCE_BYTES)]
+    max_evidence_bytes: usize,
     #[command(flatten)]
     http: HttpArgs,
     #[command(flatten)]
@@ -583,6 +607,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             until_idle,
             grace_secs,
             step_timeout_secs,
+            max_evidence_bytes,
             http,
         } => {
             let config = WorkerConfig::clamped(
@@ -590,7 +615,8 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                 poll_secs.clamp(1, 3_600) * 1_000,
                 batch,
                 lease_secs.clamp(1, 86_400) * 1_000,
-            );
+            )
+            .with_max_evidence_bytes(max_evidence_bytes);
             let id = id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
             check_worker_id(&id)?;
             let settings = WorkerSettings {
@@ -725,6 +751,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                     batch: 5,
                     grace_secs: 30,
                     step_timeout_secs: 300,
+                    max_evidence_bytes: leasehold_engine::lease::MAX_EVIDENCE_BYTES,
                     http,
                     connections: ListenArgs::defaults(),
                 };
@@ -1137,7 +1164,8 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
             args.poll_secs.clamp(1, 3_600) * 1_000,
             args.batch,
             args.lease_secs.clamp(1, 86_400) * 1_000,
-        ),
+        )
+        .with_max_evidence_bytes(args.max_evidence_bytes),
         id: format!("serve-{}", std::process::id()),
         grace_ms: args.grace_secs.clamp(0, 3_600) * 1_000,
         step_timeout,

@@ -4,8 +4,9 @@
 //!
 //! Contract. A step's payload:
 //! - `url` (string, required): `http://` or `https://`, no credentials in it; its
-//!   host (and port) must be on the worker's egress allowlist ([`HttpConfig`],
-//!   `--http-allow HOST[:PORT]`), or the step fails permanently naming the flag;
+//!   host and port must be on the worker's egress allowlist ([`HttpConfig`],
+//!   `--http-allow HOST[:PORT]`; `HOST` alone is the scheme's default port, 80 or
+//!   443), or the step fails permanently naming the flag;
 //! - `method` (string): `POST` (default), `PUT`, `PATCH` or `DELETE`;
 //! - `body` (JSON, optional): sent as canonical JSON (`Content-Type:
 //!   application/json`), so every delivery sends the same bytes;
@@ -14,11 +15,14 @@
 //!   refused (the executor sets those);
 //! - `auth_env` (string, optional): the name of an environment variable (it must
 //!   start with `LEASEHOLD_SECRET_`) whose value is sent as the `Authorization`
-//!   header value;
-//! - `secret_env` (string, optional): likewise, a Standard Webhooks secret
-//!   (`whsec_<base64>`, or raw text): the request is signed with `webhook-id` (the
-//!   idempotency key), `webhook-timestamp` and `webhook-signature: v1,<base64
-//!   HMAC-SHA256 of id.timestamp.body>`;
+//!   header value; the secret must be bound to the URL's host and port
+//!   ([`SecretBinding`], `--http-secret NAME=HOST[:PORT]`), or the step fails
+//!   permanently, before anything is sent, naming the secret, the host and the
+//!   flag;
+//! - `secret_env` (string, optional): likewise (and likewise bound), a Standard
+//!   Webhooks secret (`whsec_<base64>`, or raw text): the request is signed with
+//!   `webhook-id` (the idempotency key), `webhook-timestamp` and `webhook-signature:
+//!   v1,<base64 HMAC-SHA256 of id.timestamp.body>`;
 //! - `timeout_ms` (whole number, default 10000): one request's timeout, clamped to
 //!   100..=60000;
 //! - `budget_ms` (whole number, default 30000): the time all tries of this call may
@@ -44,9 +48,22 @@
 //! 3xx) → permanent, with the status and at most 200 characters of the body.
 //! Redirects are followed only to the same host and port (at most 5).
 //!
-//! Secrets: the values of `auth_env` and `secret_env` never appear in evidence,
-//! receipts or errors; only the variable's name is ever named. The backoff's jitter
-//! is a function of the key and the try number, not of a random source.
+//! Secrets: a secret bound to no host is sent nowhere. The values of every bound
+//! secret are read once, on first use ([`Http::check_secrets`] reads them at
+//! start); a value shorter than [`MIN_SECRET_BYTES`] is refused, naming the
+//! variable. Every answer leaves the executor through one redaction: each bound
+//! secret's value and its common encodings (`Bearer` form, credential, base64
+//! standard and URL-safe with and without padding, hex, percent-encoding, JSON
+//! escapes, a `whsec_` key's base64) are replaced with `[redacted NAME]` in every
+//! string and object key of the evidence and target receipt and in every error, so
+//! a receiver that echoes the request cannot put a value into stored evidence or
+//! the worker's output; a body excerpt is redacted before it is cut. Only the
+//! variable's name is ever named. The backoff's jitter is a function of the key and
+//! the try number, not of a random source.
+
+mod secrets;
+
+pub use secrets::{SecretBinding, MIN_SECRET_BYTES};
 
 use super::{describe, ExecRequest, Executor, ExecutorResult};
 use base64::Engine as _;
@@ -54,6 +71,7 @@ use hmac::{Hmac, Mac};
 use leasehold_engine::canonical::canonical_json;
 use leasehold_engine::{Action, Step};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use secrets::{is_secret_name, Redactor, Vault};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -98,32 +116,36 @@ pub struct AllowedHost {
 
 impl AllowedHost {
     /// Parses `HOST[:PORT]` (`[v6]:PORT` for an IPv6 address); `HOST` alone allows
-    /// every port of that host.
+    /// the default port of the URL's scheme (80 for http, 443 for https).
     pub fn parse(text: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("--http-allow {text:?}: {why} (expected HOST or HOST:PORT)");
+        Self::from_text(text).map_err(|why| format!("--http-allow {text:?}: {why} (expected HOST or HOST:PORT)"))
+    }
+
+    /// Parses `HOST[:PORT]`; the error is why not, for the caller to name its flag.
+    fn from_text(text: &str) -> Result<Self, &'static str> {
         let text = text.trim();
-        if text.is_empty() || text.contains(['/', '@', '?', '#', ' ']) {
-            return Err(bad("not a host"));
+        if text.is_empty() || text.contains(['/', '@', '?', '#', ' ', '=']) {
+            return Err("not a host");
         }
         let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-            let (host, after) = rest.split_once(']').ok_or_else(|| bad("unclosed ["))?;
+            let (host, after) = rest.split_once(']').ok_or("unclosed [")?;
             match after.strip_prefix(':') {
                 Some(port) => (format!("[{host}]"), Some(port)),
                 None if after.is_empty() => (format!("[{host}]"), None),
-                None => return Err(bad("junk after ]")),
+                None => return Err("junk after ]"),
             }
         } else {
             match text.rsplit_once(':') {
                 Some((host, port)) if !host.contains(':') => (host.to_owned(), Some(port)),
-                Some(_) => return Err(bad("an IPv6 address goes in brackets")),
+                Some(_) => return Err("an IPv6 address goes in brackets"),
                 None => (text.to_owned(), None),
             }
         };
         if host.is_empty() || host == "[]" {
-            return Err(bad("empty host"));
+            return Err("empty host");
         }
         let port = match port {
-            Some(p) => Some(p.parse::<u16>().map_err(|_| bad("port is not a number 0..=65535"))?),
+            Some(p) => Some(p.parse::<u16>().map_err(|_| "port is not a number 0..=65535")?),
             None => None,
         };
         Ok(Self {
@@ -132,8 +154,12 @@ impl AllowedHost {
         })
     }
 
-    fn allows(&self, host: &str, port: u16) -> bool {
-        self.host == host && self.port.is_none_or(|p| p == port)
+    /// Whether `url` goes to this host and port (without a port: the default port
+    /// of the URL's scheme).
+    fn allows(&self, url: &reqwest::Url) -> bool {
+        let default = if url.scheme() == "https" { 443 } else { 80 };
+        url.host_str().is_some_and(|h| h.eq_ignore_ascii_case(&self.host))
+            && url.port_or_known_default() == Some(self.port.unwrap_or(default))
     }
 }
 
@@ -149,12 +175,15 @@ impl fmt::Display for AllowedHost {
 /// The longest `budget_ms` a payload may ask for.
 pub const MAX_BUDGET: Duration = Duration::from_secs(240);
 
-/// The `http:v1` executor's configuration: its egress allowlist and the cap on
-/// every call's budget.
+/// The `http:v1` executor's configuration: its egress allowlist, the hosts each
+/// secret may be sent to, and the cap on every call's budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     /// Hosts the executor may call; empty: none.
     pub allow: Vec<AllowedHost>,
+    /// The hosts each secret may be sent to (a secret may have several); a secret
+    /// bound to none is sent nowhere.
+    pub secrets: Vec<SecretBinding>,
     /// No call's tries last longer than this, whatever its `budget_ms` says: set it
     /// a little below the worker's step timeout, so that a call runs out of budget
     /// (transient: retried later with the same key) before the worker stops it
@@ -166,6 +195,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             allow: Vec::new(),
+            secrets: Vec::new(),
             budget_cap: MAX_BUDGET,
         }
     }
@@ -183,6 +213,15 @@ impl HttpConfig {
             ..Self::default()
         })
     }
+
+    /// The same configuration with each `LEASEHOLD_SECRET_NAME=HOST[:PORT]` given
+    /// bound.
+    pub fn binding<S: AsRef<str>>(mut self, bindings: impl IntoIterator<Item = S>) -> Result<Self, String> {
+        for binding in bindings {
+            self.secrets.push(SecretBinding::parse(binding.as_ref())?);
+        }
+        Ok(self)
+    }
 }
 
 /// The `http:v1` executor.
@@ -190,6 +229,8 @@ pub struct Http {
     config: HttpConfig,
     /// Built on first use: most registries never send a request.
     client: OnceLock<Result<reqwest::Client, String>>,
+    /// The bound secrets' values, read on first use.
+    vault: OnceLock<Vault>,
 }
 
 impl fmt::Debug for Http {
@@ -206,12 +247,27 @@ impl Http {
         Self {
             config,
             client: OnceLock::new(),
+            vault: OnceLock::new(),
         }
     }
 
     /// Its configuration.
     pub fn config(&self) -> &HttpConfig {
         &self.config
+    }
+
+    /// Reads every bound secret now (otherwise that happens on first use): the
+    /// first one that is unset, not UTF-8 or too short, named with why; never a
+    /// value.
+    pub fn check_secrets(&self) -> Result<(), String> {
+        match self.vault().first_error() {
+            Some(why) => Err(format!("--http-secret: {why}")),
+            None => Ok(()),
+        }
+    }
+
+    fn vault(&self) -> &Vault {
+        self.vault.get_or_init(|| Vault::load(&self.config.secrets))
     }
 
     fn client(&self) -> Result<&reqwest::Client, String> {
@@ -240,8 +296,18 @@ impl Http {
 }
 
 impl Executor for Http {
+    /// Every answer leaves through here, with every form of every bound secret
+    /// redacted from its evidence, target receipt or error.
     async fn execute(&self, request: ExecRequest) -> ExecutorResult {
-        let call = match Call::parse(&request, &self.config) {
+        let vault = self.vault();
+        let result = self.deliver(&request, vault).await;
+        vault.redactor().result(result)
+    }
+}
+
+impl Http {
+    async fn deliver(&self, request: &ExecRequest, vault: &Vault) -> ExecutorResult {
+        let call = match Call::parse(request, &self.config, vault) {
             Ok(call) => call,
             Err(message) => return ExecutorResult::Permanent(message),
         };
@@ -249,7 +315,7 @@ impl Executor for Http {
             Ok(client) => client,
             Err(message) => return ExecutorResult::Transient(message),
         };
-        call.run(client, &request).await
+        call.run(client, request, vault.redactor()).await
     }
 }
 
@@ -281,7 +347,7 @@ enum TryError {
 }
 
 impl Call {
-    fn parse(request: &ExecRequest, config: &HttpConfig) -> Result<Self, String> {
+    fn parse(request: &ExecRequest, config: &HttpConfig, vault: &Vault) -> Result<Self, String> {
         let step: &Step = &request.step;
         let code = step.code.clone();
         let Some(fields) = step.payload.as_object() else {
@@ -311,7 +377,7 @@ impl Call {
         }
         let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
         let port = url.port_or_known_default().unwrap_or(0);
-        if !config.allow.iter().any(|a| a.allows(&host, port)) {
+        if !config.allow.iter().any(|a| a.allows(&url)) {
             let allowed: Vec<String> = config.allow.iter().map(ToString::to_string).collect();
             return Err(format!(
                 "step {code}: host {host}:{port} is not on this worker's egress allowlist \
@@ -393,7 +459,8 @@ impl Call {
                 HeaderValue::from_static("application/json"),
             );
         }
-        if let Some(secret) = secret_from_env(&code, fields, "auth_env")? {
+        let secret = |field: &str| bound_secret(&code, fields, field, &url, config, vault);
+        if let Some(secret) = secret("auth_env")? {
             let mut value = HeaderValue::from_bytes(&secret).map_err(|_| {
                 field_err(
                     "auth_env",
@@ -403,7 +470,7 @@ impl Call {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let signing_key = match secret_from_env(&code, fields, "secret_env")? {
+        let signing_key = match secret("secret_env")? {
             None => None,
             Some(secret) => Some(match secret.strip_prefix(b"whsec_") {
                 Some(encoded) => base64::engine::general_purpose::STANDARD
@@ -503,13 +570,13 @@ impl Call {
     }
 
     /// Tries the request until it succeeds, fails permanently, or the budget ends.
-    async fn run(&self, client: &reqwest::Client, request: &ExecRequest) -> ExecutorResult {
+    async fn run(&self, client: &reqwest::Client, request: &ExecRequest, redactor: &Redactor) -> ExecutorResult {
         let deadline = Instant::now() + self.budget;
         let mut tries = 0u32;
         loop {
             tries += 1;
             let left = deadline.saturating_duration_since(Instant::now());
-            let error = match self.try_once(client, request, left.min(self.timeout)).await {
+            let error = match self.try_once(client, request, left.min(self.timeout), redactor).await {
                 Ok(done) => return done,
                 Err(TryError::Permanent(message)) => return ExecutorResult::Permanent(message),
                 Err(TryError::Transient { message, retry_after }) => (message, retry_after),
@@ -532,6 +599,7 @@ impl Call {
         client: &reqwest::Client,
         request: &ExecRequest,
         timeout: Duration,
+        redactor: &Redactor,
     ) -> Result<ExecutorResult, TryError> {
         let code = &self.code;
         let mut builder = client
@@ -589,7 +657,9 @@ impl Call {
                 }),
             });
         }
-        let excerpt: String = String::from_utf8_lossy(&body).chars().take(EXCERPT_CHARS).collect();
+        // Redacted before it is cut, so that no part of a secret survives the cut.
+        let body = String::from_utf8_lossy(&body);
+        let excerpt: String = redactor.text(&body).chars().take(EXCERPT_CHARS).collect();
         let what = format!(
             "{} answered {status}: {excerpt:?}",
             self.url.host_str().unwrap_or("the host")
@@ -673,9 +743,17 @@ pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
 }
 
-/// Reads the secret named by payload field `field`; the error names the field and
-/// the variable, never a value.
-fn secret_from_env(code: &str, fields: &Map<String, Value>, field: &str) -> Result<Option<Vec<u8>>, String> {
+/// The value of the secret payload field `field` names, if the secret is bound to
+/// `url`'s host and port; the error names the field and the variable (and the host,
+/// and how to bind it), never a value.
+fn bound_secret(
+    code: &str,
+    fields: &Map<String, Value>,
+    field: &str,
+    url: &reqwest::Url,
+    config: &HttpConfig,
+    vault: &Vault,
+) -> Result<Option<Vec<u8>>, String> {
     let name = match fields.get(field) {
         None => return Ok(None),
         Some(Value::String(name)) => name,
@@ -686,19 +764,31 @@ fn secret_from_env(code: &str, fields: &Map<String, Value>, field: &str) -> Resu
             ))
         }
     };
-    if !name.starts_with(SECRET_ENV_PREFIX)
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
-    {
+    if !is_secret_name(name) {
         return Err(format!(
             "step {code}: payload field {field} must name a variable {SECRET_ENV_PREFIX}[A-Z0-9_]*, not {name:?}"
         ));
     }
-    match std::env::var_os(name) {
-        Some(value) if !value.is_empty() => Ok(Some(value.into_encoded_bytes())),
-        _ => Err(format!(
-            "step {code}: payload field {field}: environment variable {name} is not set"
+    let bound: Vec<&SecretBinding> = config.secrets.iter().filter(|b| b.name() == name).collect();
+    if !bound.iter().any(|b| b.host().allows(url)) {
+        let host = url.host_str().unwrap_or_default();
+        let port = url.port_or_known_default().unwrap_or(0);
+        let hosts: Vec<String> = bound.iter().map(|b| b.host().to_string()).collect();
+        return Err(format!(
+            "step {code}: payload field {field}: secret {name} may not be sent to {host}:{port} (bound to: {}; bind \
+             it with --http-secret {name}={host}:{port})",
+            if hosts.is_empty() {
+                "no host".to_owned()
+            } else {
+                hosts.join(", ")
+            }
+        ));
+    }
+    match vault.get(name) {
+        Some(Ok(value)) => Ok(Some(value.clone())),
+        Some(Err(why)) => Err(format!("step {code}: payload field {field}: {why}")),
+        None => Err(format!(
+            "step {code}: payload field {field}: secret {name} is not bound"
         )),
     }
 }

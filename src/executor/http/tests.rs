@@ -1,5 +1,6 @@
 //! `http:v1` against a local axum server on 127.0.0.1:0: one test per outcome class,
-//! the allowlist, redirects, headers, signing and secrets.
+//! the allowlist, redirects, headers, signing and secrets: bound to hosts, and kept
+//! out of what a receiver that echoes the request sends back.
 
 use super::*;
 use axum::extract::{Path, State};
@@ -60,6 +61,15 @@ async fn handle(State(seen): State<Shared>, Path(path): Path<String>, headers: A
             ok()
         }
         "redirect-same" => (StatusCode::TEMPORARY_REDIRECT, [("location", "/ok")]).into_response(),
+        "echo" => (StatusCode::CREATED, axum::Json(reflect(&headers))).into_response(),
+        "echo-rejected" => (StatusCode::BAD_REQUEST, echo_line(&headers)).into_response(),
+        "echo-busy" => (StatusCode::SERVICE_UNAVAILABLE, echo_line(&headers)).into_response(),
+        // The Authorization value straddles the 200-character cut of an excerpt.
+        "echo-at-the-cut" => (
+            StatusCode::BAD_REQUEST,
+            format!("{}{}", "x".repeat(190), header(&headers, "authorization")),
+        )
+            .into_response(),
         other => match other.strip_prefix("redirect-to-") {
             Some(port) => (
                 StatusCode::TEMPORARY_REDIRECT,
@@ -69,6 +79,53 @@ async fn handle(State(seen): State<Shared>, Path(path): Path<String>, headers: A
             None => StatusCode::NOT_FOUND.into_response(),
         },
     }
+}
+
+fn header(headers: &AxumHeaders, name: &str) -> String {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default()
+}
+
+/// The Authorization header's credential (after its scheme).
+fn credential(authorization: &str) -> &str {
+    authorization.split_once(' ').map_or(authorization, |(_, c)| c)
+}
+
+/// What a receiver that echoes the request answers: every header (as values and as
+/// keys), and the Authorization value and its credential in common encodings.
+fn reflect(headers: &AxumHeaders) -> Value {
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let auth = header(headers, "authorization");
+    let you_sent: Map<String, Value> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(String::from_utf8_lossy(v.as_bytes()))))
+        .collect();
+    json!({
+        "id": credential(&auth),
+        "you_sent": you_sent,
+        "by_value": {auth.clone(): "the header value as a key"},
+        "encoded": {
+            "b64": STANDARD.encode(&auth),
+            "b64url": URL_SAFE_NO_PAD.encode(credential(&auth)),
+            "pct": percent_encoding::utf8_percent_encode(&auth, percent_encoding::NON_ALPHANUMERIC).to_string(),
+        },
+        "signature": header(headers, "webhook-signature"),
+    })
+}
+
+/// An error body that echoes the Authorization value, raw, as JSON text and in
+/// base64, first (inside any excerpt).
+fn echo_line(headers: &AxumHeaders) -> String {
+    use base64::engine::general_purpose::STANDARD;
+    let auth = header(headers, "authorization");
+    format!(
+        "no {} json={} b64={}",
+        credential(&auth),
+        serde_json::to_string(&auth).unwrap(),
+        STANDARD.encode(&auth)
+    )
 }
 
 /// A server on 127.0.0.1:0; answers its port and what it saw.
@@ -102,6 +159,17 @@ fn request(payload: Value) -> ExecRequest {
 
 fn local(port: u16) -> Http {
     Http::new(HttpConfig::allowing([format!("127.0.0.1:{port}")]).unwrap())
+}
+
+/// An executor allowed to call 127.0.0.1:`port`, with each secret bound to it.
+fn bound(port: u16, secrets: &[&str]) -> Http {
+    let bindings = secrets.iter().map(|name| format!("{name}=127.0.0.1:{port}"));
+    Http::new(
+        HttpConfig::allowing([format!("127.0.0.1:{port}")])
+            .unwrap()
+            .binding(bindings)
+            .unwrap(),
+    )
 }
 
 async fn call(port: u16, payload: Value) -> ExecutorResult {
@@ -297,12 +365,39 @@ async fn hosts_off_the_allowlist_are_refused_without_a_request() {
         );
     }
     assert!(seen.lock().unwrap().requests.is_empty(), "nothing reached the server");
-    // A host without a port allows every port of that host.
-    let any_port = Http::new(HttpConfig::allowing(["127.0.0.1"]).unwrap());
-    assert!(matches!(
-        any_port.execute(request(json!({"url": url}))).await,
-        ExecutorResult::Done { .. }
-    ));
+}
+
+#[tokio::test]
+async fn a_host_without_a_port_allows_only_the_schemes_default_port() {
+    let (port, seen) = server().await;
+    let bare = Http::new(HttpConfig::allowing(["127.0.0.1"]).unwrap());
+    for url in [
+        format!("http://127.0.0.1:{port}/ok"),
+        "http://127.0.0.1:3306/".to_owned(),
+        "http://127.0.0.1:5432/".to_owned(),
+        "http://127.0.0.1:443/".to_owned(),
+    ] {
+        let ExecutorResult::Permanent(message) = bare.execute(request(json!({"url": url}))).await else {
+            panic!("{url} is refused");
+        };
+        assert!(message.contains("not on this worker's egress allowlist"), "{message}");
+    }
+    assert!(seen.lock().unwrap().requests.is_empty(), "nothing reached the server");
+    let entry = AllowedHost::parse("Example.com").unwrap();
+    let allows = |url: &str| entry.allows(&reqwest::Url::parse(url).unwrap());
+    assert!(allows("http://example.com/x") && allows("https://EXAMPLE.com/x"));
+    assert!(allows("http://example.com:80/") && allows("https://example.com:443/"));
+    for refused in [
+        "http://example.com:443/",
+        "https://example.com:80/",
+        "http://example.com:3306/",
+        "http://other.example.com/",
+    ] {
+        assert!(!allows(refused), "{refused}");
+    }
+    let with_port = AllowedHost::parse("example.com:8443").unwrap();
+    assert!(with_port.allows(&reqwest::Url::parse("https://example.com:8443/").unwrap()));
+    assert!(!with_port.allows(&reqwest::Url::parse("https://example.com/").unwrap()));
 }
 
 #[test]
@@ -345,6 +440,16 @@ async fn secrets_come_from_named_variables_and_never_show() {
     // Variables only this test sets.
     std::env::set_var("LEASEHOLD_SECRET_TEST_TOKEN", "Bearer s3cr3t-token");
     std::env::set_var("LEASEHOLD_SECRET_TEST_WHSEC", "whsec_c2lnbmluZy1rZXk=");
+    let http = bound(
+        port,
+        &[
+            "LEASEHOLD_SECRET_TEST_TOKEN",
+            "LEASEHOLD_SECRET_TEST_WHSEC",
+            "LEASEHOLD_SECRET_TEST_UNSET_VAR",
+        ],
+    );
+    // Every call of this test goes through the one executor that binds them.
+    let call = |_port: u16, payload: Value| http.execute(request(payload));
     let body = json!({"order": 7});
     let result = call(
         port,
@@ -462,5 +567,281 @@ async fn the_configured_cap_bounds_a_payloads_budget() {
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "the cap, not budget_ms, ended the tries"
+    );
+}
+
+/// The forms of a secret that must never come back, computed here independently of
+/// the executor: the text, its JSON escape, percent-encoding, and base64 standard and
+/// URL-safe, with and without padding.
+fn forbidden_forms(secret: &[u8]) -> Vec<String> {
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    let mut forms: Vec<String> = [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+        .iter()
+        .map(|engine| engine.encode(secret))
+        .collect();
+    if let Ok(text) = std::str::from_utf8(secret) {
+        let json = serde_json::to_string(text).unwrap();
+        forms.extend([
+            text.to_owned(),
+            json[1..json.len() - 1].to_owned(),
+            percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string(),
+        ]);
+    }
+    forms
+}
+
+/// Fails naming the form if `text` holds any of `forms`.
+fn assert_none_of(forms: &[String], text: &str, what: &str) {
+    for form in forms {
+        assert!(
+            !text.contains(form.as_str()),
+            "{what} holds the secret form {form:?}: {text}"
+        );
+    }
+}
+
+const ECHO_TOKEN: &str = "LEASEHOLD_SECRET_ECHO_TOKEN";
+const ECHO_WHSEC: &str = "LEASEHOLD_SECRET_ECHO_WHSEC";
+/// An Authorization value with characters that every encoding escapes differently.
+const ECHO_AUTH: &str = "Bearer ech0-t0ken\"with\\odd/chars+x?=~";
+const ECHO_KEY: &[u8] = b"echo-signing-key-of-32-bytes!!!!";
+
+/// Sets the echo secrets (only the tests using them read them) and answers every
+/// form of them that must not come back.
+fn echo_secrets() -> Vec<String> {
+    use base64::engine::general_purpose::STANDARD;
+    let whsec = format!("whsec_{}", STANDARD.encode(ECHO_KEY));
+    std::env::set_var(ECHO_TOKEN, ECHO_AUTH);
+    std::env::set_var(ECHO_WHSEC, &whsec);
+    [
+        ECHO_AUTH.as_bytes(),
+        credential(ECHO_AUTH).as_bytes(),
+        whsec.as_bytes(),
+        ECHO_KEY,
+    ]
+    .into_iter()
+    .flat_map(forbidden_forms)
+    .collect()
+}
+
+fn echo_payload(port: u16, path: &str) -> Value {
+    json!({
+        "url": format!("http://127.0.0.1:{port}/{path}"),
+        "auth_env": ECHO_TOKEN,
+        "secret_env": ECHO_WHSEC,
+        "evidence": ["", "/you_sent", "/id", "/by_value", "/encoded"],
+        "budget_ms": 300,
+    })
+}
+
+#[tokio::test]
+async fn a_receiver_that_echoes_the_request_gets_no_secret_into_evidence_or_the_receipt() {
+    let forbidden = echo_secrets();
+    let (port, seen) = server().await;
+    let http = bound(port, &[ECHO_TOKEN, ECHO_WHSEC]);
+    let result = http.execute(request(echo_payload(port, "echo"))).await;
+    let ExecutorResult::Done {
+        evidence,
+        target_receipt,
+    } = result
+    else {
+        panic!("the echo succeeds: {result:?}");
+    };
+    assert_eq!(
+        seen.lock().unwrap().requests[0].1["authorization"].as_bytes(),
+        ECHO_AUTH.as_bytes(),
+        "the secret was sent"
+    );
+    let stored = format!("{} {}", canonical_json(&evidence), canonical_json(&target_receipt));
+    assert_none_of(&forbidden, &stored, "the evidence or receipt");
+    let marker = format!("[redacted {ECHO_TOKEN}]");
+    assert_eq!(evidence["fields"]["/you_sent"]["authorization"], marker.as_str());
+    assert_eq!(evidence["fields"]["/id"], marker.as_str(), "the credential alone");
+    assert_eq!(target_receipt["id"], marker.as_str());
+    assert_eq!(
+        evidence["fields"]["/by_value"][&marker], "the header value as a key",
+        "object keys are redacted too"
+    );
+    for encoding in ["b64", "b64url", "pct"] {
+        assert_eq!(evidence["fields"]["/encoded"][encoding], marker.as_str(), "{encoding}");
+    }
+    assert!(
+        evidence["fields"]["/you_sent"]["webhook-signature"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("v1,")),
+        "the signature is not a secret and is kept: {evidence}"
+    );
+}
+
+#[tokio::test]
+async fn a_receiver_that_echoes_the_request_in_an_error_gets_no_secret_into_the_message() {
+    let forbidden = echo_secrets();
+    let (port, _) = server().await;
+    let http = bound(port, &[ECHO_TOKEN, ECHO_WHSEC]);
+    let marker = format!("[redacted {ECHO_TOKEN}]");
+    for (path, permanent) in [("echo-rejected", true), ("echo-busy", false)] {
+        let message = match http.execute(request(echo_payload(port, path))).await {
+            ExecutorResult::Permanent(m) if permanent => m,
+            ExecutorResult::Transient(m) if !permanent => m,
+            other => panic!("{path}: {other:?}"),
+        };
+        assert_none_of(&forbidden, &message, path);
+        assert!(
+            message.contains(&marker),
+            "{path}: the echo is in the excerpt, redacted: {message}"
+        );
+    }
+    // A secret that straddles the excerpt's cut leaves no prefix behind.
+    let ExecutorResult::Permanent(message) = http.execute(request(echo_payload(port, "echo-at-the-cut"))).await else {
+        panic!("a 400 is permanent");
+    };
+    assert!(message.contains("xxxx[redacted"), "{message}");
+    assert!(!message.contains("ech0"), "{message}");
+}
+
+#[tokio::test]
+async fn a_secret_bound_to_one_host_is_never_sent_to_another_allowed_host() {
+    let (port_a, seen_a) = server().await;
+    let (port_b, seen_b) = server().await;
+    std::env::set_var("LEASEHOLD_SECRET_BOUND_TOKEN", "Bearer bound-to-host-a");
+    std::env::set_var("LEASEHOLD_SECRET_UNBOUND_TOKEN", "Bearer bound-to-no-host");
+    let config = HttpConfig::allowing([format!("127.0.0.1:{port_a}"), format!("127.0.0.1:{port_b}")])
+        .unwrap()
+        .binding([
+            format!("LEASEHOLD_SECRET_BOUND_TOKEN=127.0.0.1:{port_a}"),
+            // Without a port: port 80 only.
+            "LEASEHOLD_SECRET_BOUND_TOKEN=127.0.0.1".to_owned(),
+        ])
+        .unwrap();
+    let http = Http::new(config);
+    let to_b = |field: &str, name: &str| request(json!({"url": format!("http://127.0.0.1:{port_b}/ok"), field: name}));
+    for field in ["auth_env", "secret_env"] {
+        let ExecutorResult::Permanent(message) = http.execute(to_b(field, "LEASEHOLD_SECRET_BOUND_TOKEN")).await else {
+            panic!("refused");
+        };
+        assert!(
+            message.contains(&format!(
+                "payload field {field}: secret LEASEHOLD_SECRET_BOUND_TOKEN may not be sent to 127.0.0.1:{port_b} \
+                 (bound to: 127.0.0.1:{port_a}, 127.0.0.1; bind it with --http-secret \
+                 LEASEHOLD_SECRET_BOUND_TOKEN=127.0.0.1:{port_b})"
+            )),
+            "{message}"
+        );
+        let ExecutorResult::Permanent(message) = http.execute(to_b(field, "LEASEHOLD_SECRET_UNBOUND_TOKEN")).await
+        else {
+            panic!("refused");
+        };
+        assert!(
+            message.contains("secret LEASEHOLD_SECRET_UNBOUND_TOKEN may not be sent to")
+                && message.contains("(bound to: no host;"),
+            "{message}"
+        );
+    }
+    assert!(seen_b.lock().unwrap().requests.is_empty(), "host B saw no request");
+    let to_a = request(json!({
+        "url": format!("http://127.0.0.1:{port_a}/ok"),
+        "auth_env": "LEASEHOLD_SECRET_BOUND_TOKEN",
+    }));
+    let result = http.execute(to_a).await;
+    assert!(matches!(result, ExecutorResult::Done { .. }), "{result:?}");
+    assert_eq!(
+        seen_a.lock().unwrap().requests[0].1["authorization"],
+        "Bearer bound-to-host-a"
+    );
+}
+
+#[tokio::test]
+async fn secrets_too_short_to_redact_are_refused_naming_the_variable() {
+    use base64::engine::general_purpose::STANDARD;
+    let (port, seen) = server().await;
+    let cases = [
+        (
+            "LEASEHOLD_SECRET_SHORT_RAW",
+            "abc1234".to_owned(),
+            "is shorter than 8 bytes",
+        ),
+        (
+            "LEASEHOLD_SECRET_SHORT_BEARER",
+            "Bearer abc".to_owned(),
+            "the credential after its first space",
+        ),
+        (
+            "LEASEHOLD_SECRET_SHORT_WHSEC",
+            format!("whsec_{}", STANDARD.encode("k3y")),
+            "its whsec_ key is shorter than 8 bytes",
+        ),
+    ];
+    for (name, value, why) in &cases {
+        std::env::set_var(name, value);
+        let http = bound(port, &[*name]);
+        let checked = http.check_secrets().unwrap_err();
+        assert!(
+            checked.starts_with("--http-secret: ") && checked.contains(name) && checked.contains(why),
+            "{checked}"
+        );
+        assert!(!checked.contains(value.as_str()), "{checked}");
+        let payload = json!({"url": format!("http://127.0.0.1:{port}/ok"), "auth_env": name});
+        let ExecutorResult::Permanent(message) = http.execute(request(payload)).await else {
+            panic!("{name} is refused");
+        };
+        assert!(
+            message.starts_with("step push: payload field auth_env: environment variable ")
+                && message.contains(name)
+                && message.contains(why),
+            "{message}"
+        );
+    }
+    assert!(seen.lock().unwrap().requests.is_empty(), "nothing was sent");
+}
+
+#[test]
+fn secret_bindings_parse_or_name_the_flag() {
+    let binding = SecretBinding::parse("LEASEHOLD_SECRET_CRM=CRM.example.com:8443").unwrap();
+    assert_eq!(
+        (binding.name(), binding.to_string().as_str()),
+        ("LEASEHOLD_SECRET_CRM", "LEASEHOLD_SECRET_CRM=crm.example.com:8443")
+    );
+    for bad in [
+        "LEASEHOLD_SECRET_CRM",
+        "LEASEHOLD_SECRET_CRM=",
+        "CRM=crm.example.com",
+        "LEASEHOLD_SECRET_crm=crm.example.com",
+        "LEASEHOLD_SECRET_CRM=https://crm.example.com",
+        "LEASEHOLD_SECRET_CRM=crm.example.com:http",
+    ] {
+        let e = SecretBinding::parse(bad).unwrap_err();
+        assert!(e.starts_with(&format!("--http-secret {bad:?}: ")), "{e}");
+    }
+}
+
+#[test]
+fn redaction_replaces_every_form_in_strings_and_keys_and_keeps_other_text() {
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let name = "LEASEHOLD_SECRET_REDACTION_UNIT";
+    let value = "Basic dXNlcjpwYXNzd29yZC0xMjM0";
+    std::env::set_var(name, value);
+    let vault = Vault::load(&[SecretBinding::parse(&format!("{name}=example.com")).unwrap()]);
+    let redactor = vault.redactor();
+    let marker = format!("[redacted {name}]");
+    let decoded = "user:password-1234";
+    for form in [
+        value.to_owned(),
+        "dXNlcjpwYXNzd29yZC0xMjM0".to_owned(),
+        decoded.to_owned(),
+        "password-1234".to_owned(),
+        STANDARD.encode(value),
+        URL_SAFE_NO_PAD.encode(value),
+        hex::encode(value),
+        "Basic%20dXNlcjpwYXNzd29yZC0xMjM0".to_owned(),
+        "Basic+dXNlcjpwYXNzd29yZC0xMjM0".to_owned(),
+        "user%3apassword-1234".to_owned(),
+    ] {
+        assert_eq!(redactor.text(&format!("<{form}>")), format!("<{marker}>"), "{form}");
+    }
+    assert_eq!(redactor.text("nothing secret here"), "nothing secret here");
+    let redacted = redactor.value(json!({value: [decoded, 7, {"k": "password-1234!"}]}));
+    assert_eq!(
+        redacted,
+        json!({marker.clone(): [marker.clone(), 7, {"k": format!("{marker}!")}]})
     );
 }

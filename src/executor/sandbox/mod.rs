@@ -118,8 +118,9 @@ pub const MEMORY_BUDGET_BYTES: u64 = 64 * 1024 * 1024;
 pub const MAX_DATABASE_PAGES: u32 = 12_288;
 /// The most rows one check may answer.
 pub const MAX_CHECK_ROWS: usize = 1_000;
-/// The most bytes (as JSON) the check rows of one step may add up to.
-pub const MAX_EVIDENCE_BYTES: usize = 256 * 1024;
+/// The most bytes (as JSON) the check rows of one step may add up to: the worker's
+/// default evidence cap, which every executor's evidence is held to.
+pub const MAX_EVIDENCE_BYTES: usize = leasehold_engine::lease::MAX_EVIDENCE_BYTES;
 
 /// A delivery's sandbox: (attempt, delivery).
 type Key = (AttemptId, u32);
