@@ -819,7 +819,9 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
     })?;
     outln!(
         "stopped: {} connections served, {} refused at --max-connections, {} closed at the end of --grace-secs",
-        served.accepted, served.refused, served.cut_at_grace
+        served.accepted,
+        served.refused,
+        served.cut_at_grace
     );
     Ok(())
 }
