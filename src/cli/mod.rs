@@ -338,6 +338,26 @@ struct ServeArgs {
     connections: ListenArgs,
 }
 
+impl ServeArgs {
+    /// What `demo --serve` serves with: one worker, the flags' defaults otherwise.
+    fn for_demo(listen: String, http: HttpArgs) -> Self {
+        Self {
+            listen,
+            metrics_listen: None,
+            workers: 1,
+            log_format: LogFormatArg::Text,
+            lease_secs: 60,
+            poll_secs: 2,
+            batch: 5,
+            grace_secs: 30,
+            step_timeout_secs: 300,
+            max_evidence_bytes: leasehold_engine::lease::MAX_EVIDENCE_BYTES,
+            http,
+            connections: ListenArgs::defaults(),
+        }
+    }
+}
+
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum LogFormatArg {
     Json,
@@ -535,68 +555,12 @@ async fn dispatch(cli: Cli) -> Outcome {
 
 async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: bool) -> Outcome {
     match command {
-        Command::Migrate => {
-            let applied = ledger.migrate().await?;
-            if applied.is_empty() {
-                outln!("schema is up to date");
-            } else {
-                let list: Vec<String> = applied.iter().map(u32::to_string).collect();
-                outln!("applied migrations: {}", list.join(", "));
-            }
-            Ok(())
-        }
-        Command::Plan(PlanCommand::Add { file }) => {
-            let spec = read_plan_file(&file)?;
-            let plan = ledger
-                .register_plan(spec, &Executors::new().names())
-                .await
-                .map_err(|e| match e {
-                    LedgerError::InvalidPlan(p) => Failure::bad_input(format!("plan file {}: {p}", file.display())),
-                    other => other.into(),
-                })?;
-            if json {
-                render::print_json(&plan);
-            } else {
-                outln!("{} {}", plan.id, plan.fingerprint);
-            }
-            Ok(())
-        }
-        Command::Plan(PlanCommand::List) => {
-            let plans = ledger.list_plans().await?;
-            if json {
-                render::print_json(&plans);
-            } else {
-                out!("{}", render::plan_list(&plans));
-            }
-            Ok(())
-        }
-        Command::Plan(PlanCommand::Show { plan }) => {
-            let plan = find_plan(ledger.as_ref(), &plan).await?;
-            if json {
-                render::print_json(&plan);
-            } else {
-                out!("{}", render::plan(&plan));
-            }
-            Ok(())
-        }
-        Command::Plan(PlanCommand::Retire { plan }) => {
-            let plan = find_plan(ledger.as_ref(), &plan).await?;
-            let plan = ledger.retire_plan(&plan.id).await?;
-            if json {
-                render::print_json(&plan);
-            } else {
-                outln!("plan {} is {}", plan.id, plan.status);
-            }
-            Ok(())
-        }
+        Command::Migrate => migrate(ledger.as_ref()).await,
+        Command::Plan(command) => plan_command(ledger.as_ref(), command, json).await,
         Command::Enqueue { plan, action } => {
             let plan = find_plan(ledger.as_ref(), &plan).await?;
             let record = ledger.enqueue(&plan.id, action.into()).await?;
-            if json {
-                render::print_json(&record);
-            } else {
-                outln!("{}", record.attempt.id);
-            }
+            emit(json, &record, || format!("{}\n", record.attempt.id));
             Ok(())
         }
         Command::Worker {
@@ -617,123 +581,32 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                 lease_secs.clamp(1, 86_400) * 1_000,
             )
             .with_max_evidence_bytes(max_evidence_bytes);
-            let id = id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
-            check_worker_id(&id)?;
             let settings = WorkerSettings {
                 until_idle,
                 grace_ms: grace_secs.clamp(0, 3_600) * 1_000,
                 step_timeout: Duration::from_secs(step_timeout_secs.clamp(1, 86_400)),
             };
-            let executors = Arc::new(http.executors(settings.step_timeout)?);
-            let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
-            outln!(
-                "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
-                leasehold::text::clean(&id),
-                report.claimed,
-                report.delivered,
-                report.failed,
-                report.refused,
-                report.abandoned
-            );
-            Ok(())
+            worker_command(ledger, id, config, settings, &http).await
         }
         Command::Status { attempt } => {
             let record = ledger.attempt(&AttemptId::new(attempt)).await?;
-            if json {
-                render::print_json(&record);
-            } else {
-                out!("{}", render::status(&record));
-            }
+            emit(json, &record, || render::status(&record));
             Ok(())
         }
         Command::History { plan } => {
             let plan = find_plan(ledger.as_ref(), &plan).await?;
             let records = ledger.history(&plan.id).await?;
-            if json {
-                render::print_json(&records);
-            } else {
-                out!("{}", render::history(&plan, &records));
-            }
+            emit(json, &records, || render::history(&plan, &records));
             Ok(())
         }
-        Command::Reconcile { attempt } => {
-            let (outcome, record) = ledger.reconcile(&AttemptId::new(attempt)).await?;
-            if json {
-                render::print_json(&serde_json::json!({
-                    "outcome": match outcome { ReconcileOutcome::Requeued => "requeued", ReconcileOutcome::Unchanged => "unchanged" },
-                    "record": record,
-                }));
-            } else {
-                match outcome {
-                    ReconcileOutcome::Requeued => {
-                        outln!("requeued attempt {}: its expired lease was cleared", record.attempt.id)
-                    }
-                    ReconcileOutcome::Unchanged => outln!(
-                        "left attempt {} unchanged: its command is {}",
-                        record.attempt.id,
-                        record.command.status
-                    ),
-                }
-            }
-            Ok(())
-        }
+        Command::Reconcile { attempt } => reconcile(ledger.as_ref(), attempt, json).await,
         Command::Abort { attempt, reason } => {
             let record = ledger.abort(&AttemptId::new(attempt), &reason).await?;
-            if json {
-                render::print_json(&record);
-            } else {
-                outln!("aborted attempt {}", record.attempt.id);
-            }
+            emit(json, &record, || format!("aborted attempt {}\n", record.attempt.id));
             Ok(())
         }
-        Command::Compare { plan, left, right } => {
-            let plan = find_plan(ledger.as_ref(), &plan).await?;
-            let (left, right) = match (left, right) {
-                (Some(l), Some(r)) => (
-                    ledger.attempt(&AttemptId::new(l)).await?,
-                    ledger.attempt(&AttemptId::new(r)).await?,
-                ),
-                _ => {
-                    let history = ledger.history(&plan.id).await?;
-                    let (l, r) = latest_successful_pair(&plan, &history).ok_or_else(|| {
-                        Failure::bad_input(format!(
-                            "plan {} has fewer than two successful attempts to compare",
-                            plan.id
-                        ))
-                    })?;
-                    (l.clone(), r.clone())
-                }
-            };
-            for record in [&left, &right] {
-                if record.attempt.plan_id != plan.id {
-                    return Err(Failure::bad_input(format!(
-                        "attempt {} belongs to plan {}, not {}",
-                        record.attempt.id, record.attempt.plan_id, plan.id
-                    )));
-                }
-            }
-            let comparison = compare(&plan, &left, &right);
-            if json {
-                render::print_json(&report::comparison_json(&comparison, &plan));
-            } else {
-                out!("{}", report::comparison_text(&comparison, &plan));
-            }
-            Ok(())
-        }
-        Command::Gate { plan } => {
-            let plan = find_plan(ledger.as_ref(), &plan).await?;
-            let history = ledger.history(&plan.id).await?;
-            let gate = gate(&plan, &history);
-            if json {
-                render::print_json(&report::gate_json(&gate, &plan));
-            } else {
-                out!("{}", report::gate_text(&gate, &plan));
-            }
-            match report::gate_exit_code(&gate) {
-                0 => Ok(()),
-                code => Err(Failure::silent(u8::try_from(code).unwrap_or(1))),
-            }
-        }
+        Command::Compare { plan, left, right } => compare_attempts(ledger.as_ref(), &plan, left, right, json).await,
+        Command::Gate { plan } => release_gate(ledger.as_ref(), &plan, json).await,
         Command::Demo {
             http,
             serve: then_serve,
@@ -741,22 +614,8 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         } => {
             demo(Arc::clone(&ledger), &http).await?;
             if then_serve {
-                let args = ServeArgs {
-                    listen,
-                    metrics_listen: None,
-                    workers: 1,
-                    log_format: LogFormatArg::Text,
-                    lease_secs: 60,
-                    poll_secs: 2,
-                    batch: 5,
-                    grace_secs: 30,
-                    step_timeout_secs: 300,
-                    max_evidence_bytes: leasehold_engine::lease::MAX_EVIDENCE_BYTES,
-                    http,
-                    connections: ListenArgs::defaults(),
-                };
                 outln!();
-                serve(ledger, args).await?;
+                serve(ledger, ServeArgs::for_demo(listen, http)).await?;
             }
             Ok(())
         }
@@ -767,6 +626,159 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         }),
         Command::Serve(args) => serve(ledger, args).await,
         Command::Token(command) => token(ledger.as_ref(), command, json).await,
+    }
+}
+
+/// Prints `value` as JSON with `--json`, else the text `text` renders (which ends
+/// its own lines).
+fn emit<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) {
+    if json {
+        render::print_json(value);
+    } else {
+        out!("{}", text());
+    }
+}
+
+/// `leasehold migrate`.
+async fn migrate<L: Ledger>(ledger: &L) -> Outcome {
+    let applied = ledger.migrate().await?;
+    if applied.is_empty() {
+        outln!("schema is up to date");
+    } else {
+        let list: Vec<String> = applied.iter().map(u32::to_string).collect();
+        outln!("applied migrations: {}", list.join(", "));
+    }
+    Ok(())
+}
+
+/// `leasehold plan add|list|show|retire`.
+async fn plan_command<L: Ledger>(ledger: &L, command: PlanCommand, json: bool) -> Outcome {
+    match command {
+        PlanCommand::Add { file } => {
+            let spec = read_plan_file(&file)?;
+            let plan = ledger
+                .register_plan(spec, &Executors::new().names())
+                .await
+                .map_err(|e| match e {
+                    LedgerError::InvalidPlan(p) => Failure::bad_input(format!("plan file {}: {p}", file.display())),
+                    other => other.into(),
+                })?;
+            emit(json, &plan, || format!("{} {}\n", plan.id, plan.fingerprint));
+        }
+        PlanCommand::List => {
+            let plans = ledger.list_plans().await?;
+            emit(json, &plans, || render::plan_list(&plans));
+        }
+        PlanCommand::Show { plan } => {
+            let plan = find_plan(ledger, &plan).await?;
+            emit(json, &plan, || render::plan(&plan));
+        }
+        PlanCommand::Retire { plan } => {
+            let plan = find_plan(ledger, &plan).await?;
+            let plan = ledger.retire_plan(&plan.id).await?;
+            emit(json, &plan, || format!("plan {} is {}\n", plan.id, plan.status));
+        }
+    }
+    Ok(())
+}
+
+/// `leasehold worker`: delivers until stopped (or idle) and prints what it did.
+async fn worker_command<L: Ledger>(
+    ledger: Arc<L>,
+    id: Option<String>,
+    config: WorkerConfig,
+    settings: WorkerSettings,
+    http: &HttpArgs,
+) -> Outcome {
+    let id = id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    check_worker_id(&id)?;
+    let executors = Arc::new(http.executors(settings.step_timeout)?);
+    let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
+    outln!(
+        "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
+        leasehold::text::clean(&id),
+        report.claimed,
+        report.delivered,
+        report.failed,
+        report.refused,
+        report.abandoned
+    );
+    Ok(())
+}
+
+/// `leasehold reconcile ATTEMPT`.
+async fn reconcile<L: Ledger>(ledger: &L, attempt: String, json: bool) -> Outcome {
+    let (outcome, record) = ledger.reconcile(&AttemptId::new(attempt)).await?;
+    let name = match outcome {
+        ReconcileOutcome::Requeued => "requeued",
+        ReconcileOutcome::Unchanged => "unchanged",
+    };
+    let value = serde_json::json!({ "outcome": name, "record": record });
+    emit(json, &value, || match outcome {
+        ReconcileOutcome::Requeued => format!(
+            "requeued attempt {}: its expired lease was cleared\n",
+            record.attempt.id
+        ),
+        ReconcileOutcome::Unchanged => format!(
+            "left attempt {} unchanged: its command is {}\n",
+            record.attempt.id, record.command.status
+        ),
+    });
+    Ok(())
+}
+
+/// `leasehold compare PLAN [LEFT RIGHT]`: the two given attempts, or the plan's two
+/// latest successful ones.
+async fn compare_attempts<L: Ledger>(
+    ledger: &L,
+    plan: &str,
+    left: Option<String>,
+    right: Option<String>,
+    json: bool,
+) -> Outcome {
+    let plan = find_plan(ledger, plan).await?;
+    let (left, right) = match (left, right) {
+        (Some(l), Some(r)) => (
+            ledger.attempt(&AttemptId::new(l)).await?,
+            ledger.attempt(&AttemptId::new(r)).await?,
+        ),
+        _ => {
+            let history = ledger.history(&plan.id).await?;
+            let (l, r) = latest_successful_pair(&plan, &history).ok_or_else(|| {
+                Failure::bad_input(format!(
+                    "plan {} has fewer than two successful attempts to compare",
+                    plan.id
+                ))
+            })?;
+            (l.clone(), r.clone())
+        }
+    };
+    for record in [&left, &right] {
+        if record.attempt.plan_id != plan.id {
+            return Err(Failure::bad_input(format!(
+                "attempt {} belongs to plan {}, not {}",
+                record.attempt.id, record.attempt.plan_id, plan.id
+            )));
+        }
+    }
+    let comparison = compare(&plan, &left, &right);
+    emit(json, &report::comparison_json(&comparison, &plan), || {
+        report::comparison_text(&comparison, &plan)
+    });
+    Ok(())
+}
+
+/// `leasehold gate PLAN`: exit 0 on PASS, 4 on BLOCK.
+async fn release_gate<L: Ledger>(ledger: &L, plan: &str, json: bool) -> Outcome {
+    let plan = find_plan(ledger, plan).await?;
+    let history = ledger.history(&plan.id).await?;
+    let gate = gate(&plan, &history);
+    emit(json, &report::gate_json(&gate, &plan), || {
+        report::gate_text(&gate, &plan)
+    });
+    match report::gate_exit_code(&gate) {
+        0 => Ok(()),
+        code => Err(Failure::silent(u8::try_from(code).unwrap_or(1))),
     }
 }
 

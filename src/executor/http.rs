@@ -347,122 +347,26 @@ enum TryError {
 }
 
 impl Call {
+    /// Validates a step's payload against this worker's configuration: every error
+    /// names the step and the field.
     fn parse(request: &ExecRequest, config: &HttpConfig, vault: &Vault) -> Result<Self, String> {
         let step: &Step = &request.step;
         let code = step.code.clone();
-        let Some(fields) = step.payload.as_object() else {
-            return Err(format!(
-                "step {code}: {NAME} payload must be an object, not {}",
-                describe(&step.payload)
-            ));
-        };
-        if let Some(unknown) = fields.keys().find(|k| !PAYLOAD_FIELDS.contains(&k.as_str())) {
-            return Err(format!(
-                "step {code}: payload field {unknown:?} is not known to {NAME} (expected one of: {})",
-                PAYLOAD_FIELDS.join(", ")
-            ));
-        }
-        let field_err = |field: &str, why: String| format!("step {code}: payload field {field} {why}");
-        let url_text = match fields.get("url") {
-            Some(Value::String(s)) => s.as_str(),
-            Some(other) => return Err(field_err("url", format!("must be a string, not {}", describe(other)))),
-            None => return Err(field_err("url", "is missing".into())),
-        };
-        let url = reqwest::Url::parse(url_text).map_err(|e| field_err("url", format!("is not a URL: {e}")))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(field_err("url", format!("must be http or https, not {}", url.scheme())));
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(field_err("url", "must not carry credentials (use auth_env)".into()));
-        }
-        let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
-        let port = url.port_or_known_default().unwrap_or(0);
-        if !config.allow.iter().any(|a| a.allows(&url)) {
-            let allowed: Vec<String> = config.allow.iter().map(ToString::to_string).collect();
-            return Err(format!(
-                "step {code}: host {host}:{port} is not on this worker's egress allowlist \
-                 (allow it with --http-allow {host}:{port}; allowed now: {})",
-                if allowed.is_empty() {
-                    "none".to_owned()
-                } else {
-                    allowed.join(", ")
-                }
-            ));
-        }
-        let method = match fields.get("method") {
-            None => reqwest::Method::POST,
-            Some(Value::String(m)) => match m.to_ascii_uppercase().as_str() {
-                "POST" => reqwest::Method::POST,
-                "PUT" => reqwest::Method::PUT,
-                "PATCH" => reqwest::Method::PATCH,
-                "DELETE" => reqwest::Method::DELETE,
-                _ => {
-                    return Err(field_err(
-                        "method",
-                        format!("must be POST, PUT, PATCH or DELETE, not {m:?}"),
-                    ))
-                }
-            },
-            Some(other) => {
-                return Err(field_err(
-                    "method",
-                    format!("must be a string, not {}", describe(other)),
-                ))
-            }
-        };
-        let body = fields.get("body").map(|b| canonical_json(b).into_bytes());
-        let mut headers = HeaderMap::new();
-        match fields.get("headers") {
-            None => {}
-            Some(Value::Object(extra)) => {
-                for (name, value) in extra {
-                    let lower = name.to_ascii_lowercase();
-                    if [
-                        "authorization",
-                        "idempotency-key",
-                        "host",
-                        "content-length",
-                        "transfer-encoding",
-                    ]
-                    .contains(&lower.as_str())
-                        || lower.starts_with("webhook-")
-                        || lower.starts_with("leasehold-")
-                    {
-                        return Err(field_err(
-                            "headers",
-                            format!("must not set {name} (the executor sets it; secrets come from auth_env)"),
-                        ));
-                    }
-                    let Value::String(value) = value else {
-                        return Err(field_err(
-                            "headers",
-                            format!("value of {name} must be a string, not {}", describe(value)),
-                        ));
-                    };
-                    let name = HeaderName::from_bytes(name.as_bytes())
-                        .map_err(|_| field_err("headers", format!("has an invalid header name {name:?}")))?;
-                    let value = HeaderValue::from_str(value)
-                        .map_err(|_| field_err("headers", format!("value of {name} is not a valid header value")))?;
-                    headers.insert(name, value);
-                }
-            }
-            Some(other) => {
-                return Err(field_err(
-                    "headers",
-                    format!("must be an object of strings, not {}", describe(other)),
-                ))
-            }
-        }
+        let p = Payload::of(&code, &step.payload)?;
+        let url = p.url(config)?;
+        let method = p.method()?;
+        let body = p.fields.get("body").map(|b| canonical_json(b).into_bytes());
+        let mut headers = p.headers()?;
         if body.is_some() {
             headers.insert(
                 reqwest::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
         }
-        let secret = |field: &str| bound_secret(&code, fields, field, &url, config, vault);
+        let secret = |field: &str| bound_secret(&code, p.fields, field, &url, config, vault);
         if let Some(secret) = secret("auth_env")? {
             let mut value = HeaderValue::from_bytes(&secret).map_err(|_| {
-                field_err(
+                p.err(
                     "auth_env",
                     "names a variable whose value is not a valid header value".into(),
                 )
@@ -472,88 +376,21 @@ impl Call {
         }
         let signing_key = match secret("secret_env")? {
             None => None,
-            Some(secret) => Some(match secret.strip_prefix(b"whsec_") {
-                Some(encoded) => base64::engine::general_purpose::STANDARD
-                    .decode(encoded)
-                    .map_err(|_| field_err("secret_env", "names a whsec_ secret that is not base64".into()))?,
-                None => secret,
-            }),
+            Some(secret) => Some(p.signing_key(secret)?),
         };
-        let timeout = Duration::from_millis(whole(&code, fields, "timeout_ms")?.unwrap_or(10_000).clamp(100, 60_000));
-        let budget = Duration::from_millis(whole(&code, fields, "budget_ms")?.unwrap_or(30_000).clamp(100, 240_000))
-            .min(config.budget_cap);
-        let evidence = match fields.get("evidence") {
-            None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|item| match item {
-                    Value::String(p) if p.is_empty() || p.starts_with('/') => Ok(p.clone()),
-                    other => Err(field_err(
-                        "evidence",
-                        format!("must hold JSON pointers (\"/a/b\"), not {}", describe(other)),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(other) => {
-                return Err(field_err(
-                    "evidence",
-                    format!("must be an array of JSON pointers, not {}", describe(other)),
-                ))
-            }
-        };
-        let expect = match fields.get("expect") {
-            None => None,
-            Some(Value::Array(items)) if !items.is_empty() => Some(
-                items
-                    .iter()
-                    .map(|item| {
-                        item.as_u64()
-                            .filter(|s| (100..=599).contains(s))
-                            .map(|s| s as u16)
-                            .ok_or_else(|| {
-                                field_err(
-                                    "expect",
-                                    format!("must hold statuses 100..=599, not {}", describe(item)),
-                                )
-                            })
-                    })
-                    .collect::<Result<_, _>>()?,
-            ),
-            Some(other) => {
-                return Err(field_err(
-                    "expect",
-                    format!("must be a non-empty array of statuses, not {}", describe(other)),
-                ))
-            }
-        };
-        let receipt = match fields.get("receipt") {
-            None => "/id".to_owned(),
-            Some(Value::String(p)) if p.is_empty() || p.starts_with('/') => p.clone(),
-            Some(other) => {
-                return Err(field_err(
-                    "receipt",
-                    format!("must be a JSON pointer (\"/id\"), not {}", describe(other)),
-                ))
-            }
-        };
-        let mut fixed = |name: &'static str, value: String| {
-            if let Ok(value) = HeaderValue::from_str(&value) {
-                headers.insert(name, value);
-            }
-        };
-        fixed("idempotency-key", request.idempotency_key.clone());
-        fixed("leasehold-attempt", request.attempt_id.to_string());
-        fixed("leasehold-step", code.clone());
-        fixed("leasehold-delivery", request.delivery.to_string());
-        fixed(
-            "leasehold-action",
-            match request.action {
-                Action::Execute => "execute",
-                Action::Retry => "retry",
-                Action::Compensate => "compensate",
-            }
-            .to_owned(),
+        let timeout = Duration::from_millis(
+            whole(&code, p.fields, "timeout_ms")?
+                .unwrap_or(10_000)
+                .clamp(100, 60_000),
         );
+        let budget = Duration::from_millis(
+            whole(&code, p.fields, "budget_ms")?
+                .unwrap_or(30_000)
+                .clamp(100, 240_000),
+        )
+        .min(config.budget_cap);
+        let (evidence, expect, receipt) = (p.evidence()?, p.expect()?, p.receipt()?);
+        fixed_headers(&mut headers, request);
         Ok(Self {
             code,
             url,
@@ -675,6 +512,225 @@ impl Call {
             )))
         } else {
             Err(TryError::Permanent(format!("step {code}: {what}")))
+        }
+    }
+}
+
+/// A step's payload being read: each reader validates one field and names it in
+/// its error.
+struct Payload<'a> {
+    code: &'a str,
+    fields: &'a Map<String, Value>,
+}
+
+impl<'a> Payload<'a> {
+    /// The payload's fields, if it is an object holding only known fields.
+    fn of(code: &'a str, payload: &'a Value) -> Result<Self, String> {
+        let Some(fields) = payload.as_object() else {
+            return Err(format!(
+                "step {code}: {NAME} payload must be an object, not {}",
+                describe(payload)
+            ));
+        };
+        if let Some(unknown) = fields.keys().find(|k| !PAYLOAD_FIELDS.contains(&k.as_str())) {
+            return Err(format!(
+                "step {code}: payload field {unknown:?} is not known to {NAME} (expected one of: {})",
+                PAYLOAD_FIELDS.join(", ")
+            ));
+        }
+        Ok(Self { code, fields })
+    }
+
+    fn err(&self, field: &str, why: String) -> String {
+        format!("step {}: payload field {field} {why}", self.code)
+    }
+
+    /// `url`: http or https, no credentials, a host and port on the allowlist.
+    fn url(&self, config: &HttpConfig) -> Result<reqwest::Url, String> {
+        let url_text = match self.fields.get("url") {
+            Some(Value::String(s)) => s.as_str(),
+            Some(other) => return Err(self.err("url", format!("must be a string, not {}", describe(other)))),
+            None => return Err(self.err("url", "is missing".into())),
+        };
+        let url = reqwest::Url::parse(url_text).map_err(|e| self.err("url", format!("is not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(self.err("url", format!("must be http or https, not {}", url.scheme())));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(self.err("url", "must not carry credentials (use auth_env)".into()));
+        }
+        if !config.allow.iter().any(|a| a.allows(&url)) {
+            let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+            let port = url.port_or_known_default().unwrap_or(0);
+            let allowed: Vec<String> = config.allow.iter().map(ToString::to_string).collect();
+            return Err(format!(
+                "step {}: host {host}:{port} is not on this worker's egress allowlist \
+                 (allow it with --http-allow {host}:{port}; allowed now: {})",
+                self.code,
+                if allowed.is_empty() {
+                    "none".to_owned()
+                } else {
+                    allowed.join(", ")
+                }
+            ));
+        }
+        Ok(url)
+    }
+
+    /// `method`: POST (the default), PUT, PATCH or DELETE.
+    fn method(&self) -> Result<reqwest::Method, String> {
+        match self.fields.get("method") {
+            None => Ok(reqwest::Method::POST),
+            Some(Value::String(m)) => match m.to_ascii_uppercase().as_str() {
+                "POST" => Ok(reqwest::Method::POST),
+                "PUT" => Ok(reqwest::Method::PUT),
+                "PATCH" => Ok(reqwest::Method::PATCH),
+                "DELETE" => Ok(reqwest::Method::DELETE),
+                _ => Err(self.err("method", format!("must be POST, PUT, PATCH or DELETE, not {m:?}"))),
+            },
+            Some(other) => Err(self.err("method", format!("must be a string, not {}", describe(other)))),
+        }
+    }
+
+    /// `headers`: an object of strings, none of the headers the executor sets itself.
+    fn headers(&self) -> Result<HeaderMap, String> {
+        let mut headers = HeaderMap::new();
+        let extra = match self.fields.get("headers") {
+            None => return Ok(headers),
+            Some(Value::Object(extra)) => extra,
+            Some(other) => {
+                return Err(self.err(
+                    "headers",
+                    format!("must be an object of strings, not {}", describe(other)),
+                ))
+            }
+        };
+        for (name, value) in extra {
+            if is_reserved_header(name) {
+                return Err(self.err(
+                    "headers",
+                    format!("must not set {name} (the executor sets it; secrets come from auth_env)"),
+                ));
+            }
+            let Value::String(value) = value else {
+                return Err(self.err(
+                    "headers",
+                    format!("value of {name} must be a string, not {}", describe(value)),
+                ));
+            };
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| self.err("headers", format!("has an invalid header name {name:?}")))?;
+            let value = HeaderValue::from_str(value)
+                .map_err(|_| self.err("headers", format!("value of {name} is not a valid header value")))?;
+            headers.insert(name, value);
+        }
+        Ok(headers)
+    }
+
+    /// The signing key of `secret_env`'s secret: a `whsec_` secret's base64 key, or
+    /// the bytes as they are.
+    fn signing_key(&self, secret: Vec<u8>) -> Result<Vec<u8>, String> {
+        match secret.strip_prefix(b"whsec_") {
+            Some(encoded) => base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .map_err(|_| self.err("secret_env", "names a whsec_ secret that is not base64".into())),
+            None => Ok(secret),
+        }
+    }
+
+    /// `evidence`: the JSON pointers into the reply kept as evidence.
+    fn evidence(&self) -> Result<Vec<String>, String> {
+        match self.fields.get("evidence") {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(p) if p.is_empty() || p.starts_with('/') => Ok(p.clone()),
+                    other => Err(self.err(
+                        "evidence",
+                        format!("must hold JSON pointers (\"/a/b\"), not {}", describe(other)),
+                    )),
+                })
+                .collect(),
+            Some(other) => Err(self.err(
+                "evidence",
+                format!("must be an array of JSON pointers, not {}", describe(other)),
+            )),
+        }
+    }
+
+    /// `expect`: the statuses that count as success, if not every 2xx.
+    fn expect(&self) -> Result<Option<Vec<u16>>, String> {
+        match self.fields.get("expect") {
+            None => Ok(None),
+            Some(Value::Array(items)) if !items.is_empty() => items
+                .iter()
+                .map(|item| {
+                    item.as_u64()
+                        .filter(|s| (100..=599).contains(s))
+                        .map(|s| s as u16)
+                        .ok_or_else(|| {
+                            self.err(
+                                "expect",
+                                format!("must hold statuses 100..=599, not {}", describe(item)),
+                            )
+                        })
+                })
+                .collect::<Result<_, _>>()
+                .map(Some),
+            Some(other) => Err(self.err(
+                "expect",
+                format!("must be a non-empty array of statuses, not {}", describe(other)),
+            )),
+        }
+    }
+
+    /// `receipt`: the JSON pointer to the receiver's id (default `/id`).
+    fn receipt(&self) -> Result<String, String> {
+        match self.fields.get("receipt") {
+            None => Ok("/id".to_owned()),
+            Some(Value::String(p)) if p.is_empty() || p.starts_with('/') => Ok(p.clone()),
+            Some(other) => Err(self.err(
+                "receipt",
+                format!("must be a JSON pointer (\"/id\"), not {}", describe(other)),
+            )),
+        }
+    }
+}
+
+/// Headers a payload may not set: the executor sets them (or they carry secrets).
+fn is_reserved_header(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    [
+        "authorization",
+        "idempotency-key",
+        "host",
+        "content-length",
+        "transfer-encoding",
+    ]
+    .contains(&lower.as_str())
+        || lower.starts_with("webhook-")
+        || lower.starts_with("leasehold-")
+}
+
+/// The headers every request carries: the idempotency key and the delivery's
+/// identity.
+fn fixed_headers(headers: &mut HeaderMap, request: &ExecRequest) {
+    let action = match request.action {
+        Action::Execute => "execute",
+        Action::Retry => "retry",
+        Action::Compensate => "compensate",
+    };
+    let fixed = [
+        ("idempotency-key", request.idempotency_key.clone()),
+        ("leasehold-attempt", request.attempt_id.to_string()),
+        ("leasehold-step", request.step.code.clone()),
+        ("leasehold-delivery", request.delivery.to_string()),
+        ("leasehold-action", action.to_owned()),
+    ];
+    for (name, value) in fixed {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(name, value);
         }
     }
 }
