@@ -209,7 +209,7 @@ enum Sent {
 
 /// Delivers one claimed command. See the module docs for the calling contract and
 /// the delivery rules.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Driver {
     lease_ms: u64,
     ordinals: Vec<u32>,

@@ -55,7 +55,7 @@ impl fmt::Display for Violation {
 }
 
 /// What the checker reads.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct CheckInput<'a> {
     /// The db host's event log.
     pub events: &'a [DbEvent],
@@ -101,6 +101,28 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
     }
     fingerprints(input, &mut push);
     history::transitions(input.events, input.plans, &mut push);
+    history::recovery_promises(input.events, input.plans, &input.target.calls, &mut push);
+    v
+}
+
+/// The invariants of one transition, for a checker that keeps only a summary of the
+/// past (the model checker, [`crate::model`]): 1–4 and 11 on `step`, the transition's
+/// own events (their rows before are the rows the previous transition left); 5, 7
+/// and 9 on the latest rows and the target; 6 and 12 on `input.events`, which must
+/// hold the enqueues, every applied claim so far and `step`'s other events.
+pub fn check_transition(input: &CheckInput<'_>, step: &[DbEvent]) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let mut push = |invariant: u8, message: String| v.push(Violation { invariant, message });
+    let local = CheckInput { events: step, ..*input };
+    fenced_writes(&local, &mut push);
+    single_lease(&local, &mut push);
+    terminal_is_final(&local, &mut push);
+    steps_in_order(&local, &mut push);
+    target_effects(input, &mut push);
+    delivery_counts(input, &mut push);
+    enqueues(input, &mut push);
+    fingerprints(input, &mut push);
+    history::transitions(step, input.plans, &mut push);
     history::recovery_promises(input.events, input.plans, &input.target.calls, &mut push);
     v
 }

@@ -21,6 +21,7 @@ pub mod clients;
 pub mod clock;
 pub mod db;
 pub mod history;
+pub mod model;
 pub mod plans;
 pub mod profile;
 pub mod protocol;
