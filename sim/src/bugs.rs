@@ -48,7 +48,7 @@ pub enum Bug {
     /// ambiguous step stays RUNNING while nobody holds the lease.
     ReconcileKeepsRunning,
     /// The worker's heartbeat comes late: its timers are driven by a clock that runs
-    /// at a quarter of true speed (the simulator), or a heartbeat wakes it a lease
+    /// at a tenth of true speed (the simulator), or a heartbeat wakes it a lease
     /// late (the model checker), so a healthy worker's lease expires and is taken
     /// over.
     LateHeartbeat,
@@ -102,7 +102,7 @@ impl Bug {
             Bug::ResumeRedeliversSucceeded => (11, "crash-storm"),
             Bug::AbortRewritesSucceeded => (11, "mixed"),
             Bug::ReconcileKeepsRunning => (11, "mixed"),
-            Bug::LateHeartbeat => (13, "mixed"),
+            Bug::LateHeartbeat => (13, "lost-replies"),
         }
     }
 }

@@ -174,6 +174,7 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
         target: &target,
         clients: &clients,
         liveness: None,
+        faults: None,
     };
     let mut v = checker::check_transition(&input, &done.events);
     if let Some(message) = &done.healthy_takeover {
