@@ -115,9 +115,10 @@ pub struct Config {
 
 impl Config {
     /// The CI configuration for `recovery`: two workers (the second one's clock a
-    /// tick ahead), one attempt of two steps, a lease of three ticks, one crash, one
-    /// pause, one lost reply, one delayed request, one lost executor reply, one
-    /// reconcile and one abort.
+    /// tick ahead), one attempt of two steps, a lease of three ticks, the clock up
+    /// to tick 5, executor calls of up to three ticks, one crash, one pause (whose
+    /// request in flight lands late: the stale-token case), one reconcile and one
+    /// abort.
     pub fn small(recovery: Recovery) -> Self {
         Self {
             name: format!("small-{recovery}"),
@@ -143,16 +144,13 @@ impl Config {
         }
     }
 
-    /// The larger configuration for `recovery`: three steps, a longer horizon, two of
-    /// each worker fault and a permanent executor failure.
+    /// The larger configuration for `recovery`: the small one with a tick more of
+    /// horizon and a lost ledger reply.
     pub fn large(recovery: Recovery) -> Self {
         let mut c = Self::small(recovery);
         c.name = format!("large-{recovery}");
-        c.steps = 3;
-        c.horizon = 10;
-        c.budget.crashes = 2;
-        c.budget.lost_replies = 2;
-        c.budget.permanents = 1;
+        c.horizon = 6;
+        c.budget.lost_replies = 1;
         c
     }
 

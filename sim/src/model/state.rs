@@ -164,7 +164,7 @@ fn may_tick(ledger: &Ledger<'_>, s: &State, faults: bool) -> bool {
         && s.workers.iter().enumerate().all(|(i, w)| {
             w.paused
                 || (w.sending.is_none()
-                    && !w.exec.as_ref().is_some_and(|e| e.since + c.exec_ticks <= s.tick)
+                    && w.exec.as_ref().is_none_or(|e| e.since + c.exec_ticks > s.tick)
                     && !work_due(c, s, i)
                     && !can_claim(ledger, s, i))
         })
@@ -443,7 +443,7 @@ fn claim(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
     }
     if answer.reply.is_ok() {
         s.minted = token;
-        let until = s.rows.record.command.lease_until.map_or(0, |t| ticks(t));
+        let until = s.rows.record.command.lease_until.map_or(0, ticks);
         done.label = format!("worker {who} claims (token#{token}, lease until t={until})");
         if lost {
             s.budget.lost_replies -= 1;
