@@ -3,7 +3,7 @@
 //! Contract: [`check`] reads only what the run recorded — the db host's event log and
 //! latest rows, the target's effect records, the clients' log and the liveness
 //! verdict — and answers one [`Violation`] per broken rule (empty on a pass). The
-//! invariants, numbered as in the issue:
+//! invariants, numbered as in docs/verification.md:
 //! 1. No transition from a non-current lease token was ever applied.
 //! 2. At most one live lease per command at any db-time instant: no claim or
 //!    reconcile ended a lease before it expired (abort may: it fences).

@@ -153,7 +153,7 @@ fn initial(config: &Config, plan: &Plan) -> State {
         past: vec![enqueued],
         budget: config.budget,
         minted: 0,
-        issued: 0,
+        receipts_given: 0,
     }
 }
 

@@ -75,7 +75,7 @@ pub(super) struct State {
     pub past: Vec<DbEvent>,
     pub budget: Budget,
     pub minted: u32,
-    pub issued: u32,
+    pub receipts_given: u32,
 }
 
 /// One action of the model.
@@ -677,9 +677,9 @@ fn new_effect(
     let applied = s.applied.entry(place).or_default();
     applied.push(code.to_owned());
     let applied = applied.clone();
-    s.issued += 1;
+    s.receipts_given += 1;
     let reply = TargetReply {
-        target_receipt: json!({ "target": "sim", "key": id.0, "receipt": format!("tr-{:06}", s.issued) }),
+        target_receipt: json!({ "target": "sim", "key": id.0, "receipt": format!("tr-{:06}", s.receipts_given) }),
         applied,
     };
     let record = KeyRecord {
