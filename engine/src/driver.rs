@@ -216,7 +216,7 @@ enum Sent {
 
 /// Delivers one claimed command. See the module docs for the calling contract and
 /// the delivery rules.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Driver {
     lease_ms: u64,
     /// Every step's ordinal and code, in ordinal order.

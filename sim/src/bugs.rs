@@ -47,6 +47,11 @@ pub enum Bug {
     /// `reconcile` requeues the command but leaves the receipts as they were: the
     /// ambiguous step stays RUNNING while nobody holds the lease.
     ReconcileKeepsRunning,
+    /// The worker's heartbeat comes late: its timers are driven by a clock that runs
+    /// at a tenth of true speed (the simulator), or a heartbeat wakes it a lease
+    /// late (the model checker), so a healthy worker's lease expires and is taken
+    /// over.
+    LateHeartbeat,
 }
 
 impl Bug {
@@ -61,6 +66,7 @@ impl Bug {
         Bug::ResumeRedeliversSucceeded,
         Bug::AbortRewritesSucceeded,
         Bug::ReconcileKeepsRunning,
+        Bug::LateHeartbeat,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -75,6 +81,7 @@ impl Bug {
             Bug::ResumeRedeliversSucceeded => "resume-redelivers-succeeded",
             Bug::AbortRewritesSucceeded => "abort-rewrites-succeeded",
             Bug::ReconcileKeepsRunning => "reconcile-keeps-running",
+            Bug::LateHeartbeat => "late-heartbeat",
         }
     }
 
@@ -95,6 +102,23 @@ impl Bug {
             Bug::ResumeRedeliversSucceeded => (11, "crash-storm"),
             Bug::AbortRewritesSucceeded => (11, "mixed"),
             Bug::ReconcileKeepsRunning => (11, "mixed"),
+            Bug::LateHeartbeat => (13, "lost-replies"),
+        }
+    }
+}
+
+impl Bug {
+    /// The invariant the model checker ([`crate::model`]) finds it by first, and the
+    /// recovery mode of the configuration it is found in.
+    pub const fn found_by_model(self) -> (u8, leasehold_engine::Recovery) {
+        use leasehold_engine::Recovery::{Replay, Resume};
+        match self {
+            Bug::CompleteSkipsTokenCheck | Bug::HeartbeatIgnoresToken => (1, Resume),
+            Bug::ReconcileStealsLiveLease | Bug::LeaseOnWorkerClock => (2, Resume),
+            Bug::ReplayKeepsReceipts => (11, Replay),
+            Bug::FingerprintKeepsVolatile => (9, Replay),
+            Bug::ResumeRedeliversSucceeded | Bug::AbortRewritesSucceeded | Bug::ReconcileKeepsRunning => (11, Resume),
+            Bug::LateHeartbeat => (13, Resume),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! Contract: [`check`] reads only what the run recorded — the db host's event log and
 //! latest rows, the target's effect records, the clients' log and the liveness
 //! verdict — and answers one [`Violation`] per broken rule (empty on a pass). The
-//! invariants, numbered as in the issue:
+//! invariants, numbered as in docs/verification.md:
 //! 1. No transition from a non-current lease token was ever applied.
 //! 2. At most one live lease per command at any db-time instant: no claim or
 //!    reconcile ended a lease before it expired (abort may: it fences).
@@ -24,6 +24,12 @@
 //!     ([`crate::history::transitions`]).
 //! 12. The target's calls keep the recovery promises, each call checked against the
 //!     delivery it came from ([`crate::history::recovery_promises`]).
+//! 13. A healthy holder keeps its lease: no claim or reconcile ended a lease whose
+//!     holder no fault touched between the claim that granted it and its end ([`FaultLog`]:
+//!     a crash, pause, partition or hold of that worker, a db restart, a lost reply
+//!     to it, a clock of it or of the db beyond the bound, or the executor failing
+//!     as often as the driver tolerates). The design renews a lease at a third of
+//!     its length so that this never happens.
 //!
 //! Messages name attempts, steps and token ordinals (`token#3`), never token text.
 
@@ -55,7 +61,7 @@ impl fmt::Display for Violation {
 }
 
 /// What the checker reads.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub struct CheckInput<'a> {
     /// The db host's event log.
     pub events: &'a [DbEvent],
@@ -69,6 +75,36 @@ pub struct CheckInput<'a> {
     pub clients: &'a ClientLog,
     /// The liveness failure, if the run had one.
     pub liveness: Option<&'a str>,
+    /// What touched each worker, for invariant 13 (`None`: not checked here).
+    pub faults: Option<&'a FaultLog>,
+}
+
+/// What may make a lease's holder lose it (invariant 13), per worker.
+#[derive(Debug, Clone, Default)]
+pub struct FaultLog {
+    /// `(worker, from ms, to ms)`: a fault touched that worker (every worker, for
+    /// `*`) in this interval of simulated time.
+    pub windows: Vec<(String, u64, u64)>,
+    /// `(worker, at ms)`: executor calls of that worker that failed transiently.
+    pub executor_failures: Vec<(String, u64)>,
+}
+
+impl FaultLog {
+    /// Whether a fault touched `worker` between `from` and `to`, or its executor
+    /// failed as often as the driver tolerates between `from` and `ended` (so it
+    /// gave the lease up).
+    pub fn excuses(&self, worker: &str, (from, to): (u64, u64), ended: u64) -> bool {
+        let touched = self
+            .windows
+            .iter()
+            .any(|(w, a, b)| (w == worker || w == "*") && *a <= to && *b >= from);
+        let failures = self
+            .executor_failures
+            .iter()
+            .filter(|(w, at)| w == worker && (from..=ended).contains(at))
+            .count();
+        touched || failures >= leasehold_engine::driver::EXECUTOR_ATTEMPTS_MAX as usize
+    }
 }
 
 const WORKER_OPS: &[&str] = &[
@@ -85,7 +121,7 @@ pub fn is_claim(op: &str) -> bool {
     matches!(op, "claim" | "claim-and-begin")
 }
 
-/// Checks invariants 1–9, 11 and 12.
+/// Checks invariants 1–9 and 11–13.
 pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
     let mut v = Vec::new();
     let mut push = |invariant: u8, message: String| v.push(Violation { invariant, message });
@@ -101,6 +137,29 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
     }
     fingerprints(input, &mut push);
     history::transitions(input.events, input.plans, &mut push);
+    history::recovery_promises(input.events, input.plans, &input.target.calls, &mut push);
+    healthy_holders(input, &mut push);
+    v
+}
+
+/// The invariants of one transition, for a checker that keeps only a summary of the
+/// past (the model checker, [`crate::model`]): 1–4 and 11 on `step`, the transition's
+/// own events (their rows before are the rows the previous transition left); 5, 7
+/// and 9 on the latest rows and the target; 6 and 12 on `input.events`, which must
+/// hold the enqueues, every applied claim so far and `step`'s other events.
+pub fn check_transition(input: &CheckInput<'_>, step: &[DbEvent]) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let mut push = |invariant: u8, message: String| v.push(Violation { invariant, message });
+    let local = CheckInput { events: step, ..*input };
+    fenced_writes(&local, &mut push);
+    single_lease(&local, &mut push);
+    terminal_is_final(&local, &mut push);
+    steps_in_order(&local, &mut push);
+    target_effects(input, &mut push);
+    delivery_counts(input, &mut push);
+    enqueues(input, &mut push);
+    fingerprints(input, &mut push);
+    history::transitions(step, input.plans, &mut push);
     history::recovery_promises(input.events, input.plans, &input.target.calls, &mut push);
     v
 }
@@ -176,6 +235,81 @@ fn single_lease(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
             );
         }
     }
+}
+
+/// When a lease was last renewed (or granted), in simulated ms, and its length.
+#[derive(Debug, Clone, Copy)]
+struct Renewal {
+    granted_ms: u64,
+    renewed_ms: u64,
+    lease_ms: u64,
+}
+
+impl Renewal {
+    fn of(e: &DbEvent, granted_ms: u64) -> Option<Self> {
+        let until = e.after.as_ref()?.record.command.lease_until?;
+        Some(Self {
+            granted_ms,
+            renewed_ms: e.at_ms,
+            lease_ms: until.millis_since(e.decided_at),
+        })
+    }
+
+    /// The interval in which a fault could have kept the holder from renewing: from
+    /// the grant to two thirds of a lease after the last renewal (the heartbeat is
+    /// due at a third; the rest covers a clock within the drift bound and the
+    /// round trip).
+    fn window(&self, ended_ms: u64) -> (u64, u64) {
+        let due = self.renewed_ms + self.lease_ms * 2 / 3;
+        (self.granted_ms, due.min(ended_ms))
+    }
+}
+
+/// Invariant 13: a claim or reconcile ended a lease only if a fault touched its holder
+/// while it should have renewed it.
+fn healthy_holders(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
+    let Some(faults) = input.faults else { return };
+    let mut leases: BTreeMap<(&AttemptId, u32), Renewal> = BTreeMap::new();
+    for e in input.events.iter().filter(|e| e.outcome == EventOutcome::Applied) {
+        let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) else {
+            continue;
+        };
+        let held = b.token.zip(b.record.command.lease_owner.as_deref());
+        if let (Some((t, owner)), true) = (held, ends_lease(e, b, a)) {
+            let (from, to) = leases.get(&(id, t)).map_or((0, e.at_ms), |r| r.window(e.at_ms));
+            let lost = input
+                .events
+                .iter()
+                .any(|x| x.reply_lost && x.from == owner && (from..=to).contains(&x.at_ms));
+            if !lost && !faults.excuses(owner, (from, to), e.at_ms) {
+                push(
+                    13,
+                    format!(
+                        "event #{}: {} of {id} by {} at {} ms ended {} of {owner}, granted at {from} ms, and no fault touched {owner} until {to} ms, when it should have renewed",
+                        e.seq, e.op, e.from, e.at_ms, token(Some(t))
+                    ),
+                );
+            }
+        }
+        let renewed = match (is_claim(e.op), e.presented) {
+            (true, _) => a.token.and_then(|t| Some((t, Renewal::of(e, e.at_ms)?))),
+            (false, Some(t)) if a.token == Some(t) && a.record.command.lease_until != b.record.command.lease_until => {
+                let granted = leases.get(&(id, t)).map_or(0, |r| r.granted_ms);
+                Renewal::of(e, granted).map(|r| (t, r))
+            }
+            _ => None,
+        };
+        if let Some((t, r)) = renewed {
+            leases.insert((id, t), r);
+        }
+    }
+}
+
+/// Whether an applied claim or reconcile ended the PROCESSING lease it found.
+fn ends_lease(e: &DbEvent, b: &Snap, a: &Snap) -> bool {
+    (is_claim(e.op) || e.op == "reconcile")
+        && a.token != b.token
+        && b.record.command.status == CommandStatus::Processing
 }
 
 /// Invariant 3: Once an attempt is terminal, it and its receipts stay exactly as they were.

@@ -321,6 +321,53 @@ fn rewrite(seam: &Seam, record: &AttemptRecord, writes: &mut Writes) {
     }
 }
 
+/// The `now` seam: the instant a planted bug makes the ledger decide a request at
+/// instead of `db_now`, if any. `worker_sent_at` is the clock reading a worker's
+/// request carried (`None` for other hosts); `reconciled` the rows of the attempt a
+/// reconcile names (`None` for other requests).
+pub fn planted_instant(
+    bugs: &[Bug],
+    worker_sent_at: Option<Timestamp>,
+    reconciled: Option<&Snap>,
+    db_now: Timestamp,
+) -> Option<Timestamp> {
+    // Planted: decide a reconcile of a live lease just after the lease's end.
+    let live_until = reconciled
+        .filter(|s| lease_live(s, db_now))
+        .and_then(|s| s.record.command.lease_until);
+    match (live_until, worker_sent_at) {
+        (Some(until), _) if bugs.contains(&Bug::ReconcileStealsLiveLease) => Some(until.plus_ms(1)),
+        (_, Some(sent)) if bugs.contains(&Bug::LeaseOnWorkerClock) => Some(sent),
+        _ => None,
+    }
+}
+
+/// The token seam: whether a planted bug makes the ledger present the command's
+/// current token in place of the one a request of `op` carried.
+pub fn skips_token_check(bugs: &[Bug], op: &str) -> bool {
+    matches!(op, "complete-step" | "complete-and-continue") && bugs.contains(&Bug::CompleteSkipsTokenCheck)
+}
+
+/// The decision and writes seams: the engine's decision of a request `op` on
+/// `record` at `now` (a heartbeat's lease `lease_ms`; the plan's `recovery`), as the
+/// planted `bugs` rewrite it. Without planted bugs, the decision as it was.
+pub fn planted_decision(
+    bugs: &[Bug],
+    (op, now, lease_ms): (&'static str, Timestamp, u64),
+    recovery: Recovery,
+    record: &AttemptRecord,
+    decided: Decision,
+) -> Decision {
+    let seam = Seam {
+        op,
+        now,
+        lease_ms,
+        bugs: bugs.to_vec(),
+        recovery: BTreeMap::from([(record.attempt.plan_id.clone(), recovery)]),
+    };
+    decide(&seam, record, decided)
+}
+
 /// The db host's durable state and its log. Survives db host restarts.
 pub struct DbState {
     backend: Backend,
@@ -450,23 +497,16 @@ impl DbState {
     /// reply).
     pub fn handle(&mut self, env: DbEnvelope) -> (DbResponse, bool) {
         let db_now = self.clock.own_now();
-        if self.bugs.contains(&Bug::LeaseOnWorkerClock) && env.from.starts_with('w') {
-            self.clock.decide_at(env.sent_at);
-        }
-        if let DbRequest::Operator {
-            attempt,
-            request: OperatorRequest::Reconcile,
-        } = &env.request
-        {
-            // Planted: decide a reconcile of a live lease just after the lease's end.
-            let live_until = self
-                .latest
-                .get(attempt)
-                .filter(|s| lease_live(s, db_now))
-                .and_then(|s| s.record.command.lease_until);
-            if let (true, Some(until)) = (self.bugs.contains(&Bug::ReconcileStealsLiveLease), live_until) {
-                self.clock.decide_at(until.plus_ms(1));
-            }
+        let worker_sent_at = env.from.starts_with('w').then_some(env.sent_at);
+        let reconciled = match &env.request {
+            DbRequest::Operator {
+                attempt,
+                request: OperatorRequest::Reconcile,
+            } => self.latest.get(attempt),
+            _ => None,
+        };
+        if let Some(at) = planted_instant(&self.bugs, worker_sent_at, reconciled, db_now) {
+            self.clock.decide_at(at);
         }
         {
             let mut seam = self.seam.lock().unwrap_or_else(|e| e.into_inner());
@@ -613,11 +653,7 @@ impl DbState {
     /// Planted: a stale token replaced by the command's current one, for the
     /// operations whose token check a planted bug skips.
     fn substitute_token(&self, op: &str, lease: &Lease) -> Option<Lease> {
-        let skips = match op {
-            "complete-step" | "complete-and-continue" => self.bugs.contains(&Bug::CompleteSkipsTokenCheck),
-            _ => false,
-        };
-        if !skips {
+        if !skips_token_check(&self.bugs, op) {
             return None;
         }
         let record: Result<AttemptRecord, LedgerError> = call!(&self.backend, attempt(&lease.attempt_id));

@@ -6,10 +6,12 @@
 //! ([`rpc`]), a skewed clock ([`clock`]) and an executor that calls an idempotent
 //! target host ([`target`]), plus an enqueuer and an operator ([`clients`]). Faults
 //! from the seed's profile ([`profile`]) hit it during a safety phase; then it is
-//! healed and must converge. The [`checker`] proves twelve invariants on every run from
+//! healed and must converge. The [`checker`] proves thirteen invariants on every run from
 //! what the hosts recorded (the model-based history check is [`history`]); planted
 //! bugs ([`bugs`]) prove that it can fail; the run prints a hash of its event [`trace`], and the
 //! same seed always gives the same hash. [`runner`] runs many seeds on every core.
+//! [`model`] explores every interleaving of small configurations with the engine's
+//! own rules and driver, checking the same invariants in every reachable state.
 //!
 //! Determinism rules, enforced by `sim/clippy.toml` where a lint can: turmoil's RNG
 //! seeded and its epoch pinned; `biased;` in every `select!`; ordered maps only; ids
@@ -21,6 +23,7 @@ pub mod clients;
 pub mod clock;
 pub mod db;
 pub mod history;
+pub mod model;
 pub mod plans;
 pub mod profile;
 pub mod protocol;

@@ -91,10 +91,10 @@ impl Summary {
         let s = self.stats();
         let failures: Vec<&RunReport> = self.failures().collect();
         let violations: usize = self.reports.iter().map(|r| r.violations.len()).sum();
-        let mut per_invariant = [0usize; 13];
+        let mut per_invariant = [0usize; 14];
         for r in &self.reports {
             for v in &r.violations {
-                per_invariant[usize::from(v.invariant).min(12)] += 1;
+                per_invariant[usize::from(v.invariant).min(13)] += 1;
             }
         }
         let backends: Vec<&str> = self.backends.iter().map(|b| b.name()).collect();

@@ -212,7 +212,12 @@ pub struct TargetExecutor {
     worker: String,
     pool: Pool,
     timeout_ms: u64,
+    failures: Option<FailureLog>,
 }
+
+/// `(worker, at ms)`: every executor call that failed transiently, shared by the
+/// workers' executors (invariant 13 reads it).
+pub type FailureLog = std::sync::Arc<std::sync::Mutex<Vec<(String, u64)>>>;
 
 impl TargetExecutor {
     /// The executor of worker `worker`, with this deadline per call.
@@ -221,6 +226,20 @@ impl TargetExecutor {
             worker: worker.into(),
             pool: Pool::new("target", TARGET_PORT),
             timeout_ms,
+            failures: None,
+        }
+    }
+
+    /// This executor, recording its transient failures in `log`.
+    pub fn recording(mut self, log: FailureLog) -> Self {
+        self.failures = Some(log);
+        self
+    }
+
+    fn record_failure(&self) {
+        if let Some(log) = &self.failures {
+            let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+            log.push((self.worker.clone(), crate::clock::elapsed_ms()));
         }
     }
 
@@ -270,7 +289,10 @@ impl Executor for TargetExecutor {
                 ),
                 target_receipt: reply.target_receipt,
             },
-            Err(e) => ExecutorResult::Transient(format!("step {}: {e}", step.code)),
+            Err(e) => {
+                self.record_failure();
+                ExecutorResult::Transient(format!("step {}: {e}", step.code))
+            }
         }
     }
 }

@@ -11,19 +11,20 @@
 //! every fault is healed and every attempt must be terminal within `liveness_ms`.
 
 use crate::bugs::Bug;
-use crate::checker::{self, CheckInput, Violation};
+use crate::checker::{self, CheckInput, FaultLog, Violation};
 use crate::clients::{self, ClientCtx, ClientLog};
 use crate::clock::{ClockParams, DbClock, SimClock, EPOCH_MS};
 use crate::db::{self, BackendKind, DbState};
 use crate::profile::Profile;
 use crate::rng::Rng;
 use crate::rpc::RpcLedger;
-use crate::target::{self, TargetExecutor, TargetState};
+use crate::target::{self, FailureLog, TargetExecutor, TargetState};
 use crate::trace::{trace_hash, Trace};
 use leasehold::entropy::SeededEntropy;
 use leasehold::worker::{RunOptions, Worker};
 use leasehold_engine::lease::WorkerConfig;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -320,6 +321,59 @@ fn apply_fault(sim: &mut turmoil::Sim<'_>, fault: &Fault) {
     }
 }
 
+/// The clock a worker's timers run on: its own, except that the planted
+/// `late-heartbeat` runs it at a tenth of true speed, so every deadline the
+/// driver sets (the heartbeat first) comes ten times late in simulated time. The
+/// schedule keeps the drawn clock: the checker sees no skew.
+fn timer_clock(params: &ClockParams, bugs: &[Bug]) -> ClockParams {
+    let mut params = params.clone();
+    if bugs.contains(&Bug::LateHeartbeat) {
+        params.drift_ppm -= 900_000;
+    }
+    params
+}
+
+/// The most a clock may drift (parts per million) and still not excuse a lost
+/// lease: a heartbeat due at a third of the lease then still lands inside it.
+pub const DRIFT_BOUND_PPM: i64 = 500_000;
+
+/// What touched each worker during the run (invariant 13): its fault episodes, each
+/// lasting one lease past its end (a retry may still be waiting), db restarts (every
+/// worker), clocks beyond the bound or that jump (the whole run), and the executors'
+/// transient failures. An episode still open at the heal ends at `heal_ms`.
+fn fault_log(plan: &Schedule, heal_ms: u64, lease_ms: u64, failures: &FailureLog) -> FaultLog {
+    let mut log = FaultLog::default();
+    let mut open: BTreeMap<String, u64> = BTreeMap::new();
+    for (at, fault) in &plan.faults {
+        let who = match fault {
+            Fault::CrashDb | Fault::RestartDb => "*".to_owned(),
+            Fault::Crash { worker, .. } | Fault::Restart { worker, .. } => worker.clone(),
+            Fault::Partition { worker, .. } | Fault::Repair { worker, .. } => worker.clone(),
+            Fault::Hold { worker, .. } | Fault::Release { worker, .. } => worker.clone(),
+        };
+        if fault.is_start() {
+            open.insert(who, *at);
+        } else if let Some(from) = open.remove(&who) {
+            log.windows.push((who, from, at + lease_ms));
+        }
+    }
+    log.windows
+        .extend(open.into_iter().map(|(who, from)| (who, from, heal_ms + lease_ms)));
+    let beyond = |c: &ClockParams| !c.jumps.is_empty() || c.drift_ppm.abs() > DRIFT_BOUND_PPM;
+    let clocks = plan
+        .worker_clocks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("w{}", i + 1), c));
+    for (who, c) in clocks.chain(std::iter::once(("*".to_owned(), &plan.db_clock))) {
+        if beyond(c) {
+            log.windows.push((who, 0, u64::MAX));
+        }
+    }
+    log.executor_failures = failures.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    log
+}
+
 fn elapsed_ms(sim: &turmoil::Sim<'_>) -> u64 {
     u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -400,16 +454,19 @@ pub fn run(config: &RunConfig) -> RunReport {
         sim.host("target", move || target::serve(Rc::clone(&state)));
     }
     let config_w = WorkerConfig::clamped(true, w.poll_interval_ms, w.batch_size, w.lease_ms);
+    let failures = FailureLog::default();
     for (i, params) in plan.worker_clocks.iter().enumerate() {
         let name = format!("w{}", i + 1);
-        let (trace, params) = (trace.clone(), params.clone());
+        let (trace, params) = (trace.clone(), timer_clock(params, &config.bugs));
+        let failures = failures.clone();
         let (rpc_timeout_ms, target_timeout_ms) = (w.rpc_timeout_ms, w.target_timeout_ms);
         sim.host(name.clone(), move || {
             let (name, trace, params) = (name.clone(), trace.clone(), params.clone());
+            let failures = failures.clone();
             async move {
                 let clock = Arc::new(SimClock::new(params));
                 let ledger = Arc::new(RpcLedger::new(name.clone(), Arc::clone(&clock), rpc_timeout_ms));
-                let executor = Arc::new(TargetExecutor::new(name.clone(), target_timeout_ms));
+                let executor = Arc::new(TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures));
                 trace.line(&name, "worker up");
                 let (t, n) = (trace.clone(), name.clone());
                 let worker = Worker::new(name, ledger, executor, clock, config_w).on_event(move |e| t.line(&n, e));
@@ -514,6 +571,7 @@ pub fn run(config: &RunConfig) -> RunReport {
         target: &tgt,
         clients: &clients,
         liveness: liveness.as_deref(),
+        faults: Some(&fault_log(&plan, w.safety_ms + w.lease_ms, w.lease_ms, &failures)),
     };
     violations.extend(checker::check(&input));
     let mut stats = Stats {

@@ -1,4 +1,4 @@
-//! The checker can fail: each planted bug, made by the db host at one of its seams
+//! The checker can fail: each planted bug, made at one of the simulated world's seams
 //! (see `leasehold_sim::bugs`), is caught within the CI seed window on both
 //! backends. The test prints, for each bug, the fraction of runs that caught it.
 

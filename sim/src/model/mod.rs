@@ -1,0 +1,176 @@
+//! Exhaustive model checking of the lease protocol with the engine's own code.
+//!
+//! Contract: [`check`] explores every interleaving of a small [`Config`] (workers,
+//! one attempt of a `resume` or `replay` plan, a lease of a few ticks, bounded
+//! faults) breadth first and answers a [`Report`]: the states explored, and the first
+//! state that breaks an invariant with the shortest path to it, as a numbered step
+//! list. The model is the code: every ledger transition goes through
+//! [`leasehold_engine::request::decide`] and [`leasehold_engine::Writes::apply_to`]
+//! under its guard, exactly as the memory ledger applies it, with the planted bugs'
+//! seams of the simulator's db host ([`crate::db::planted_instant`],
+//! [`crate::db::skips_token_check`], [`crate::db::planted_decision`]); every worker
+//! is the engine's [`leasehold_engine::driver::Driver`], and the model only performs
+//! the actions its `poll_action` asks for.
+//!
+//! # Why a hand-written breadth-first search
+//! Stateright wants `Hash + Eq` states; the engine's rows and the driver hold
+//! `serde_json::Value`s and a [`leasehold_engine::LeaseToken`] whose `Debug` hides
+//! its value. Here a state is fingerprinted by hashing its `Debug` text (tokens are
+//! kept as ordinals beside the rows, as the simulator's [`crate::db::Snap`] keeps
+//! them), and the search keeps one parent pointer per fingerprint, so the first
+//! violation found is one with the fewest steps. No dependency is added.
+//!
+//! # State
+//! The attempt's rows (as [`crate::db::Snap`]: the memory ledger's record, the token
+//! as an ordinal), each worker's driver with its lease, its request in flight and its
+//! executor call (or none when idle or crashed), whether it is paused and whether a
+//! fault touched its current lease; requests delayed in the network; the database
+//! clock (ticks) and each worker's fixed skew; the target's effects per idempotency
+//! key and sandbox; the fault and operator budgets left. History is kept small: only
+//! what the invariants need from the past, the enqueue and the applied claims (for
+//! invariants 6 and 12) and each delivery's first call of each step (invariant 12;
+//! a repeated call checks nothing new). Every other invariant is checked on each
+//! transition's own events, so two paths that reach the same rows, drivers and
+//! effects by different histories are one state.
+//!
+//! # Actions
+//! A worker acts (fires its due timers and performs what `poll_action` answers:
+//! a ledger request or an executor call), or claims when idle; its request is
+//! delivered and answered, delivered with the reply lost, or delayed in the network
+//! (the worker sees an ambiguous reply, the request lands later); its executor call
+//! answers (done, reply lost after the effect, permanent failure); it crashes or
+//! pauses and resumes; the operator reconciles or aborts; the clock advances one
+//! tick. Time advances only when no worker that is up has work due at the current
+//! tick (maximal progress: a healthy worker is never late by the scheduler's
+//! choice), and an executor call answers within `exec_ticks`.
+//!
+//! # Properties
+//! After every transition: the simulator's safety invariants 1–7, 9, 11 and 12 (the
+//! checker's own functions, [`crate::checker::check_transition`]) and 13 (a lease
+//! taken over only from a holder a fault touched). Liveness (invariant 8): from every
+//! state, the fault-free fair schedule (paused workers resume, requests and calls
+//! answer at once, the clock advances when nothing is due) ends every attempt within
+//! `liveness_ticks`.
+
+mod ledger;
+mod search;
+mod state;
+
+pub use search::{check, Report};
+
+use crate::bugs::Bug;
+use leasehold_engine::Recovery;
+
+/// Milliseconds per tick of the model's clock.
+pub const TICK_MS: u64 = 1_000;
+
+/// How many of each fault and operator action a run may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Budget {
+    /// Worker crashes (the worker restarts idle).
+    pub crashes: u8,
+    /// Worker pauses (resumed later).
+    pub pauses: u8,
+    /// Ledger replies lost after the commit.
+    pub lost_replies: u8,
+    /// Requests delayed in the network past their sender's lease.
+    pub delays: u8,
+    /// Executor replies lost after the target's effect.
+    pub exec_losses: u8,
+    /// Permanent executor failures.
+    pub permanents: u8,
+    /// Operator reconciles.
+    pub reconciles: u8,
+    /// Operator aborts.
+    pub aborts: u8,
+}
+
+/// One bounded configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Its name, in reports.
+    pub name: String,
+    /// Each worker's clock offset from the database's, in milliseconds.
+    pub skews_ms: Vec<i64>,
+    /// The plan's recovery mode.
+    pub recovery: Recovery,
+    /// The plan's steps.
+    pub steps: u32,
+    /// The lease, in ticks.
+    pub lease_ticks: u32,
+    /// The last tick the clock may reach.
+    pub horizon: u32,
+    /// The most ticks an executor call may take to answer.
+    pub exec_ticks: u32,
+    /// Faults and operator actions.
+    pub budget: Budget,
+    /// The bound of the liveness check, in ticks from any state.
+    pub liveness_ticks: u32,
+    /// Planted bugs.
+    pub bugs: Vec<Bug>,
+    /// Stop after this many states (0: explore them all); a report says when it
+    /// stopped early.
+    pub max_states: usize,
+}
+
+impl Config {
+    /// The CI configuration for `recovery`: two workers (the second one's clock a
+    /// tick ahead), one attempt of two steps, a lease of three ticks, the clock up
+    /// to tick 5, executor calls of up to three ticks, one crash, one pause (whose
+    /// request in flight lands late: the stale-token case), one reconcile and one
+    /// abort.
+    pub fn small(recovery: Recovery) -> Self {
+        Self {
+            name: format!("small-{recovery}"),
+            skews_ms: vec![0, TICK_MS as i64],
+            recovery,
+            steps: 2,
+            lease_ticks: 3,
+            horizon: 5,
+            exec_ticks: 3,
+            budget: Budget {
+                crashes: 1,
+                pauses: 1,
+                lost_replies: 0,
+                delays: 0,
+                exec_losses: 0,
+                permanents: 0,
+                reconciles: 1,
+                aborts: 1,
+            },
+            liveness_ticks: 24,
+            bugs: Vec::new(),
+            max_states: 0,
+        }
+    }
+
+    /// The larger configuration for `recovery`: the small one with a tick more of
+    /// horizon and a lost ledger reply.
+    pub fn large(recovery: Recovery) -> Self {
+        let mut c = Self::small(recovery);
+        c.name = format!("large-{recovery}");
+        c.horizon = 6;
+        c.budget.lost_replies = 1;
+        c
+    }
+
+    /// The named configurations (`small` or `large`), one per recovery mode.
+    pub fn named(name: &str) -> Option<Vec<Config>> {
+        let make = match name {
+            "small" => Config::small,
+            "large" => Config::large,
+            _ => return None,
+        };
+        Some(vec![make(Recovery::Resume), make(Recovery::Replay)])
+    }
+
+    /// This configuration with `bugs` planted.
+    pub fn with_bugs(mut self, bugs: &[Bug]) -> Self {
+        self.bugs = bugs.to_vec();
+        self
+    }
+
+    fn lease_ms(&self) -> u64 {
+        u64::from(self.lease_ticks) * TICK_MS
+    }
+}

@@ -1,0 +1,289 @@
+//! Breadth-first search over the model's states, with the invariants checked on
+//! every transition and liveness from every state.
+
+use super::ledger::{snap_of, Ledger};
+use super::state::{enabled, perform, Done, State, Worker};
+use super::Config;
+use crate::checker::{self, CheckInput, Violation};
+use crate::clients::ClientLog;
+use crate::clock::EPOCH_MS;
+use crate::db::{DbEvent, EventOutcome};
+use crate::plans::{DURABLE, KNOWN, SANDBOX};
+use crate::target::TargetState;
+use crate::trace::Trace;
+use leasehold_engine::transition::{enqueue, NewIds};
+use leasehold_engine::{Action, AttemptId, CommandId, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::{self, Write as _};
+use std::hash::{DefaultHasher, Hasher};
+use std::time::{Duration, Instant};
+
+/// The outcome of checking one configuration.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The configuration's name.
+    pub config: String,
+    /// Distinct states reached.
+    pub states: usize,
+    /// Transitions performed.
+    pub transitions: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// The first violation found, if any.
+    pub counterexample: Option<Counterexample>,
+    /// Whether the search stopped at the configuration's state limit.
+    pub truncated: bool,
+}
+
+/// A shortest path to a state that breaks an invariant.
+#[derive(Debug, Clone)]
+pub struct Counterexample {
+    /// What broke.
+    pub violations: Vec<Violation>,
+    /// The steps from the initial state, in order.
+    pub steps: Vec<String>,
+}
+
+impl Counterexample {
+    /// Whether invariant `n` is among the broken ones.
+    pub fn breaks(&self, n: u8) -> bool {
+        self.violations.iter().any(|v| v.invariant == n)
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{}: {} states{}, {} transitions in {:.1} s",
+            self.config,
+            self.states,
+            if self.truncated { " (stopped at the limit)" } else { "" },
+            self.transitions,
+            self.elapsed.as_secs_f64()
+        )?;
+        let Some(c) = &self.counterexample else {
+            return writeln!(f, "  every invariant holds");
+        };
+        writeln!(f, "  counterexample of {} steps:", c.steps.len())?;
+        for (i, step) in c.steps.iter().enumerate() {
+            writeln!(f, "  {}. {step}", i + 1)?;
+        }
+        for v in &c.violations {
+            writeln!(f, "  violated {v}")?;
+        }
+        Ok(())
+    }
+}
+
+struct HashWriter(DefaultHasher);
+
+impl fmt::Write for HashWriter {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.0.write(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// The state's fingerprint: a hash of its `Debug` text (tokens are ordinals there).
+fn fingerprint(s: &State) -> u64 {
+    let mut w = HashWriter(DefaultHasher::new());
+    let _ = write!(w, "{s:?}");
+    w.0.finish()
+}
+
+/// The plan of `config`: `steps` steps on the durable target (`resume`) or in a
+/// sandbox (`replay`).
+fn model_plan(config: &Config) -> Plan {
+    let executor = match config.recovery {
+        Recovery::Resume => DURABLE,
+        Recovery::Replay => SANDBOX,
+    };
+    let steps = (1..=config.steps)
+        .map(|i| Step {
+            code: format!("step-{i}"),
+            executor: executor.to_owned(),
+            payload: json!({ "delay_ms": 0, "op": format!("step-{i}") }),
+        })
+        .collect();
+    let spec = PlanSpec {
+        name: format!("model-{}", config.recovery),
+        recovery: config.recovery.to_string(),
+        volatile_fields: vec!["worker".into()],
+        steps,
+    };
+    let t0 = Timestamp::from_millis(EPOCH_MS);
+    spec.into_plan(KNOWN, PlanId::new("plan-1"), t0)
+        .expect("the model's plan is valid")
+}
+
+fn initial(config: &Config, plan: &Plan) -> State {
+    let t0 = Timestamp::from_millis(EPOCH_MS);
+    let ids = NewIds {
+        attempt: AttemptId::new("att-1"),
+        command: CommandId::new("cmd-1"),
+    };
+    let record = enqueue(plan, &[], Action::Execute, ids, t0).expect("the first attempt is enqueued");
+    let rows = snap_of(record);
+    let enqueued = DbEvent {
+        seq: 0,
+        at_ms: 0,
+        db_now: t0,
+        decided_at: t0,
+        from: "enqueuer".into(),
+        op: "enqueue",
+        attempt: Some(rows.record.attempt.id.clone()),
+        ordinal: None,
+        presented: None,
+        before: None,
+        after: Some(rows.clone()),
+        outcome: EventOutcome::Applied,
+        plan_attempts: Some((0, 1)),
+        reply_lost: false,
+    };
+    State {
+        tick: 0,
+        rows,
+        workers: vec![Worker::default(); config.skews_ms.len()],
+        strays: Vec::new(),
+        keys: BTreeMap::new(),
+        applied: BTreeMap::new(),
+        calls: Vec::new(),
+        past: vec![enqueued],
+        budget: config.budget,
+        minted: 0,
+        receipts_given: 0,
+    }
+}
+
+/// The simulator's invariants on one transition, plus 13.
+fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Violation> {
+    let mut events = s.past.clone();
+    let claimed = |e: &&DbEvent| checker::is_claim(e.op) && e.outcome == EventOutcome::Applied;
+    events.extend(done.events.iter().filter(|e| !claimed(e)).cloned());
+    let mut target = TargetState::new(0, 0.0, 1, Trace::new());
+    target.keys = s.keys.clone();
+    target.calls = s.calls.clone();
+    let latest = BTreeMap::from([(s.rows.record.attempt.id.clone(), s.rows.clone())]);
+    let clients = ClientLog::default();
+    let input = CheckInput {
+        events: &events,
+        latest: &latest,
+        plans,
+        target: &target,
+        clients: &clients,
+        liveness: None,
+        faults: None,
+    };
+    let mut v = checker::check_transition(&input, &done.events);
+    if let Some(message) = &done.healthy_takeover {
+        v.push(Violation {
+            invariant: 13,
+            message: message.clone(),
+        });
+    }
+    v
+}
+
+/// Runs the fault-free fair schedule from `s`; answers why it did not end every
+/// attempt within the bound. States proven to end are remembered in `live`.
+fn liveness(ledger: &Ledger<'_>, s: &State, live: &mut BTreeSet<u64>) -> Option<String> {
+    let mut cur = s.clone();
+    let mut seen = Vec::new();
+    let bound = cur.tick + ledger.config.liveness_ticks;
+    for _ in 0..10_000 {
+        let h = fingerprint(&cur);
+        if live.contains(&h) || cur.rows.record.attempt.status.is_terminal() {
+            live.extend(seen);
+            return None;
+        }
+        seen.push(h);
+        if cur.tick > bound {
+            break;
+        }
+        let Some(act) = enabled(ledger, &cur, false).first().copied() else {
+            break;
+        };
+        perform(ledger, &mut cur, act);
+    }
+    Some(format!(
+        "the fault-free fair schedule did not end the attempt within {} ticks (at t={} it is {} / {})",
+        ledger.config.liveness_ticks, cur.tick, cur.rows.record.attempt.status, cur.rows.record.command.status
+    ))
+}
+
+fn path(parents: &BTreeMap<u64, (u64, String)>, root: u64, mut h: u64) -> Vec<String> {
+    let mut steps = Vec::new();
+    while h != root {
+        let Some((parent, label)) = parents.get(&h) else { break };
+        steps.push(label.clone());
+        h = *parent;
+    }
+    steps.reverse();
+    steps
+}
+
+/// Explores every state of `config` breadth first; stops at the first violation.
+pub fn check(config: &Config) -> Report {
+    // Wall time only for the report; nothing the search decides reads it.
+    #[allow(clippy::disallowed_methods)]
+    let started = Instant::now();
+    let plan = model_plan(config);
+    let ledger = Ledger { config, plan: &plan };
+    let plans = BTreeMap::from([(plan.id.clone(), plan.clone())]);
+    let init = initial(config, &plan);
+    let root = fingerprint(&init);
+    let mut parents: BTreeMap<u64, (u64, String)> = BTreeMap::new();
+    let mut live = BTreeSet::new();
+    let mut queue = VecDeque::from([(root, init)]);
+    let mut transitions = 0u64;
+    let mut found = None;
+    let mut truncated = false;
+    'search: while let Some((h, s)) = queue.pop_front() {
+        if config.max_states > 0 && parents.len() >= config.max_states {
+            truncated = true;
+            break;
+        }
+        if let Some(why) = liveness(&ledger, &s, &mut live) {
+            found = Some((
+                h,
+                vec![Violation {
+                    invariant: 8,
+                    message: why,
+                }],
+            ));
+            break;
+        }
+        if s.settled() {
+            continue;
+        }
+        for act in enabled(&ledger, &s, true) {
+            let mut next = s.clone();
+            let done = perform(&ledger, &mut next, act);
+            transitions += 1;
+            let n = fingerprint(&next);
+            if n == root || parents.contains_key(&n) {
+                continue;
+            }
+            parents.insert(n, (h, done.label.clone()));
+            let v = violations(&plans, &next, &done);
+            if !v.is_empty() {
+                found = Some((n, v));
+                break 'search;
+            }
+            queue.push_back((n, next));
+        }
+    }
+    Report {
+        config: config.name.clone(),
+        states: parents.len() + 1,
+        transitions,
+        elapsed: started.elapsed(),
+        truncated,
+        counterexample: found.map(|(h, violations)| Counterexample {
+            violations,
+            steps: path(&parents, root, h),
+        }),
+    }
+}

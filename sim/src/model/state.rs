@@ -1,0 +1,695 @@
+//! The model's state and its actions.
+
+use super::ledger::{Answer, Ledger, Req};
+use super::{Budget, Config, TICK_MS};
+use crate::bugs::Bug;
+use crate::clock::EPOCH_MS;
+use crate::db::{DbEvent, Snap};
+use crate::plans::{self, SANDBOX};
+use crate::protocol::TargetReply;
+use crate::target::{CallRecord, KeyRecord};
+use leasehold_engine::driver::{
+    DeadlineReason, Driver, DriverAction, ExecutorResult, LedgerRequest, Outcome, Reply as DriverReply,
+};
+use leasehold_engine::{CommandStatus, OperatorRequest, Reply, Timestamp, WorkerRequest};
+use serde_json::json;
+use std::collections::BTreeMap;
+
+/// A worker's lease and the driver delivering it.
+#[derive(Debug, Clone)]
+pub(super) struct Held {
+    pub driver: Driver,
+    pub token: u32,
+    pub delivery: u32,
+}
+
+/// A ledger request in flight, under the lease of token ordinal `token`.
+#[derive(Debug, Clone)]
+pub(super) struct Sending {
+    pub request: LedgerRequest,
+    pub token: u32,
+    pub sent_at: Timestamp,
+}
+
+/// An executor call in flight since tick `since`.
+#[derive(Debug, Clone)]
+pub(super) struct Exec {
+    pub ordinal: u32,
+    pub token: u32,
+    pub delivery: u32,
+    pub since: u32,
+}
+
+/// A request delayed in the network: it lands later, answering nobody.
+#[derive(Debug, Clone)]
+pub(super) struct Stray {
+    pub from: usize,
+    pub request: WorkerRequest,
+    pub token: u32,
+    pub sent_at: Timestamp,
+}
+
+/// One worker.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Worker {
+    pub held: Option<Held>,
+    pub sending: Option<Sending>,
+    pub exec: Option<Exec>,
+    pub paused: bool,
+    /// Whether a fault (crash, pause, lost or delayed reply, lost executor reply)
+    /// touched the lease it holds or last held.
+    pub faulted: bool,
+}
+
+/// The whole model state.
+#[derive(Debug, Clone)]
+pub(super) struct State {
+    pub tick: u32,
+    pub rows: Snap,
+    pub workers: Vec<Worker>,
+    pub strays: Vec<Stray>,
+    pub keys: BTreeMap<(String, Option<String>), KeyRecord>,
+    pub applied: BTreeMap<String, Vec<String>>,
+    pub calls: Vec<CallRecord>,
+    /// The enqueue and the applied claims: what invariants 6 and 12 read of the past.
+    pub past: Vec<DbEvent>,
+    pub budget: Budget,
+    pub minted: u32,
+    pub receipts_given: u32,
+}
+
+/// One action of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Act {
+    Work(usize),
+    Claim(usize, bool),
+    Deliver(usize, bool),
+    Delay(usize),
+    ExecDone(usize),
+    ExecLost(usize),
+    ExecPermanent(usize),
+    Crash(usize),
+    Pause(usize),
+    Resume(usize),
+    Stray(usize),
+    Reconcile,
+    Abort,
+    Tick,
+}
+
+/// What one action did: its description, the db events it logged, and the takeovers
+/// of a lease whose holder no fault had touched (invariant 13).
+#[derive(Debug, Default)]
+pub(super) struct Done {
+    pub label: String,
+    pub events: Vec<DbEvent>,
+    pub healthy_takeover: Option<String>,
+}
+
+pub(super) fn name(i: usize) -> String {
+    format!("w{}", i + 1)
+}
+
+fn at(tick: u32, skew_ms: i64) -> Timestamp {
+    Timestamp::from_millis(EPOCH_MS + i64::from(tick) * TICK_MS as i64 + skew_ms)
+}
+
+impl State {
+    pub fn db_now(&self) -> Timestamp {
+        at(self.tick, 0)
+    }
+
+    pub fn worker_now(&self, config: &Config, i: usize) -> Timestamp {
+        at(self.tick, config.skews_ms.get(i).copied().unwrap_or(0))
+    }
+
+    /// Whether every attempt is terminal and nothing is in flight.
+    pub fn settled(&self) -> bool {
+        self.rows.record.attempt.status.is_terminal()
+            && self.strays.is_empty()
+            && self.workers.iter().all(|w| w.sending.is_none() && w.exec.is_none())
+    }
+}
+
+/// When a driver's timer wakes the worker: at its deadline, except that the planted
+/// `late-heartbeat` wakes a heartbeat one lease late.
+fn wake_at(config: &Config, driver: &Driver) -> Option<Timestamp> {
+    let d = driver.poll_timeout()?;
+    let late = d.reason == DeadlineReason::Heartbeat && config.bugs.contains(&Bug::LateHeartbeat);
+    Some(if late { d.at.plus_ms(config.lease_ms()) } else { d.at })
+}
+
+/// Whether worker `i` has something to do now (a due timer, an action, an ended
+/// delivery to drop).
+pub(super) fn work_due(config: &Config, s: &State, i: usize) -> bool {
+    let w = &s.workers[i];
+    let Some(h) = &w.held else { return false };
+    let now = s.worker_now(config, i);
+    if h.driver.outcome().is_some() || wake_at(config, &h.driver).is_some_and(|t| t <= now) {
+        return true;
+    }
+    h.driver.clone().poll_action(now).is_some()
+}
+
+fn can_claim(ledger: &Ledger<'_>, s: &State, i: usize) -> bool {
+    let w = &s.workers[i];
+    w.held.is_none() && w.sending.is_none() && ledger.claimable(&s.rows, s.worker_now(ledger.config, i), s.db_now())
+}
+
+/// Whether the clock may advance: no worker that is up has work due now, and no
+/// executor call has used up its time.
+fn may_tick(ledger: &Ledger<'_>, s: &State, faults: bool) -> bool {
+    let c = ledger.config;
+    (s.tick < c.horizon || !faults)
+        && s.workers.iter().enumerate().all(|(i, w)| {
+            w.paused
+                || (w.sending.is_none()
+                    && w.exec.as_ref().is_none_or(|e| e.since + c.exec_ticks > s.tick)
+                    && !work_due(c, s, i)
+                    && !can_claim(ledger, s, i))
+        })
+}
+
+/// Every action enabled in `s`; without `faults`, the fault-free fair schedule's
+/// (no fault, no operator, the clock past the horizon).
+pub(super) fn enabled(ledger: &Ledger<'_>, s: &State, faults: bool) -> Vec<Act> {
+    let b = if faults { s.budget } else { Budget::default() };
+    let mut acts = Vec::new();
+    for (i, w) in s.workers.iter().enumerate() {
+        if w.paused {
+            acts.push(Act::Resume(i));
+            continue;
+        }
+        worker_acts(ledger, s, i, &b, &mut acts);
+    }
+    acts.extend((0..s.strays.len()).map(Act::Stray));
+    let status = s.rows.record.command.status;
+    if b.reconciles > 0 && status == CommandStatus::Processing {
+        acts.push(Act::Reconcile);
+    }
+    if b.aborts > 0 && !s.rows.record.attempt.status.is_terminal() {
+        acts.push(Act::Abort);
+    }
+    if may_tick(ledger, s, faults) {
+        acts.push(Act::Tick);
+    }
+    acts
+}
+
+fn worker_acts(ledger: &Ledger<'_>, s: &State, i: usize, b: &Budget, acts: &mut Vec<Act>) {
+    let w = &s.workers[i];
+    if w.sending.is_some() {
+        acts.push(Act::Deliver(i, false));
+        if b.lost_replies > 0 {
+            acts.push(Act::Deliver(i, true));
+        }
+        if b.delays > 0 {
+            acts.push(Act::Delay(i));
+        }
+    }
+    if w.exec.is_some() {
+        acts.push(Act::ExecDone(i));
+        if b.exec_losses > 0 {
+            acts.push(Act::ExecLost(i));
+        }
+        if b.permanents > 0 {
+            acts.push(Act::ExecPermanent(i));
+        }
+    }
+    if work_due(ledger.config, s, i) {
+        acts.push(Act::Work(i));
+    }
+    if can_claim(ledger, s, i) {
+        acts.push(Act::Claim(i, false));
+        if b.lost_replies > 0 {
+            acts.push(Act::Claim(i, true));
+        }
+    }
+    let busy = w.held.is_some() || w.sending.is_some() || w.exec.is_some();
+    if busy && b.crashes > 0 {
+        acts.push(Act::Crash(i));
+    }
+    if busy && b.pauses > 0 {
+        acts.push(Act::Pause(i));
+    }
+}
+
+/// Performs `act` on `s`.
+pub(super) fn perform(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
+    let who = |i: usize| format!("worker {}", name(i));
+    match act {
+        Act::Work(i) => simple(format!("{} {}", who(i), work(ledger.config, s, i))),
+        Act::Claim(i, lost) => claim(ledger, s, i, lost),
+        Act::Deliver(i, lost) => deliver(ledger, s, i, lost),
+        Act::Delay(i) => delay(ledger.config, s, i),
+        Act::ExecDone(i) | Act::ExecLost(i) | Act::ExecPermanent(i) => executed(ledger, s, i, act),
+        Act::Crash(i) => {
+            s.budget.crashes -= 1;
+            s.workers[i] = Worker {
+                faulted: true,
+                ..Worker::default()
+            };
+            simple(format!("{} crashes and restarts idle", who(i)))
+        }
+        Act::Pause(i) => {
+            s.budget.pauses -= 1;
+            s.workers[i].paused = true;
+            s.workers[i].faulted = true;
+            simple(format!("{} pauses", who(i)))
+        }
+        Act::Resume(i) => {
+            s.workers[i].paused = false;
+            simple(format!("{} resumes", who(i)))
+        }
+        Act::Stray(j) => stray(ledger, s, j),
+        Act::Reconcile => operator(ledger, s, OperatorRequest::Reconcile),
+        Act::Abort => operator(
+            ledger,
+            s,
+            OperatorRequest::Abort {
+                reason: "operator".into(),
+            },
+        ),
+        Act::Tick => {
+            s.tick += 1;
+            simple(format!("clock → t={}", s.tick))
+        }
+    }
+}
+
+fn simple(label: String) -> Done {
+    Done {
+        label,
+        ..Done::default()
+    }
+}
+
+/// The worker fires its due timers and performs every action its driver asks for.
+fn work(config: &Config, s: &mut State, i: usize) -> String {
+    let now = s.worker_now(config, i);
+    let tick = s.tick;
+    let w = &mut s.workers[i];
+    let Some(h) = w.held.as_mut() else {
+        return "has nothing to do".into();
+    };
+    if wake_at(config, &h.driver).is_some_and(|t| t <= now) {
+        h.driver.handle_timeout(now);
+    }
+    let mut did = Vec::new();
+    while let Some(action) = h.driver.poll_action(now) {
+        match action {
+            DriverAction::Execute { ordinal } => {
+                did.push(format!("calls the executor for step {ordinal}"));
+                w.exec = Some(Exec {
+                    ordinal,
+                    token: h.token,
+                    delivery: h.delivery,
+                    since: tick,
+                });
+            }
+            DriverAction::Ledger(request) => {
+                did.push(format!("sends {}", request_name(&request)));
+                w.sending = Some(Sending {
+                    request,
+                    token: h.token,
+                    sent_at: now,
+                });
+            }
+        }
+    }
+    if let Some(outcome) = h.driver.outcome() {
+        did.push(format!("ends its delivery: {}", outcome_text(outcome)));
+        w.held = None;
+    }
+    did.join(", ")
+}
+
+fn request_name(r: &LedgerRequest) -> String {
+    match r {
+        LedgerRequest::BeginStep { ordinal } => format!("begin-step {ordinal}"),
+        LedgerRequest::CompleteAndContinue { ordinal, .. } => format!("complete-and-continue {ordinal}"),
+        LedgerRequest::Fail { ordinal, .. } => format!("fail (step {ordinal:?})"),
+        LedgerRequest::Finish => "finish".into(),
+        LedgerRequest::Heartbeat => "heartbeat".into(),
+        LedgerRequest::ReadAttempt => "a read of the attempt".into(),
+    }
+}
+
+fn outcome_text(o: &Outcome) -> String {
+    match o {
+        Outcome::Delivered => "delivered".into(),
+        Outcome::Failed(e) => format!("failed ({e})"),
+        Outcome::Refused(r) => format!("refused ({r})"),
+        Outcome::Abandoned(why) => format!("abandoned ({why})"),
+    }
+}
+
+/// The worker request a driver's ledger request is sent as.
+fn worker_request(config: &Config, r: &LedgerRequest) -> Option<WorkerRequest> {
+    let lease_ms = config.lease_ms();
+    Some(match r.clone() {
+        LedgerRequest::BeginStep { ordinal } => WorkerRequest::BeginStep { ordinal, lease_ms },
+        LedgerRequest::CompleteAndContinue {
+            ordinal,
+            evidence,
+            target_receipt,
+        } => WorkerRequest::CompleteAndContinue {
+            ordinal,
+            evidence,
+            target_receipt,
+            lease_ms,
+        },
+        LedgerRequest::Fail { ordinal, error } => WorkerRequest::Fail { ordinal, error },
+        LedgerRequest::Finish => WorkerRequest::Finish,
+        LedgerRequest::Heartbeat => WorkerRequest::Heartbeat { lease_ms },
+        LedgerRequest::ReadAttempt => return None,
+    })
+}
+
+/// The driver's reply for a ledger answer, as the worker maps it.
+fn driver_reply(answer: &Answer) -> DriverReply {
+    match &answer.reply {
+        Ok(Reply::Continued(c)) => DriverReply::Continued(*c),
+        Ok(_) => DriverReply::Committed,
+        Err(r) => DriverReply::Refused(r.clone()),
+    }
+}
+
+/// Records a db event at the current tick; claims join the kept past. Answers the
+/// takeover of a healthy holder, if the event is one.
+fn log(s: &mut State, mut e: DbEvent, done: &mut Done) {
+    e.at_ms = u64::from(s.tick) * TICK_MS;
+    if let Some(msg) = healthy_takeover(s, &e) {
+        done.healthy_takeover = Some(msg);
+    }
+    if crate::checker::is_claim(e.op) && e.outcome == crate::db::EventOutcome::Applied {
+        s.past.push(timeless(&e));
+    }
+    done.events.push(e);
+}
+
+/// A claim as the kept past holds it: without the instants, which invariants 6
+/// and 12 do not read, so that paths differing only in when they claimed meet.
+fn timeless(e: &DbEvent) -> DbEvent {
+    let strip = |snap: &Option<Snap>| {
+        snap.clone().map(|mut s| {
+            let (a, c) = (&mut s.record.attempt, &mut s.record.command);
+            (a.started_at, a.finished_at) = (None, None);
+            (c.lease_until, c.last_heartbeat_at, c.finished_at) = (None, None, None);
+            for r in &mut s.record.receipts {
+                (r.started_at, r.finished_at) = (None, None);
+            }
+            s
+        })
+    };
+    let t0 = Timestamp::from_millis(EPOCH_MS);
+    DbEvent {
+        at_ms: 0,
+        db_now: t0,
+        decided_at: t0,
+        before: strip(&e.before),
+        after: strip(&e.after),
+        ..e.clone()
+    }
+}
+
+/// Invariant 13: an applied claim or reconcile that ended a lease whose holder no
+/// fault had touched.
+fn healthy_takeover(s: &State, e: &DbEvent) -> Option<String> {
+    let (b, a) = (e.before.as_ref()?, e.after.as_ref()?);
+    let ends = (crate::checker::is_claim(e.op) || e.op == "reconcile") && a.token != b.token;
+    if e.outcome != crate::db::EventOutcome::Applied || !ends || b.record.command.status != CommandStatus::Processing {
+        return None;
+    }
+    let owner = b.record.command.lease_owner.as_deref()?;
+    let i = s.workers.iter().enumerate().position(|(i, _)| name(i) == owner)?;
+    (!s.workers[i].faulted).then(|| {
+        format!(
+            "{} by {} at t={} took over the lease of {owner}, which no fault had touched",
+            e.op, e.from, s.tick
+        )
+    })
+}
+
+fn claim(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
+    let token = s.minted + 1;
+    let now = s.worker_now(ledger.config, i);
+    let db_now = s.db_now();
+    let who = name(i);
+    let answer = ledger.apply(&mut s.rows, &who, &Req::Claim(&who, token, now), db_now);
+    let mut done = Done::default();
+    if let Some(e) = answer.event {
+        log(s, e, &mut done);
+    }
+    if answer.reply.is_ok() {
+        s.minted = token;
+        let until = s.rows.record.command.lease_until.map_or(0, ticks);
+        done.label = format!("worker {who} claims (token#{token}, lease until t={until})");
+        if lost {
+            s.budget.lost_replies -= 1;
+            s.workers[i].faulted = true;
+            done.label.push_str(", reply lost");
+        } else {
+            let record = super::ledger::record_of(&s.rows);
+            let driver = Driver::fused(&record, ledger.config.lease_ms(), now);
+            let delivery = record.command.delivery_count;
+            s.workers[i] = Worker {
+                held: Some(Held {
+                    driver,
+                    token,
+                    delivery,
+                }),
+                ..Worker::default()
+            };
+        }
+    } else {
+        done.label = format!("worker {who} finds nothing to claim");
+    }
+    done
+}
+
+/// A db-clock instant in ticks.
+pub(super) fn ticks(t: Timestamp) -> i64 {
+    (t.as_millis() - EPOCH_MS).div_euclid(TICK_MS as i64)
+}
+
+fn apply_sending(ledger: &Ledger<'_>, s: &mut State, i: usize, sending: &Sending, done: &mut Done) -> DriverReply {
+    let Some(request) = worker_request(ledger.config, &sending.request) else {
+        let mut record = super::ledger::record_of(&s.rows);
+        record.command.lease_token = None;
+        return DriverReply::Read(Box::new(record));
+    };
+    let db_now = s.db_now();
+    let req = Req::Worker(&request, sending.token, sending.sent_at);
+    let answer = ledger.apply(&mut s.rows, &name(i), &req, db_now);
+    let reply = driver_reply(&answer);
+    if let Some(e) = answer.event {
+        log(s, e, done);
+    }
+    reply
+}
+
+fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
+    let Some(sending) = s.workers[i].sending.take() else {
+        return simple("nothing in flight".into());
+    };
+    let mut done = Done::default();
+    let reply = apply_sending(ledger, s, i, &sending, &mut done);
+    let outcome = match &reply {
+        DriverReply::Refused(_) => "refused",
+        DriverReply::Read(_) => "read",
+        _ => "applied",
+    };
+    done.label = format!(
+        "ledger {} {}'s {} (token#{})",
+        outcome,
+        name(i),
+        request_name(&sending.request),
+        sending.token
+    );
+    let reply = if lost {
+        s.budget.lost_replies -= 1;
+        s.workers[i].faulted = true;
+        done.label.push_str(", reply lost");
+        DriverReply::Ambiguous
+    } else {
+        reply
+    };
+    answer_driver(ledger.config, s, i, sending.token, reply);
+    done
+}
+
+fn answer_driver(config: &Config, s: &mut State, i: usize, token: u32, reply: DriverReply) {
+    let now = s.worker_now(config, i);
+    if let Some(h) = s.workers[i].held.as_mut().filter(|h| h.token == token) {
+        h.driver.handle_reply(now, reply);
+    }
+}
+
+fn delay(config: &Config, s: &mut State, i: usize) -> Done {
+    let Some(sending) = s.workers[i].sending.take() else {
+        return simple("nothing in flight".into());
+    };
+    s.budget.delays -= 1;
+    s.workers[i].faulted = true;
+    if let Some(request) = worker_request(config, &sending.request) {
+        s.strays.push(Stray {
+            from: i,
+            request,
+            token: sending.token,
+            sent_at: sending.sent_at,
+        });
+    }
+    answer_driver(config, s, i, sending.token, DriverReply::Ambiguous);
+    simple(format!(
+        "the network delays {}'s {} (token#{}); its reply times out",
+        name(i),
+        request_name(&sending.request),
+        sending.token
+    ))
+}
+
+fn stray(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
+    let st = s.strays.remove(j);
+    let db_now = s.db_now();
+    let req = Req::Worker(&st.request, st.token, st.sent_at);
+    let answer = ledger.apply(&mut s.rows, &name(st.from), &req, db_now);
+    let verdict = if answer.reply.is_ok() { "applies" } else { "refuses" };
+    let mut done = simple(format!(
+        "ledger {verdict} {}'s delayed {} (token#{})",
+        name(st.from),
+        st.request.op(),
+        st.token
+    ));
+    if let Some(e) = answer.event {
+        log(s, e, &mut done);
+    }
+    done
+}
+
+/// An operator request. A refused one changes nothing and spends nothing, so the
+/// search meets its state again and prunes it.
+fn operator(ledger: &Ledger<'_>, s: &mut State, request: OperatorRequest) -> Done {
+    let db_now = s.db_now();
+    let answer = ledger.apply(&mut s.rows, "operator", &Req::Operator(&request), db_now);
+    match (&request, answer.reply.is_ok()) {
+        (OperatorRequest::Reconcile, true) => s.budget.reconciles -= 1,
+        (OperatorRequest::Abort { .. }, true) => s.budget.aborts -= 1,
+        _ => {}
+    }
+    let verdict = match &answer.reply {
+        Ok(_) => "applied",
+        Err(_) => "refused",
+    };
+    let mut done = simple(format!("operator {} ({verdict})", request.op()));
+    if let Some(e) = answer.event {
+        log(s, e, &mut done);
+    }
+    done
+}
+
+/// The executor call in flight answers: done, its reply lost after the effect, or a
+/// permanent failure before any effect.
+fn executed(ledger: &Ledger<'_>, s: &mut State, i: usize, act: Act) -> Done {
+    let Some(exec) = s.workers[i].exec.take() else {
+        return simple("no executor call".into());
+    };
+    let (result, label) = match act {
+        Act::ExecPermanent(_) => {
+            s.budget.permanents -= 1;
+            let r = ExecutorResult::Permanent("the target refuses".into());
+            (r, "fails permanently")
+        }
+        _ => {
+            let done = call_target(ledger, s, i, &exec);
+            if act == Act::ExecLost(i) {
+                s.budget.exec_losses -= 1;
+                s.workers[i].faulted = true;
+                (ExecutorResult::Transient("reply lost".into()), "applies, reply lost")
+            } else {
+                (done, "applies")
+            }
+        }
+    };
+    let now = s.worker_now(ledger.config, i);
+    if let Some(h) = s.workers[i].held.as_mut().filter(|h| h.token == exec.token) {
+        h.driver.handle_executed(now, exec.ordinal, result);
+    }
+    simple(format!(
+        "target {label} {}'s step {} (delivery {})",
+        name(i),
+        exec.ordinal,
+        exec.delivery
+    ))
+}
+
+/// The target applies (or recognises) one call, as the simulator's target does, and
+/// answers the executor's result.
+fn call_target(ledger: &Ledger<'_>, s: &mut State, i: usize, exec: &Exec) -> ExecutorResult {
+    let record = &s.rows.record;
+    let receipt = record.receipt(exec.ordinal).cloned();
+    let Some(r) = receipt else {
+        return ExecutorResult::Permanent("no such step".into());
+    };
+    let step = ledger.plan.steps[(exec.ordinal - 1) as usize].clone();
+    let sandbox = (step.executor == SANDBOX).then(|| plans::sandbox_id(&record.attempt.id, exec.delivery));
+    let id = (r.idempotency_key.clone(), sandbox.clone());
+    let call = CallRecord {
+        at_ms: 0,
+        attempt: record.attempt.id.clone(),
+        ordinal: exec.ordinal,
+        key: r.idempotency_key.clone(),
+        sandbox: sandbox.clone(),
+        delivery: exec.delivery,
+        worker: name(i),
+        duplicate: s.keys.contains_key(&id),
+    };
+    let seen = s
+        .calls
+        .iter()
+        .any(|c| (c.ordinal, c.delivery, &c.sandbox) == (call.ordinal, call.delivery, &call.sandbox));
+    if !seen {
+        s.calls.push(call);
+    }
+    let reply = match s.keys.get_mut(&id) {
+        Some(k) => k.reply.clone(),
+        None => new_effect(s, &step.code, exec, id, sandbox.as_deref(), &record_id(s)),
+    };
+    ExecutorResult::Done {
+        evidence: plans::evidence(&step, &r.idempotency_key, sandbox.as_deref(), &name(i), &reply.applied),
+        target_receipt: reply.target_receipt,
+    }
+}
+
+fn record_id(s: &State) -> leasehold_engine::AttemptId {
+    s.rows.record.attempt.id.clone()
+}
+
+fn new_effect(
+    s: &mut State,
+    code: &str,
+    exec: &Exec,
+    id: (String, Option<String>),
+    sandbox: Option<&str>,
+    attempt: &leasehold_engine::AttemptId,
+) -> TargetReply {
+    let place = sandbox.map_or_else(|| format!("durable:{attempt}"), str::to_owned);
+    let applied = s.applied.entry(place).or_default();
+    applied.push(code.to_owned());
+    let applied = applied.clone();
+    s.receipts_given += 1;
+    let reply = TargetReply {
+        target_receipt: json!({ "target": "sim", "key": id.0, "receipt": format!("tr-{:06}", s.receipts_given) }),
+        applied,
+    };
+    let record = KeyRecord {
+        attempt: attempt.clone(),
+        ordinal: exec.ordinal,
+        step: code.to_owned(),
+        effects: 1,
+        deliveries: 1,
+        reply: reply.clone(),
+    };
+    s.keys.insert(id, record);
+    reply
+}
