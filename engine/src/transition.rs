@@ -1,4 +1,4 @@
-//! Every transition of DESIGN.md's table, as a guard plus writes.
+//! Every transition of the table in docs/design.md, as a guard plus writes.
 //!
 //! A transition reads snapshots of the rows (attempt, then command, then receipts:
 //! the lock order), decides, and answers either a typed [`Refusal`] or the

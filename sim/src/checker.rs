@@ -20,7 +20,7 @@
 //!    fingerprint (the same on every seed), their raw fingerprints differ, and a
 //!    `replay` attempt's receipts all come from its last delivery's sandbox.
 //! 10. No lease token appears in any trace line or report ([`scan_for_tokens`]).
-//! 11. Every committed image follows DESIGN.md's transition table
+//! 11. Every committed image follows the transition table of docs/design.md
 //!     ([`crate::history::transitions`]).
 //! 12. The target's calls keep the recovery promises, each call checked against the
 //!     delivery it came from ([`crate::history::recovery_promises`]).

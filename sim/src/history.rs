@@ -1,7 +1,7 @@
 //! The model-based history check: invariants 11 and 12.
 //!
 //! Contract: [`transitions`] replays the db host's event log against a model of
-//! DESIGN.md's transition table, and [`recovery_promises`] the target's call log
+//! the transition table of docs/design.md, and [`recovery_promises`] the target's call log
 //! against the recovery promises; each pushes one message per broken rule.
 //!
 //! 11. Every committed image follows the table. For each applied event the model

@@ -59,7 +59,7 @@ pub(crate) struct Queries {
     pub(crate) insert_receipt: String,
     /// How many attempts are open (QUEUED or RUNNING), counted by their commands:
     /// an attempt is open exactly while its one command is PENDING or PROCESSING
-    /// (every transition writes the two together: DESIGN.md's transition table), and
+    /// (every transition writes the two together: the transition table of docs/design.md), and
     /// the claims' indexes already hold those commands, so no index of attempts by
     /// status has to follow every claim and every finish. One integer column.
     pub(crate) open_attempts: String,

@@ -9,7 +9,7 @@
 //! `UPDATE` goes first and carries the engine's [`leasehold_engine::Guard`] as its
 //! `WHERE` clause, and zero affected rows is a refusal
 //! ([`leasehold_engine::Refusal::StaleToken`]) that leaves every row as it was. (The
-//! lock order of DESIGN.md is about row locks; SQLite's write lock is the whole
+//! lock order of docs/design.md is about row locks; SQLite's write lock is the whole
 //! database, taken by `BEGIN IMMEDIATE` before the first read.) A claim writes its
 //! batch row by row with prepared statements, by key; each statement's text is built
 //! once per set of changed columns. The schema's CHECK constraints are written as
