@@ -205,49 +205,7 @@ pub fn enqueue(
             open.attempt.id, open.attempt.status
         )));
     }
-    let steps: Vec<&str> = match action {
-        Action::Execute => plan.steps.iter().map(|s| s.code.as_str()).collect(),
-        Action::Retry => match latest {
-            Some(l) if matches!(l.attempt.status, AttemptStatus::Failed | AttemptStatus::Aborted) => {
-                plan.steps.iter().map(|s| s.code.as_str()).collect()
-            }
-            Some(l) => {
-                return Err(refuse(format!(
-                    "the latest attempt {} is {}, not FAILED or ABORTED",
-                    l.attempt.id, l.attempt.status
-                )))
-            }
-            None => return Err(refuse(format!("plan {} has no attempt to retry", plan.id))),
-        },
-        Action::Compensate => {
-            let forward = ordered.iter().rev().find(|r| r.attempt.action.is_forward());
-            let Some(forward) = forward else {
-                return Err(refuse(format!("plan {} has no forward attempt to compensate", plan.id)));
-            };
-            let compensated = ordered.iter().any(|r| {
-                r.attempt.action == Action::Compensate
-                    && r.attempt.number > forward.attempt.number
-                    && r.attempt.status == AttemptStatus::Succeeded
-            });
-            if compensated {
-                return Err(refuse(format!("attempt {} is already compensated", forward.attempt.id)));
-            }
-            let done: Vec<&str> = forward
-                .receipts
-                .iter()
-                .filter(|r| r.status == ReceiptStatus::Succeeded)
-                .map(|r| r.step_code.as_str())
-                .rev()
-                .collect();
-            if done.is_empty() {
-                return Err(refuse(format!(
-                    "attempt {} has no succeeded step to compensate",
-                    forward.attempt.id
-                )));
-            }
-            done
-        }
-    };
+    let steps = enqueue_steps(plan, &ordered, action)?;
     let number = latest.map_or(1, |l| l.attempt.number + 1);
     let attempt = Attempt {
         id: ids.attempt.clone(),
@@ -295,6 +253,59 @@ pub fn enqueue(
         command,
         receipts,
     })
+}
+
+/// The step codes an enqueue of `action` delivers, in order, or the action guard's
+/// refusal: every step for `execute`; every step after a FAILED or ABORTED latest
+/// attempt for `retry`; the latest forward attempt's succeeded steps, reversed, for a
+/// `compensate` that has not succeeded yet. `ordered` is the plan's history by number.
+fn enqueue_steps<'p>(plan: &'p Plan, ordered: &[&'p AttemptRecord], action: Action) -> Result<Vec<&'p str>, Refusal> {
+    let refuse = |reason: String| Refusal::Guard { action, reason };
+    let latest = ordered.last().copied();
+    let steps = match action {
+        Action::Execute => plan.steps.iter().map(|s| s.code.as_str()).collect(),
+        Action::Retry => match latest {
+            Some(l) if matches!(l.attempt.status, AttemptStatus::Failed | AttemptStatus::Aborted) => {
+                plan.steps.iter().map(|s| s.code.as_str()).collect()
+            }
+            Some(l) => {
+                return Err(refuse(format!(
+                    "the latest attempt {} is {}, not FAILED or ABORTED",
+                    l.attempt.id, l.attempt.status
+                )))
+            }
+            None => return Err(refuse(format!("plan {} has no attempt to retry", plan.id))),
+        },
+        Action::Compensate => {
+            let forward = ordered.iter().rev().find(|r| r.attempt.action.is_forward());
+            let Some(forward) = forward else {
+                return Err(refuse(format!("plan {} has no forward attempt to compensate", plan.id)));
+            };
+            let compensated = ordered.iter().any(|r| {
+                r.attempt.action == Action::Compensate
+                    && r.attempt.number > forward.attempt.number
+                    && r.attempt.status == AttemptStatus::Succeeded
+            });
+            if compensated {
+                return Err(refuse(format!("attempt {} is already compensated", forward.attempt.id)));
+            }
+            let done: Vec<&str> = forward
+                .receipts
+                .iter()
+                .filter(|r| r.status == ReceiptStatus::Succeeded)
+                .map(|r| r.step_code.as_str())
+                .rev()
+                .collect();
+            if done.is_empty() {
+                return Err(refuse(format!(
+                    "attempt {} has no succeeded step to compensate",
+                    forward.attempt.id
+                )));
+            }
+            done
+        }
+    };
+    Ok(steps)
 }
 
 /// Claim: PENDING-and-available or expired PROCESSING becomes PROCESSING under a new
