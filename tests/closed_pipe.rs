@@ -11,61 +11,21 @@
 
 use serde_json::{json, Value};
 use std::io::Read;
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+mod cli_support;
+
+use cli_support::{Db, BIN};
+
 const WAIT: Duration = Duration::from_secs(60);
 /// What the shell shows for a process ended by SIGPIPE.
 const BROKEN_PIPE: i32 = 141;
 
-struct Db {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
 impl Db {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let db = Db { dir, url };
-        db.ok(&["migrate"]);
-        db
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// `leasehold --db … args`, with backtraces on: a panic would show one.
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--db")
-            .arg(&self.url)
-            .args(args)
-            .env_remove("LEASEHOLD_DB")
-            .env("RUST_BACKTRACE", "1");
-        c
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.cmd(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "leasehold {args:?} failed ({:?}): {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
     /// Registers `plan`; answers its id.
     fn add_plan(&self, plan: &Value) -> String {
-        let file = self.path("plan.json");
-        std::fs::write(&file, plan.to_string()).unwrap();
-        let out = self.ok(&["plan", "add", file.to_str().unwrap()]);
-        out.split_whitespace().next().unwrap().to_owned()
+        self.add_plan_file("plan.json", plan)
     }
 }
 

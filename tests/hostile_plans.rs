@@ -10,66 +10,28 @@
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+mod cli_support;
+
+use cli_support::Db;
+
 const WAIT: Duration = Duration::from_secs(90);
 
 /// A SQL statement that never ends: counting an endless recursive CTE.
 const RUNAWAY: &str = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT count(*) FROM n";
 
-struct Db {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
 impl Db {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let db = Db { dir, url };
-        db.ok(&["migrate"]);
-        db
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--db").arg(&self.url).args(args).env_remove("LEASEHOLD_DB");
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "leasehold {args:?} failed ({:?}): {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
     fn status(&self, attempt: &str) -> Value {
         serde_json::from_str(&self.ok(&["status", attempt, "--json"])).unwrap()
     }
 
     /// Registers `plan` (a JSON plan) and enqueues one attempt; answers its id.
     fn enqueue(&self, name: &str, plan: &Value) -> String {
-        let file = self.path(&format!("{name}.json"));
-        std::fs::write(&file, plan.to_string()).unwrap();
-        let id = self.ok(&["plan", "add", file.to_str().unwrap()]);
-        let id = id.split_whitespace().next().unwrap().to_owned();
+        let id = self.add_plan_file(&format!("{name}.json"), plan);
         self.ok(&["enqueue", &id]).trim().to_owned()
     }
 
