@@ -4,6 +4,9 @@
 //! not SQLite and a read-only file are each named and refused (exit 2) or read
 //! without being changed.
 
+mod cli_support;
+
+use cli_support::mysql_url_of;
 use rusqlite::Connection;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -337,16 +340,6 @@ fn files_in(dir: &Path) -> Vec<String> {
         .collect();
     names.sort();
     names
-}
-
-/// The CLI URL of database `name` on the server of `LEASEHOLD_TEST_MYSQL_URL`.
-fn mysql_url_of(admin: &str, name: &str) -> String {
-    let (base, query) = admin.split_once('?').map_or((admin, None), |(b, q)| (b, Some(q)));
-    let (server, _) = base.rsplit_once('/').expect("a mysql URL with a database");
-    match query {
-        Some(q) => format!("{server}/{name}?{q}"),
-        None => format!("{server}/{name}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

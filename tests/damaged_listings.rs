@@ -10,6 +10,9 @@
 //! past them. Then the `attempt` table is dropped: `readyz` answers 503 naming it,
 //! and never the database.
 
+mod cli_support;
+
+use cli_support::mysql_url_of;
 use leasehold::bench::plan_spec;
 use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
@@ -373,16 +376,6 @@ async fn a_postgres_ledger_lists_around_damaged_rows_and_readyz_names_a_dropped_
         client.batch_execute("DROP TABLE attempt CASCADE").await.expect("drop");
     };
     readyz_names_the_missing_table(&s, drop_table, &[db.url().database(), "postgres://"]).await;
-}
-
-/// The CLI URL of database `name` on the server of `admin`.
-fn mysql_url_of(admin: &str, name: &str) -> String {
-    let (base, query) = admin.split_once('?').map_or((admin, None), |(b, q)| (b, Some(q)));
-    let (server, _) = base.rsplit_once('/').expect("a mysql URL with a database");
-    match query {
-        Some(q) => format!("{server}/{name}?{q}"),
-        None => format!("{server}/{name}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

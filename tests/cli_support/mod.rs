@@ -67,3 +67,14 @@ impl Db {
         out.split_whitespace().next().unwrap().to_owned()
     }
 }
+
+/// The URL of database `name` on the server of the MySQL URL `admin` (the same
+/// user, password and options).
+pub fn mysql_url_of(admin: &str, name: &str) -> String {
+    let (base, query) = admin.split_once('?').map_or((admin, None), |(b, q)| (b, Some(q)));
+    let (server, _) = base.rsplit_once('/').expect("a mysql URL with a database");
+    match query {
+        Some(q) => format!("{server}/{name}?{q}"),
+        None => format!("{server}/{name}"),
+    }
+}
