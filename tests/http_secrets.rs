@@ -5,17 +5,19 @@
 //! prints; a secret bound to no host is never sent; a bound secret that is unset or
 //! too short stops the worker at start, naming the variable.
 
+mod cli_support;
+
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
 use base64::Engine as _;
+use cli_support::Db;
 use serde_json::{json, Map, Value};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 const TOKEN: &str = "LEASEHOLD_SECRET_CLI_TOKEN";
 const WHSEC: &str = "LEASEHOLD_SECRET_CLI_WHSEC";
 const AUTH: &str = "Bearer cli-t0ken/with+odd\"chars";
@@ -84,45 +86,17 @@ fn server() -> (u16, Seen) {
     (port, seen)
 }
 
-struct Db {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
 impl Db {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let db = Db { dir, url };
-        let out = db.run(&["migrate"], &[]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        db
-    }
-
     /// Runs leasehold with only `env` of the secret variables set.
-    fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut command = Command::new(BIN);
+    fn run_with(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut command = self.cmd(args);
         command
-            .arg("--db")
-            .arg(&self.url)
-            .args(args)
-            .env_remove("LEASEHOLD_DB")
             .env_remove("LEASEHOLD_HTTP_ALLOW")
             .env_remove("LEASEHOLD_HTTP_SECRET")
             .env_remove(TOKEN)
             .env_remove(WHSEC);
         command.envs(env.iter().copied());
         command.output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args, &[]);
-        assert!(
-            out.status.success(),
-            "leasehold {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
     }
 
     /// Enqueues an attempt of a plan whose steps post to each path with both
@@ -180,7 +154,7 @@ fn an_echoing_receiver_gets_no_secret_into_stored_evidence_errors_or_output() {
     let bindings = format!("{TOKEN}=127.0.0.1:{port},{WHSEC}=127.0.0.1:{port}");
     let allow = format!("127.0.0.1:{port}");
     let whsec = whsec();
-    let worker = db.run(
+    let worker = db.run_with(
         &[
             "worker",
             "--until-idle",
@@ -227,7 +201,7 @@ fn a_secret_bound_to_no_host_is_never_sent() {
     let db = Db::new();
     let attempt = db.enqueue(port, &["echo"]);
     let whsec = whsec();
-    let worker = db.run(
+    let worker = db.run_with(
         &["worker", "--until-idle", "--http-allow", &format!("127.0.0.1:{port}")],
         &[(TOKEN, AUTH), (WHSEC, &whsec)],
     );
@@ -263,7 +237,7 @@ fn a_bound_secret_unset_or_too_short_stops_the_worker_at_start_naming_it() {
             format!("environment variable {TOKEN} is shorter than 8 bytes"),
         ),
     ] {
-        let out = db.run(&args, env);
+        let out = db.run_with(&args, env);
         assert_eq!(out.status.code(), Some(2), "{why}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
@@ -272,7 +246,7 @@ fn a_bound_secret_unset_or_too_short_stops_the_worker_at_start_naming_it() {
         );
         assert!(!stderr.contains("zq9X") && !String::from_utf8_lossy(&out.stdout).contains("zq9X"));
     }
-    let out = db.run(&["worker", "--until-idle", "--http-secret", "CRM=127.0.0.1"], &[]);
+    let out = db.run_with(&["worker", "--until-idle", "--http-secret", "CRM=127.0.0.1"], &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: --http-secret \"CRM=127.0.0.1\": "));
 }
