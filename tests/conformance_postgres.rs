@@ -15,6 +15,7 @@ use leasehold::clock::{Clock, ManualClock};
 use leasehold::entropy::{Entropy, SeededEntropy};
 use leasehold::ledger::postgres::scratch::ScratchDatabase;
 use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
+use leasehold::ledger::Ledger;
 use std::sync::Arc;
 
 /// The variable that names the test server.

@@ -26,6 +26,7 @@ pub(crate) mod sql;
 pub mod sqlite;
 mod url;
 
+pub use sql::SqlLedger;
 pub use url::DbUrl;
 
 use leasehold_engine::plan::PlanError;

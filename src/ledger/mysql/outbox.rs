@@ -3,7 +3,7 @@
 //!
 //! Contract: the ledger's schema in the transaction's database is checked first,
 //! exactly as every open checks it ([`super::schema`]); the rows are read and written
-//! with the ledger's own row code ([`super::rows`]) under a savepoint of the caller's
+//! with the ledger's own row code ([`crate::ledger::sql::session`]) under a savepoint of the caller's
 //! transaction, so a failure leaves nothing of this call behind and the caller's own
 //! writes untouched. An enqueue locks its plan row first (`FOR UPDATE`), as the
 //! ledger's own enqueue does, so enqueues of one plan are serialized. Time is the
@@ -19,11 +19,12 @@
 //! the way out, rather than deciding on it.
 
 use super::error::{DbResult, TxError};
-use super::rows::{self, not_found};
 use super::schema;
+use super::session::MySession;
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::LedgerError;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use mysql_async::prelude::Queryable;
@@ -127,10 +128,11 @@ pub(crate) async fn register_plan(
 
 /// The READY plan with `plan`'s content, or else `plan`, inserted.
 async fn insert_plan(tx: &mut Transaction<'_>, plan: Plan) -> Result<Plan, TxError> {
-    if let Some(existing) = rows::lock_ready_plan_by_fingerprint(tx, &plan.fingerprint).await? {
+    let mut s = MySession(tx);
+    if let Some(existing) = session::ready_plan_by_fingerprint(&mut s, &plan.fingerprint).await? {
         return Ok(existing);
     }
-    rows::insert_plan(tx, &plan).await?;
+    session::insert_plan(&mut s, &plan).await?;
     Ok(plan)
 }
 
@@ -157,14 +159,14 @@ async fn insert_attempt(
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, TxError> {
-    let plan = rows::read_plan(tx, plan, true)
+    let plan = session::read_plan(&mut MySession(&mut *tx), plan, true)
         .await?
         .ok_or_else(|| not_found("plan", plan))?;
     let at = now(tx, clock).await?;
-    let history = rows::read_history(tx, &plan.id).await?;
+    let history = session::read_history(&mut MySession(&mut *tx), &plan.id).await?;
     check_fresh(tx, &plan.id, &history).await?;
     let (record, writes) = decide_enqueue(&plan, &history, action, entropy, at)?;
-    rows::apply_writes(tx, None, &writes).await?;
+    session::apply_writes(&mut MySession(tx), None, &writes).await?;
     Ok(record)
 }
 

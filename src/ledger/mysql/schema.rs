@@ -11,9 +11,10 @@
 //! can simply run again.
 
 use super::error::{DbResult, TxError};
-use super::rows;
+use super::session::MySession;
 use crate::ledger::migrate::{self, Migration};
 use crate::ledger::sql::ready;
+use crate::ledger::sql::session::db_now;
 use crate::ledger::LedgerError;
 use leasehold_engine::Timestamp;
 use mysql_async::prelude::Queryable;
@@ -125,8 +126,8 @@ impl super::MysqlLedger {
     /// every open but `migrate`'s.
     pub async fn check_schema(&self) -> Result<(), LedgerError> {
         self.retry(|| async {
-            let mut conn = self.connect().await?;
-            check_schema(&mut conn, &self.shared.url.to_string()).await
+            let mut conn = self.backend.connect().await?;
+            check_schema(&mut conn, &self.backend.url.to_string()).await
         })
         .await
     }
@@ -221,7 +222,7 @@ async fn run_locked(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>,
         }
         let applied_at = match now {
             Some(now) => now,
-            None => rows::db_now(conn).await?,
+            None => db_now(&mut MySession(&mut *conn)).await?,
         };
         conn.exec_drop(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",

@@ -5,11 +5,11 @@
 //! Those that need a server use `LEASEHOLD_TEST_MYSQL_URL` and a scratch database
 //! each; without it they print why they are skipped and pass.
 
-use super::connection::KillPoint;
 use super::scratch::ScratchDatabase;
 use super::{MysqlLedger, MysqlUrl};
 use crate::clock::{Clock, ManualClock};
 use crate::entropy::{Entropy, SeededEntropy};
+use crate::ledger::sql::ledger::Checkpoint as KillPoint;
 use crate::ledger::{Ledger, LedgerError};
 use leasehold_engine::{Action, AttemptStatus, CommandStatus, Lease, PlanSpec, Timestamp};
 use mysql_async::prelude::Queryable;
@@ -69,7 +69,7 @@ async fn manual_with(
 /// Whether the test server has `SELECT … FOR UPDATE SKIP LOCKED`, by its version:
 /// MariaDB 10.6+ or MySQL 8.0.1+.
 async fn server_has_skip_locked(ledger: &MysqlLedger) -> bool {
-    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    let mut conn = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
     let version: String = conn.query_first("SELECT VERSION()").await.unwrap().unwrap();
     let numbers: Vec<u32> = version
         .split(|c: char| !c.is_ascii_digit())
@@ -307,23 +307,20 @@ fn a_server_without_skip_locked_is_told_by_its_parse_error() {
             state: "42000".into(),
         }))
     };
-    assert!(matches!(super::connection::skip_locked_answer(Ok(())), Ok(true)));
+    assert!(matches!(super::claim::skip_locked_answer(Ok(())), Ok(true)));
     for code in [1064, 1149, 1235] {
         assert!(
-            matches!(super::connection::skip_locked_answer(server(code)), Ok(false)),
+            matches!(super::claim::skip_locked_answer(server(code)), Ok(false)),
             "{code}"
         );
     }
     // A missing table is the missing schema, not a missing feature.
     assert!(matches!(
-        super::connection::skip_locked_answer(server(1146)),
+        super::claim::skip_locked_answer(server(1146)),
         Err(TxError::Ledger(LedgerError::Internal(_)))
     ));
     let lost = Err(Error::Driver(mysql_async::DriverError::ConnectionClosed));
-    assert!(matches!(
-        super::connection::skip_locked_answer(lost),
-        Err(TxError::Retry(_))
-    ));
+    assert!(matches!(super::claim::skip_locked_answer(lost), Err(TxError::Retry(_))));
 }
 
 /// Claims, fused claims and takeovers of several attempts at once (one batched
@@ -430,8 +427,11 @@ async fn leases_are_decided_on_the_database_clock_by_default() {
     let ledger = MysqlLedger::open(db.url(), entropy(6));
     ledger.migrate().await.unwrap();
     let db_now = || async {
-        let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
-        super::rows::db_now(&mut conn).await.map_err(|_| ()).unwrap()
+        let mut conn = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
+        crate::ledger::sql::session::db_now(&mut super::session::MySession(&mut conn))
+            .await
+            .map_err(|_| ())
+            .unwrap()
     };
     let plan = ledger.register_plan(spec("p", 1), KNOWN).await.unwrap();
     ledger.enqueue(&plan.id, Action::Execute).await.unwrap();
@@ -452,7 +452,7 @@ async fn a_request_that_waited_for_a_lock_decides_at_the_time_it_got_it() {
     ledger.enqueue(&plan.id, Action::Execute).await.unwrap();
     let lease = ledger.claim("w", 1, LEASE_MS).await.unwrap().remove(0).lease;
     // Another session holds the attempt's row.
-    let mut holder = ledger.connect().await.map_err(|_| ()).unwrap();
+    let mut holder = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
     holder.query_drop("START TRANSACTION").await.unwrap();
     holder
         .exec_drop(
@@ -468,7 +468,7 @@ async fn a_request_that_waited_for_a_lock_decides_at_the_time_it_got_it() {
     // Wait (by the server's own account) until a statement of the heartbeat runs, held
     // up by that row (the holder itself is idle inside its transaction), then until
     // the database clock has moved on by a second.
-    let mut watcher = ledger.connect().await.map_err(|_| ()).unwrap();
+    let mut watcher = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
     loop {
         let running: Option<i64> = watcher
             .query_first(
@@ -483,9 +483,15 @@ async fn a_request_that_waited_for_a_lock_decides_at_the_time_it_got_it() {
         assert!(!heartbeat.is_finished(), "the heartbeat did not wait for the row");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let waiting_since = super::rows::db_now(&mut watcher).await.map_err(|_| ()).unwrap();
+    let waiting_since = crate::ledger::sql::session::db_now(&mut super::session::MySession(&mut watcher))
+        .await
+        .map_err(|_| ())
+        .unwrap();
     let released_at = loop {
-        let now = super::rows::db_now(&mut watcher).await.map_err(|_| ()).unwrap();
+        let now = crate::ledger::sql::session::db_now(&mut super::session::MySession(&mut watcher))
+            .await
+            .map_err(|_| ())
+            .unwrap();
         if now >= waiting_since.plus_ms(1_000) {
             break now;
         }
@@ -517,7 +523,7 @@ async fn concurrent_migrators_apply_each_version_once() {
     }
     applied.sort();
     assert_eq!(applied, vec![1, 2, 3, 4], "every version applied exactly once");
-    let mut conn = ledgers[0].connect().await.map_err(|_| ()).unwrap();
+    let mut conn = ledgers[0].pooled_connection().await.map_err(|_| ()).unwrap();
     let recorded: Vec<(u32, String)> = conn
         .query("SELECT version, name FROM schema_migrations ORDER BY version")
         .await
@@ -538,7 +544,7 @@ async fn the_covering_claim_index_migration_can_run_again() {
     let Some(db) = scratch().await else { return };
     let ledger = MysqlLedger::open(db.url(), entropy(19));
     ledger.migrate().await.unwrap();
-    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    let mut conn = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
     // A run cut short after the ALTER but before recording version 2 runs it again.
     for statement in super::schema::statements(super::schema::MIGRATIONS[1].sql) {
         conn.query_drop(statement).await.unwrap();
@@ -558,7 +564,7 @@ async fn the_plan_names_migration_can_run_again() {
     let Some(db) = scratch().await else { return };
     let ledger = MysqlLedger::open(db.url(), entropy(23));
     ledger.migrate().await.unwrap();
-    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    let mut conn = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
     // A run cut short after the CREATE INDEX but before recording version 4 runs it
     // again: it must create nothing and fail on nothing.
     for statement in super::schema::statements(super::schema::MIGRATIONS[3].sql) {
@@ -579,7 +585,7 @@ async fn a_schema_newer_than_the_binary_is_refused() {
     let Some(db) = scratch().await else { return };
     let ledger = MysqlLedger::open(db.url(), entropy(7));
     ledger.migrate().await.unwrap();
-    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    let mut conn = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
     conn.query_drop("INSERT INTO schema_migrations VALUES (99, 'future', 0)")
         .await
         .unwrap();
@@ -680,7 +686,7 @@ async fn an_open_attempt_is_counted_by_its_command() {
         async move { ledger.count_attempts(10).await.unwrap().get(status).unwrap().count }
     };
     assert_eq!(count(AttemptStatus::Running).await, 1);
-    let mut conn = ledger.connect().await.map_err(|_| ()).unwrap();
+    let mut conn = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
     conn.exec_drop(
         "UPDATE command SET status = 'DELIVERED' WHERE id = ?",
         (lease.command_id.as_str(),),

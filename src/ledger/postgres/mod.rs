@@ -5,16 +5,18 @@
 //! starts with the URL's `statement_timeout`, `lock_timeout` and
 //! `idle_in_transaction_session_timeout`. TLS goes through rustls, with libpq's
 //! meaning of the URL's `sslmode` (`tls.rs`).
-//! [`PostgresLedger::migrate`] applies `migrations/postgres/` under an advisory lock
+//! [`crate::ledger::Ledger::migrate`] applies `migrations/postgres/` under an advisory lock
 //! ([`schema`]); [`PostgresLedger::check_schema`] refuses a database without the schema
 //! or with a newer one, naming both versions. A transaction that meets a serialization
 //! failure, a deadlock, a lock timeout or a connection lost before `COMMIT` is tried
 //! again, up to the URL's `retry_max`; a connection lost during `COMMIT` is reported
 //! as ambiguous (`error.rs`).
 //!
-//! Requests (`connection.rs`): every request of the engine's vocabulary
-//! ([`leasehold_engine::request`]) is one transaction — a claim batch, a worker
-//! request ([`Ledger::worker`]) or an operator request ([`Ledger::operator`]) — that
+//! Requests are the shared transaction bodies of [`SqlLedger`] over this module's
+//! [`PgBackend`] and its session (`session.rs`): every request of the engine's
+//! vocabulary ([`leasehold_engine::request`]) is one transaction — a claim batch, a worker
+//! request ([`crate::ledger::Ledger::worker`]) or an operator request
+//! ([`crate::ledger::Ledger::operator`]) — that
 //! reads its rows in lock order with `SELECT … FOR UPDATE` (attempt, then command,
 //! then receipts by ordinal), lets the engine decide ([`leasehold_engine::decide`]) at
 //! the database clock's now (read once the rows are held), and writes the engine's row
@@ -23,20 +25,19 @@
 //! and zero affected rows is a refusal ([`leasehold_engine::Refusal::StaleToken`])
 //! after which the transaction is rolled back. Claims lock the oldest claimable
 //! commands nobody else holds with `FOR UPDATE SKIP LOCKED` (a CTE picks the
-//! candidates), so concurrent claimers take disjoint commands and never wait on each
+//! candidates, `claim.rs`), so concurrent claimers take disjoint commands and never wait on each
 //! other. Enqueues, and operator requests that make a command claimable again (a
 //! reconcile's requeue), notify idle workers (`LISTEN`/`NOTIFY`, [`notify`]). The semantics
 //! are those of the reference [`super::memory::MemoryLedger`]; tests may inject a
 //! [`Clock`] instead of the database's ([`PostgresLedger::open_with_clock`]).
 
-mod connection;
+mod claim;
 mod error;
-mod listing;
 pub mod notify;
 pub(crate) mod outbox;
-mod rows;
 pub mod schema;
 pub mod scratch;
+pub(crate) mod session;
 mod tls;
 mod url;
 
@@ -44,26 +45,29 @@ pub use url::{PostgresOptions, PostgresUrl, Ssl};
 
 use crate::clock::Clock;
 use crate::entropy::Entropy;
-use crate::ledger::{Claimed, Ledger, LedgerError};
+use crate::ledger::sql::ledger::{SqlBackend, SqlContext, TxKind};
+use crate::ledger::sql::SqlLedger;
+use crate::ledger::{Claimed, LedgerError};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use error::TxError;
-use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply,
-    WorkerRequest,
-};
+use error::{classify, Phase, TxError};
+use leasehold_engine::ClaimRequest;
+use session::{PgConn, PgSession};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tokio_postgres::IsolationLevel;
 
-/// Counters of one ledger (shared by its clones) since it was opened.
+/// The PostgreSQL ledger: the shared [`SqlLedger`] over a [`PgBackend`]. Clones
+/// share the pool and the counters.
+pub type PostgresLedger = SqlLedger<PgBackend>;
+
+/// Counters of a [`PostgresLedger`] (and its clones) since it opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PostgresStats {
     /// Commands claimed.
     pub claims: u64,
-    /// Candidates that were claimable when the claim read them but no longer once it
-    /// held them (another claimer committed first): refused, never a double claim.
+    /// Candidates that were no longer claimable once locked.
     pub lost_claim_races: u64,
-    /// Transactions tried again after a serialization failure, a deadlock, a lock
-    /// timeout or a connection lost before `COMMIT`.
+    /// Transactions tried again after a conflict or a lost connection.
     pub retries: u64,
 }
 
@@ -71,41 +75,112 @@ pub struct PostgresStats {
 struct Counters {
     claims: AtomicU64,
     lost_claim_races: AtomicU64,
-    retries: AtomicU64,
 }
 
-/// A PostgreSQL ledger: a pool of sessions on one database. Clones share the pool
-/// and the counters; any number of ledgers in any number of processes may use one
-/// database at once.
-#[derive(Clone)]
-pub struct PostgresLedger {
+/// PostgreSQL for [`SqlLedger`]: the pool (deadpool-postgres over tokio-postgres,
+/// TLS through rustls), its transactions, its claim and its wake-ups.
+pub struct PgBackend {
     pool: Pool,
-    url: Arc<PostgresUrl>,
-    clock: Option<Arc<dyn Clock>>,
-    entropy: Arc<dyn Entropy>,
-    stats: Arc<Counters>,
-    /// The wake-up listener's receiver, once a worker asked for it ([`notify`]).
-    wake: Arc<std::sync::OnceLock<tokio::sync::watch::Receiver<u64>>>,
+    url: PostgresUrl,
+    stats: Counters,
+    wake: std::sync::OnceLock<tokio::sync::watch::Receiver<u64>>,
 }
 
-impl std::fmt::Debug for PostgresLedger {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresLedger")
-            .field("url", &self.url)
-            .finish_non_exhaustive()
+impl PgBackend {
+    /// A pooled session.
+    async fn connect(&self) -> Result<deadpool_postgres::Client, TxError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| TxError::Ledger(error::pool_error(&self.url.to_string(), e)))
     }
 }
 
-impl PostgresLedger {
-    /// A ledger on `url`'s database. Connects lazily: an unreachable server shows on
-    /// the first call, as `Unavailable`.
+impl SqlBackend for PgBackend {
+    type Conn = deadpool_postgres::Client;
+    type Tx<'c> = PgSession<PgConn<'c>>;
+
+    async fn connect(&self) -> Result<Self::Conn, TxError> {
+        PgBackend::connect(self).await
+    }
+
+    /// Writes and claims at READ COMMITTED (the server's default): every locking read
+    /// answers the latest committed version of its rows, and a guarded `UPDATE`
+    /// re-evaluates its guard on the latest version of the row it waited for. Reads of
+    /// several statements at REPEATABLE READ, read only: one snapshot.
+    async fn begin<'c>(&'c self, conn: &'c mut Self::Conn, kind: TxKind) -> Result<Self::Tx<'c>, TxError> {
+        let statement = |e| classify(&e, Phase::Statement);
+        let conn = match kind {
+            TxKind::Single => PgConn::Single(conn),
+            TxKind::Write | TxKind::Claim => PgConn::Tx(conn.transaction().await.map_err(statement)?),
+            TxKind::Read => PgConn::Tx(
+                conn.build_transaction()
+                    .isolation_level(IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .await
+                    .map_err(statement)?,
+            ),
+        };
+        Ok(PgSession(conn))
+    }
+
+    async fn commit(&self, tx: Self::Tx<'_>, kind: TxKind) -> Result<(), TxError> {
+        let phase = if kind.writes() { Phase::Commit } else { Phase::Statement };
+        match tx.0 {
+            PgConn::Single(_) => Ok(()),
+            PgConn::Tx(t) => t.commit().await.map_err(|e| classify(&e, phase)),
+        }
+    }
+
+    async fn rollback(&self, tx: Self::Tx<'_>) {
+        if let PgConn::Tx(t) = tx.0 {
+            // A failed rollback means a broken session: the server rolls back.
+            let _ = t.rollback().await;
+        }
+    }
+
+    fn retry_max(&self) -> u32 {
+        self.url.options.retry_max
+    }
+
+    async fn claim_in(
+        &self,
+        ctx: &SqlContext,
+        tx: &mut Self::Tx<'_>,
+        request: &ClaimRequest,
+    ) -> Result<Vec<Claimed>, TxError> {
+        claim::claim_in(self, ctx, tx, request).await
+    }
+
+    async fn migrate(&self, _ctx: &SqlContext) -> Result<Vec<u32>, TxError> {
+        let mut client = self.connect().await?;
+        schema::migrate(&mut client).await
+    }
+
+    async fn check_ready(&self) -> Result<Vec<String>, TxError> {
+        let client = self.connect().await?;
+        schema::check_ready(&client).await
+    }
+
+    fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        if !self.url.options.notify {
+            return None;
+        }
+        Some(self.wake.get_or_init(|| notify::listen(&self.url)).clone())
+    }
+}
+
+impl SqlLedger<PgBackend> {
+    /// A ledger over the database at `url`, deciding leases on the database's clock
+    /// and minting ids and tokens from `entropy`. Builds the pool; connects on first
+    /// use.
     pub fn open(url: &PostgresUrl, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
         Self::build(url, None, entropy)
     }
 
-    /// Like [`PostgresLedger::open`], but deciding leases on `clock` instead of the
-    /// database's clock. For tests only (the conformance suite moves a manual clock);
-    /// production must use the database's clock so that every machine agrees.
+    /// [`PostgresLedger::open`], deciding leases on `clock` instead of the
+    /// database's (tests).
     pub fn open_with_clock(
         url: &PostgresUrl,
         clock: Arc<dyn Clock>,
@@ -115,211 +190,68 @@ impl PostgresLedger {
     }
 
     fn build(url: &PostgresUrl, clock: Option<Arc<dyn Clock>>, entropy: Arc<dyn Entropy>) -> Result<Self, LedgerError> {
-        let manager = Manager::from_config(
-            url.config().clone(),
-            tls::connector(url.options.ssl == Ssl::VerifyFull)?,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let settings = url.options.session_settings();
-        let pool = Pool::builder(manager)
-            .max_size(url.options.pool_max)
-            .wait_timeout(Some(url.options.connect_timeout()))
-            .create_timeout(Some(url.options.connect_timeout()))
-            .runtime(Runtime::Tokio1)
-            .post_create(Hook::async_fn(move |client, _| {
-                let settings = settings.clone();
-                Box::pin(async move { client.batch_execute(&settings).await.map_err(HookError::Backend) })
-            }))
-            .build()
-            .map_err(|e| LedgerError::Internal(format!("postgres pool: {e}")))?;
-        Ok(Self {
-            pool,
-            url: Arc::new(url.clone()),
-            clock,
-            entropy,
-            stats: Arc::new(Counters::default()),
-            wake: Arc::new(std::sync::OnceLock::new()),
-        })
+        let backend = PgBackend {
+            pool: pool(url)?,
+            url: url.clone(),
+            stats: Counters::default(),
+            wake: std::sync::OnceLock::new(),
+        };
+        Ok(SqlLedger::new(backend, clock, entropy))
     }
 
-    /// The counters since this ledger was opened.
+    /// The counters so far (this ledger and its clones).
     pub fn stats(&self) -> PostgresStats {
-        let c = &self.stats;
+        let c = &self.backend.stats;
         PostgresStats {
             claims: c.claims.load(Ordering::Relaxed),
             lost_claim_races: c.lost_claim_races.load(Ordering::Relaxed),
-            retries: c.retries.load(Ordering::Relaxed),
+            retries: self.retries(),
         }
     }
 
-    /// The URL this ledger connects to (its password never prints).
+    /// The URL this ledger was opened with.
     pub fn url(&self) -> &PostgresUrl {
-        &self.url
+        &self.backend.url
     }
 
-    async fn connect(&self) -> Result<deadpool_postgres::Client, TxError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| TxError::Ledger(error::pool_error(&self.url.to_string(), e)))
-    }
-
-    /// A pooled session, for the stores that share this pool's settings (the
-    /// reference target's).
+    /// A pooled session, for stores kept beside the ledger's tables
+    /// ([`crate::tokens`]) and the raw baselines.
     pub(crate) async fn session(&self) -> Result<deadpool_postgres::Client, LedgerError> {
-        self.connect().await.map_err(LedgerError::from)
+        self.backend.connect().await.map_err(LedgerError::from)
     }
 
-    /// Applies every pending migration; answers the versions applied now.
-    pub async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
-        self.retry(|| async {
-            let mut client = self.connect().await?;
-            schema::migrate(&mut client).await
-        })
-        .await
-    }
-
-    /// Refuses a database without the schema or with a newer one (see [`schema`]).
+    /// Refuses a database without the ledger's schema or with a newer one, naming
+    /// both versions.
     pub async fn check_schema(&self) -> Result<(), LedgerError> {
         self.retry(|| async {
-            let client = self.connect().await?;
-            schema::check_schema(&client, &self.url.to_string()).await
+            let client = self.backend.connect().await?;
+            schema::check_schema(&client, &self.backend.url.to_string()).await
         })
         .await
     }
 }
 
-impl Ledger for PostgresLedger {
-    fn fuses_claims(&self) -> bool {
-        true
-    }
-
-    async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
-        PostgresLedger::migrate(self).await
-    }
-
-    async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
-        self.retry(|| self.register_plan_once(spec.clone(), known_executors))
-            .await
-    }
-
-    async fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
-        self.retry(|| self.plan_once(id)).await
-    }
-
-    async fn list_plans(&self) -> Result<Vec<Plan>, LedgerError> {
-        self.retry(|| self.list_plans_once()).await
-    }
-
-    async fn plans_named(&self, name: &str) -> Result<Vec<Plan>, LedgerError> {
-        self.retry(|| self.plans_named_once(name)).await
-    }
-
-    async fn plans_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<Plan>, LedgerError> {
-        self.retry(|| self.plans_newest_first_once(before, limit)).await
-    }
-
-    async fn list_plan_rows(&self) -> Result<Vec<crate::ledger::listing::PlanRow>, LedgerError> {
-        self.retry(|| async {
-            let client = self.connect().await?;
-            rows::read_plan_rows(&client).await
-        })
-        .await
-    }
-
-    async fn plan_rows_newest_first(
-        &self,
-        before: Option<&PlanId>,
-        limit: u32,
-    ) -> Result<Vec<crate::ledger::listing::PlanRow>, LedgerError> {
-        self.retry(|| async {
-            let client = self.connect().await?;
-            rows::read_plan_rows_newest_first(&client, before, limit).await
-        })
-        .await
-    }
-
-    async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
-        self.retry(|| self.retire_plan_once(id)).await
-    }
-
-    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
-        self.retry(|| self.enqueue_once(plan, action)).await
-    }
-
-    async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
-        if request.batch == 0 {
-            return Ok(Vec::new());
-        }
-        self.retry(|| self.claim_once(&request)).await
-    }
-
-    async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
-        self.retry(|| self.worker_once(lease, &request)).await
-    }
-
-    async fn worker_then_claim(
-        &self,
-        lease: &Lease,
-        request: WorkerRequest,
-        claim: ClaimRequest,
-    ) -> Result<(Reply, Vec<Claimed>), LedgerError> {
-        if claim.batch == 0 {
-            return Ok((self.worker(lease, request).await?, Vec::new()));
-        }
-        self.retry(|| self.worker_then_claim_once(lease, &request, &claim))
-            .await
-    }
-
-    async fn operator(
-        &self,
-        attempt: &AttemptId,
-        request: OperatorRequest,
-    ) -> Result<(Reply, AttemptRecord), LedgerError> {
-        self.retry(|| self.operator_once(attempt, &request)).await
-    }
-
-    async fn attempt(&self, attempt: &AttemptId) -> Result<AttemptRecord, LedgerError> {
-        self.retry(|| self.attempt_once(attempt)).await
-    }
-
-    async fn history(&self, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
-        self.retry(|| self.history_once(plan)).await
-    }
-
-    async fn open_attempts(&self) -> Result<u64, LedgerError> {
-        self.retry(|| self.open_attempts_once()).await
-    }
-
-    async fn list_attempts(
-        &self,
-        query: &crate::ledger::listing::AttemptQuery,
-    ) -> Result<crate::ledger::listing::AttemptPage, LedgerError> {
-        self.retry(|| self.list_attempts_once(query)).await
-    }
-
-    /// The `LISTEN` session's wake-ups (`notify::listen`, started by the first
-    /// call), unless the URL says `notify=0`.
-    fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        if !self.url.options.notify {
-            return None;
-        }
-        Some(self.wake.get_or_init(|| notify::listen(&self.url)).clone())
-    }
-
-    async fn check_ready(&self) -> Result<Vec<String>, LedgerError> {
-        self.retry(|| async {
-            let client = self.connect().await?;
-            schema::check_ready(&client).await
-        })
-        .await
-    }
-
-    async fn count_attempts(&self, cap: u64) -> Result<crate::ledger::listing::AttemptCounts, LedgerError> {
-        self.retry(|| self.count_attempts_once(cap)).await
-    }
+/// The pool of `url`: every session starts with the URL's session settings.
+fn pool(url: &PostgresUrl) -> Result<Pool, LedgerError> {
+    let manager = Manager::from_config(
+        url.config().clone(),
+        tls::connector(url.options.ssl == Ssl::VerifyFull)?,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let settings = url.options.session_settings();
+    Pool::builder(manager)
+        .max_size(url.options.pool_max)
+        .wait_timeout(Some(url.options.connect_timeout()))
+        .create_timeout(Some(url.options.connect_timeout()))
+        .runtime(Runtime::Tokio1)
+        .post_create(Hook::async_fn(move |client, _| {
+            let settings = settings.clone();
+            Box::pin(async move { client.batch_execute(&settings).await.map_err(HookError::Backend) })
+        }))
+        .build()
+        .map_err(|e| LedgerError::Internal(format!("postgres pool: {e}")))
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@
 //! backoff ends), which nothing notifies.
 
 use super::error::TxError;
-use super::rows;
 use super::{tls, PostgresUrl, Ssl};
+use crate::ledger::sql::session::Session;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_postgres::AsyncMessage;
@@ -19,8 +19,8 @@ use tokio_postgres::AsyncMessage;
 pub const CHANNEL: &str = "leasehold_work";
 
 /// Notifies [`CHANNEL`] when the caller's transaction commits.
-pub(super) async fn send<C: rows::Session>(c: &C) -> Result<(), TxError> {
-    rows::execute(c, "SELECT pg_notify('leasehold_work', '')", &[]).await?;
+pub(super) async fn send<S: Session>(s: &mut S) -> Result<(), TxError> {
+    s.execute("SELECT pg_notify('leasehold_work', '')", &[]).await?;
     Ok(())
 }
 

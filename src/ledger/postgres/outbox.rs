@@ -25,13 +25,14 @@
 //! written and what to do; the savepoint leaves the transaction usable.
 
 use super::error::{classify, describe, Phase, TxError};
-use super::rows::{self, not_found, Session};
-use super::{notify, schema};
+use super::schema;
+use super::session::{PgClient, PgSession};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
-use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::sql::ledger::{decide_enqueue_in, register_in, Decider};
+use crate::ledger::sql::session::{self, Session};
 use crate::ledger::LedgerError;
-use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
+use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
 use std::sync::Mutex;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -90,7 +91,7 @@ impl<'a, 't> Caller<'a, 't> {
     }
 }
 
-impl Session for Caller<'_, '_> {
+impl PgClient for Caller<'_, '_> {
     async fn prepare_statement(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
         self.note(self.tx.prepare(sql).await)
     }
@@ -109,6 +110,10 @@ impl Session for Caller<'_, '_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, tokio_postgres::Error> {
         self.note(self.tx.execute(statement, params).await)
+    }
+
+    async fn batch(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.note(self.tx.batch_execute(sql).await)
     }
 }
 
@@ -199,10 +204,10 @@ macro_rules! in_savepoint {
     ($tx:expr, $call:expr, |$caller:ident| $body:expr) => {{
         let call = $call;
         let sp = begin($tx, call).await?;
-        let $caller = Caller::new(&sp);
+        let mut $caller = PgSession(Caller::new(&sp));
         let out = $body
             .await
-            .map_err(|e| final_error(call, e, $caller.failure().as_ref()));
+            .map_err(|e| final_error(call, e, $caller.0.failure().as_ref()));
         drop($caller);
         let (out, rolled_back) = end(sp, out, call).await;
         if rolled_back {
@@ -212,22 +217,17 @@ macro_rules! in_savepoint {
     }};
 }
 
+/// The caller's transaction as the ledger's session.
+type CallerSession<'a, 't> = PgSession<Caller<'a, 't>>;
+
 /// Refuses a database without a usable ledger schema, naming the database.
-async fn check(c: &Caller<'_, '_>) -> Result<(), TxError> {
-    let database = rows::query_one(c, "SELECT current_database()::TEXT", &[], |r| {
+async fn check(c: &mut CallerSession<'_, '_>) -> Result<(), TxError> {
+    let database = session::query_one(c, "SELECT current_database()::TEXT", &[], |r| {
         crate::ledger::sql::decode::string(r, 0, "current database")
     })
     .await?
     .ok_or_else(|| LedgerError::Internal("the database answered no current database".into()))?;
-    schema::check_schema(c.tx.client(), &format!("database `{database}`")).await
-}
-
-/// The ledger clock's now: `clock`, or else the database's.
-async fn now(c: &Caller<'_, '_>, clock: Option<&dyn Clock>) -> Result<Timestamp, TxError> {
-    match clock {
-        Some(clock) => Ok(clock.now()),
-        None => rows::db_now(c).await,
-    }
+    schema::check_schema(c.0.tx.client(), &format!("database `{database}`")).await
 }
 
 /// Registers `spec` in the caller's transaction; content that a READY plan already
@@ -239,33 +239,11 @@ pub(crate) async fn register_plan(
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<Plan, LedgerError> {
-    in_savepoint!(tx, Call::Register, |caller| insert_plan(
-        &caller,
-        spec,
-        known_executors,
-        entropy,
-        clock
-    ))
-}
-
-/// The check, the decision, and the READY plan with the spec's content, or else the
-/// new plan, inserted.
-async fn insert_plan(
-    c: &Caller<'_, '_>,
-    spec: PlanSpec,
-    known_executors: &[&str],
-    entropy: &dyn Entropy,
-    clock: Option<&dyn Clock>,
-) -> Result<Plan, TxError> {
-    check(c).await?;
-    let at = now(c, clock).await?;
-    let plan = decide_plan(spec, known_executors, entropy, at)?;
-    rows::lock_fingerprint(c, &plan.fingerprint).await?;
-    if let Some(existing) = rows::lock_ready_plan_by_fingerprint(c, &plan.fingerprint).await? {
-        return Ok(existing);
-    }
-    rows::insert_plan(c, &plan).await?;
-    Ok(plan)
+    let by = Decider { entropy, clock };
+    in_savepoint!(tx, Call::Register, |caller| async {
+        check(&mut caller).await?;
+        register_in(&mut caller, spec, known_executors, &by).await
+    })
 }
 
 /// Enqueues an attempt of `plan` in the caller's transaction: attempt, receipts,
@@ -277,41 +255,40 @@ pub(crate) async fn enqueue(
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, LedgerError> {
+    let by = Decider { entropy, clock };
     in_savepoint!(tx, Call::Enqueue, |caller| insert_attempt(
-        &caller, plan, action, entropy, clock
+        &mut caller,
+        plan,
+        action,
+        &by
     ))
 }
 
 /// The check, the enqueue's reads (plan locked first), the engine's decision, its
-/// writes and the `NOTIFY`.
+/// writes and the `NOTIFY`; an attempt number another session took since this
+/// transaction's snapshot is told as such.
 async fn insert_attempt(
-    c: &Caller<'_, '_>,
+    c: &mut CallerSession<'_, '_>,
     plan: &PlanId,
     action: Action,
-    entropy: &dyn Entropy,
-    clock: Option<&dyn Clock>,
+    by: &Decider<'_>,
 ) -> Result<AttemptRecord, TxError> {
     check(c).await?;
-    let plan = rows::read_plan(c, plan, true)
-        .await?
-        .ok_or_else(|| not_found("plan", plan))?;
-    let at = now(c, clock).await?;
-    let history = rows::read_history(c, &plan.id).await?;
-    let (record, writes) = decide_enqueue(&plan, &history, action, entropy, at)?;
-    if let Err(e) = rows::apply_writes(c, None, &writes).await {
-        let stale = c.failure().is_some_and(|f| {
+    let (record, writes) = decide_enqueue_in(c, plan, action, by).await?;
+    if let Err(e) = session::apply_writes(c, None, &writes).await {
+        let stale = c.0.failure().is_some_and(|f| {
             f.code == SqlState::UNIQUE_VIOLATION && f.constraint.as_deref() == Some(ATTEMPT_NUMBER_KEY)
         });
         if stale {
             return Err(LedgerError::BadInput(format!(
-                "plan {}: this transaction's snapshot predates attempt {} (another session committed it after the \
-                 snapshot was taken), so nothing was enqueued: {STALE_ADVICE}",
-                plan.id, record.attempt.number
+                "plan {plan}: this transaction's snapshot predates attempt {} (another session committed it after \
+                 the snapshot was taken), so nothing was enqueued: {STALE_ADVICE}",
+                record.attempt.number
             ))
             .into());
         }
         return Err(e);
     }
-    notify::send(c).await?;
+    c.announce().await?;
     Ok(record)
 }

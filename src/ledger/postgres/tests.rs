@@ -5,6 +5,7 @@
 use super::scratch::ScratchDatabase;
 use super::*;
 use crate::entropy::OsEntropy;
+use crate::ledger::Ledger;
 
 async fn scratch() -> Option<ScratchDatabase> {
     let Ok(url) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
@@ -35,7 +36,7 @@ async fn migrate_applies_once_and_the_schema_is_then_accepted() {
     assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3]);
     assert_eq!(ledger.migrate().await.unwrap(), Vec::<u32>::new());
     ledger.check_schema().await.unwrap();
-    let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
+    let client = ledger.session().await.unwrap();
     let row = client
         .query_one("SELECT name, applied_at FROM schema_migrations WHERE version = 1", &[])
         .await
@@ -67,7 +68,7 @@ async fn concurrent_migrators_apply_each_migration_once() {
     }
     let applied: Vec<u32> = results.iter().flatten().copied().collect();
     assert_eq!(applied, vec![1, 2, 3], "{results:?}");
-    let client = ledgers[0].connect().await.map_err(LedgerError::from).unwrap();
+    let client = ledgers[0].session().await.unwrap();
     let rows = client
         .query("SELECT version FROM schema_migrations", &[])
         .await
@@ -80,7 +81,7 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
     let Some(db) = scratch().await else { return };
     let ledger = ledger(&db);
     ledger.migrate().await.unwrap();
-    let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
+    let client = ledger.session().await.unwrap();
     client
         .execute("INSERT INTO schema_migrations VALUES (99, 'future', 0)", &[])
         .await
@@ -106,7 +107,7 @@ async fn sessions_carry_the_url_timeouts() {
     ))
     .unwrap();
     let ledger = PostgresLedger::open(&url, Arc::new(OsEntropy)).unwrap();
-    let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
+    let client = ledger.session().await.unwrap();
     let show = |name: &'static str| {
         let client = &client;
         async move {
@@ -141,7 +142,7 @@ async fn sslmode_means_what_it_means_in_libpq() {
         let url = PostgresUrl::parse(&format!("{}&sslmode={mode}", db.url().expose())).unwrap();
         async move {
             let ledger = PostgresLedger::open(&url, Arc::new(OsEntropy)).unwrap();
-            let client = ledger.connect().await.map_err(LedgerError::from)?;
+            let client = ledger.session().await?;
             let row = client
                 .query_one(
                     "SELECT COALESCE((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
@@ -155,7 +156,7 @@ async fn sslmode_means_what_it_means_in_libpq() {
     assert!(!uses_tls("disable").await.unwrap());
     let server_has_tls = {
         let ledger = ledger(&db);
-        let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
+        let client = ledger.session().await.unwrap();
         client.query_one("SHOW ssl", &[]).await.unwrap().get::<_, String>(0) == "on"
     };
     if !server_has_tls {
@@ -288,7 +289,7 @@ async fn an_open_attempt_is_counted_by_its_command() {
         async move { ledger.count_attempts(10).await.unwrap().get(status).unwrap().count }
     };
     assert_eq!(count(AttemptStatus::Running).await, 1);
-    let client = ledger.connect().await.map_err(LedgerError::from).unwrap();
+    let client = ledger.session().await.unwrap();
     let indexes: i64 = client
         .query_one("SELECT COUNT(*) FROM pg_indexes WHERE indexname = 'attempt_open'", &[])
         .await

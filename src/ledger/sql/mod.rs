@@ -22,11 +22,17 @@
 //!   value type) and the SQL text that is its own (how it locks, how it claims in
 //!   bulk): nothing else.
 
+pub(crate) mod batch;
 pub(crate) mod decode;
+pub(crate) mod ledger;
+pub(crate) mod listing;
 pub(crate) mod query;
 pub(crate) mod ready;
+pub(crate) mod session;
 pub(crate) mod table;
 pub(crate) mod write;
+
+pub use ledger::SqlLedger;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -94,6 +100,9 @@ pub(crate) struct Dialect {
     pub(crate) insert_or_nothing: Option<&'static str>,
     /// The database clock's now in milliseconds since the Unix epoch, as an expression.
     pub(crate) now_ms: &'static str,
+    /// Whether row values compare (`(a, b) < (x, y)`) along an index: a listing's
+    /// page after a key uses them where they do, and the spelled-out `OR` elsewhere.
+    pub(crate) row_compare: bool,
     /// The column that orders plans by registration.
     pub(crate) plan_order: &'static str,
     /// Whether the attempt, command and receipt rows keep zero bytes for their
@@ -124,6 +133,7 @@ const SQLITE_DIALECT: Dialect = Dialect {
     null_safe_eq: "IS",
     insert_or_nothing: Some("ON CONFLICT DO NOTHING"),
     now_ms: "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)",
+    row_compare: true,
     plan_order: "rowid",
     room: true,
     types: ("INTEGER", "TEXT"),
@@ -138,6 +148,7 @@ pub(crate) static MYSQL: Dialect = Dialect {
     null_safe_eq: "<=>",
     insert_or_nothing: None,
     now_ms: "CAST(FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000) AS SIGNED)",
+    row_compare: false,
     plan_order: "seq",
     room: false,
     types: ("BIGINT", "VARCHAR(255)"),
@@ -152,6 +163,7 @@ pub(crate) static POSTGRES: Dialect = Dialect {
     null_safe_eq: "IS NOT DISTINCT FROM",
     insert_or_nothing: Some("ON CONFLICT DO NOTHING"),
     now_ms: "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+    row_compare: true,
     plan_order: "seq",
     room: false,
     types: ("BIGINT", "TEXT"),
@@ -255,4 +267,15 @@ pub(crate) fn placeholders(dialect: &Dialect, first: usize, n: usize) -> String 
         push_placeholder(dialect, &mut text, first + k);
     }
     text
+}
+
+/// Polls `future` once with a no-op waker: the answer of a future that never waits
+/// (a synchronous session's, SQLite's), or `None` if it would have waited.
+pub(crate) fn poll_now<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
 }

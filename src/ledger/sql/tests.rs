@@ -124,7 +124,7 @@ mod sqlite {
 
 mod mysql {
     use super::*;
-    use crate::ledger::mysql::rows::to_mysql;
+    use crate::ledger::mysql::session::to_mysql;
     use mysql_async::prelude::Queryable;
     use mysql_async::{Conn, Opts, Params};
 

@@ -40,7 +40,6 @@
 //! schema lives in `migrations/sqlite/` and is applied by `migrate()`
 //! ([`super::migrate`]), never by opening.
 
-mod listing;
 pub mod open;
 pub(crate) mod outbox;
 pub(in crate::ledger) mod rows;
@@ -315,12 +314,12 @@ impl Ledger for SqliteLedger {
     }
 
     async fn list_plan_rows(&self) -> Result<Vec<PlanRow>, LedgerError> {
-        self.read_with(rows::read_plan_rows).await
+        self.run(|core| core.plan_rows()).await
     }
 
     async fn plan_rows_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<PlanRow>, LedgerError> {
         let before = before.cloned();
-        self.read_with(move |conn| rows::read_plan_rows_newest_first(conn, before.as_ref(), limit))
+        self.run(move |core| core.plan_rows_newest_first(before.as_ref(), limit))
             .await
     }
 
@@ -382,14 +381,14 @@ impl Ledger for SqliteLedger {
         self.run(|core| core.open_attempts()).await
     }
 
-    // The console's reads ([`listing`]).
+    // The console's reads ([`crate::ledger::sql::listing`]).
     async fn list_attempts(&self, query: &AttemptQuery) -> Result<AttemptPage, LedgerError> {
         let query = query.clone();
-        self.read_with(move |conn| listing::list_attempts(conn, &query)).await
+        self.run(move |core| core.list_attempts(&query)).await
     }
 
     async fn count_attempts(&self, cap: u64) -> Result<AttemptCounts, LedgerError> {
-        self.read_with(move |conn| listing::count_attempts(conn, cap)).await
+        self.run(move |core| core.count_attempts(cap)).await
     }
 
     async fn check_ready(&self) -> Result<Vec<String>, LedgerError> {

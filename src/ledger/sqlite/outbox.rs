@@ -4,14 +4,15 @@
 //! Contract: the caller's connection must be inside a transaction; the ledger's
 //! schema in that database is checked first, exactly as every open checks it
 //! ([`super::open::check_schema`]); the rows are read and written with the ledger's
-//! own row code ([`super::rows`]) under a savepoint of the caller's transaction, so a
+//! own row code ([`crate::ledger::sql::session`]) under a savepoint of the caller's transaction, so a
 //! failure leaves nothing of this call behind and the caller's own writes untouched.
 //! Nothing is committed here: the rows become durable, and visible to workers, when
 //! the caller commits, and vanish if it rolls back.
 
-use super::rows::{self, not_found, SqlResult};
+use super::rows::{self, sync, SqlResult, SqliteSession};
 use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::sql::session;
 use crate::ledger::sql::Dialect;
 use crate::ledger::LedgerError;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
@@ -61,13 +62,14 @@ pub(crate) fn register_plan(
     entropy: &dyn Entropy,
     now: Timestamp,
 ) -> Result<Plan, LedgerError> {
-    check(conn)?;
+    let dialect = check(conn)?;
     let plan = decide_plan(spec, known_executors, entropy, now)?;
+    let s = &mut SqliteSession::new(conn, dialect);
     savepoint(conn, || {
-        if let Some(existing) = rows::read_ready_plan_by_fingerprint(conn, &plan.fingerprint)? {
+        if let Some(existing) = sync(session::ready_plan_by_fingerprint(s, &plan.fingerprint))? {
             return Ok(existing);
         }
-        rows::insert_plan(conn, &plan)?;
+        sync(session::insert_plan(s, &plan))?;
         Ok(plan)
     })
 }
@@ -82,11 +84,12 @@ pub(crate) fn enqueue(
     now: Timestamp,
 ) -> Result<AttemptRecord, LedgerError> {
     let dialect = check(conn)?;
+    let s = &mut SqliteSession::new(conn, dialect);
     savepoint(conn, || {
-        let plan = rows::read_plan(conn, plan)?.ok_or_else(|| not_found("plan", plan))?;
-        let history = rows::read_history(conn, &plan.id)?;
+        let plan = sync(session::plan_by_id(s, plan, false))?;
+        let history = sync(session::read_history(s, &plan.id))?;
         let (record, writes) = decide_enqueue(&plan, &history, action, entropy, now)?;
-        rows::insert_writes(conn, dialect, &writes)?;
+        sync(session::apply_writes(s, None, &writes))?;
         Ok(record)
     })
 }

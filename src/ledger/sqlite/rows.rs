@@ -1,24 +1,26 @@
-//! SQLite's execution of the shared SQL layer ([`crate::ledger::sql`]), and its own
-//! SQL text: the one-statement read of an attempt's rows and the claim's candidate
-//! queries over the partial indexes.
+//! SQLite's execution of the shared SQL layer ([`crate::ledger::sql`]): a
+//! synchronous [`Session`] ([`SqliteSession`], each of its futures ready when
+//! returned, polled once by [`sync`]), and SQLite's own SQL text: the one-statement
+//! read of an attempt's rows and the claim's candidate queries over the partial
+//! indexes.
 //!
 //! Reads parse every column strictly ([`crate::ledger::sql::decode`]). Writes run the statements of
 //! [`crate::ledger::sql::write::plan`]; the command row's `UPDATE` carries the guard as its `WHERE`
 //! clause and zero affected rows is a refusal. Lease tokens are bound as parameters
 //! only, so no SQL text or error message ever contains one.
 
-use super::super::listing::{all_read, placed, PageKey, PlanRow};
 use super::super::migrate::{Migration, MigrationTarget};
 use super::super::LedgerError;
 use crate::ledger::sql::decode::{self, ColumnReader};
-use crate::ledger::sql::query::{self, queries};
 use crate::ledger::sql::ready;
-use crate::ledger::sql::table::{plan_json, plan_values, ATTEMPT, COMMAND, PLAN, RECEIPT};
+use crate::ledger::sql::session::{Parse, Session};
+use crate::ledger::sql::table::{ATTEMPT, COMMAND, PLAN, RECEIPT};
 use crate::ledger::sql::write::{self, Expect, Statement};
-use crate::ledger::sql::{Dialect, Value, SQLITE, SQLITE_WITHOUT_ROOM};
-use leasehold_engine::{AttemptId, AttemptRecord, Guard, Plan, PlanId, PlanStatus, Timestamp, Writes};
+use crate::ledger::sql::{poll_now, Dialect, TxError, Value, SQLITE, SQLITE_WITHOUT_ROOM};
+use leasehold_engine::{AttemptId, AttemptRecord, Guard, Plan, Timestamp, Writes};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode, Row};
+use std::future::{ready as done, Future};
 use std::sync::LazyLock;
 
 /// Maps a rusqlite error: busy or locked is retryable, a value that does not convert
@@ -46,13 +48,6 @@ pub(super) trait SqlResult<T> {
 impl<T> SqlResult<T> for rusqlite::Result<T> {
     fn sql(self) -> Result<T, LedgerError> {
         self.map_err(sql_error)
-    }
-}
-
-pub(super) fn not_found(kind: &'static str, id: impl ToString) -> LedgerError {
-    LedgerError::NotFound {
-        kind,
-        id: id.to_string(),
     }
 }
 
@@ -136,111 +131,68 @@ fn execute(conn: &Connection, sql: &str, values: &[Value<'_>]) -> Result<usize, 
         .sql()
 }
 
-fn plan_row(row: &mut SqliteRow<'_, '_>) -> Result<Plan, LedgerError> {
-    decode::plan(row, 0)
+/// A connection (inside a transaction of the caller's) as the ledger's [`Session`]:
+/// every statement runs before its future is returned.
+pub(super) struct SqliteSession<'c> {
+    pub(super) conn: &'c Connection,
+    /// The dialect its writes are spelled in ([`write_dialect`]).
+    pub(super) dialect: &'static Dialect,
 }
 
-/// A plan by id.
-pub(super) fn read_plan(conn: &Connection, id: &PlanId) -> Result<Option<Plan>, LedgerError> {
-    query_one(
-        conn,
-        &queries(&SQLITE).plan_by_id,
-        &[Value::Text(id.as_str())],
-        plan_row,
-    )
-}
-
-/// The oldest READY plan with this fingerprint.
-pub(super) fn read_ready_plan_by_fingerprint(
-    conn: &Connection,
-    fingerprint: &str,
-) -> Result<Option<Plan>, LedgerError> {
-    query_one(
-        conn,
-        &queries(&SQLITE).ready_plan_by_fingerprint_locked,
-        &[Value::Text(fingerprint)],
-        plan_row,
-    )
-}
-
-/// Every plan, in registration order.
-pub(super) fn read_plans(conn: &Connection) -> Result<Vec<Plan>, LedgerError> {
-    all_read(read_plan_rows(conn)?)
-}
-
-/// Every plan, in registration order, each row read on its own: a listing's
-/// ([`PlanRow`]).
-pub(super) fn read_plan_rows(conn: &Connection) -> Result<Vec<PlanRow>, LedgerError> {
-    Ok(placed(query_all(conn, &queries(&SQLITE).plans, &[], |r| {
-        decode::listed_plan(r)
-    })?))
-}
-
-/// The plans named `name`, oldest first.
-pub(super) fn read_plans_named(conn: &Connection, name: &str) -> Result<Vec<Plan>, LedgerError> {
-    query_all(conn, &queries(&SQLITE).plans_named, &[Value::Text(name)], plan_row)
-}
-
-/// Up to `limit` plans, newest first, registered before `before` (from the newest when
-/// `None`); an unknown `before` is not found.
-pub(super) fn read_plans_newest_first(
-    conn: &Connection,
-    before: Option<&PlanId>,
-    limit: u32,
-) -> Result<Vec<Plan>, LedgerError> {
-    all_read(read_plan_rows_newest_first(conn, before, limit)?)
-}
-
-/// [`read_plans_newest_first`], each row read on its own: a listing's ([`PlanRow`]).
-pub(super) fn read_plan_rows_newest_first(
-    conn: &Connection,
-    before: Option<&PlanId>,
-    limit: u32,
-) -> Result<Vec<PlanRow>, LedgerError> {
-    let (sql, values) = query::plans_page(&SQLITE, before, limit);
-    let page = query_all(conn, sql, &values, |r| decode::listed_plan(r))?;
-    // An empty page after `before`: the oldest plan, or no such plan.
-    if let (true, Some(id)) = (page.is_empty(), before) {
-        read_plan(conn, id)?.ok_or_else(|| not_found("plan", id))?;
+impl<'c> SqliteSession<'c> {
+    /// `conn` writing in `dialect`.
+    pub(super) fn new(conn: &'c Connection, dialect: &'static Dialect) -> Self {
+        Self { conn, dialect }
     }
-    Ok(placed(page))
 }
 
-/// Inserts a newly registered plan.
-pub(super) fn insert_plan(conn: &Connection, plan: &Plan) -> Result<(), LedgerError> {
-    let (steps, volatile) = plan_json(plan)?;
-    execute(
-        conn,
-        &queries(&SQLITE).insert_plan,
-        &plan_values(plan, &steps, &volatile),
-    )?;
-    Ok(())
-}
-
-/// A listing's keys (`SELECT id, created_at …` with `params`), in the order read,
-/// each as far as it reads ([`decode::page_key`]).
-pub(super) fn read_page_keys(
-    conn: &Connection,
-    sql: &str,
-    params: Vec<rusqlite::types::Value>,
-) -> Result<Vec<PageKey>, LedgerError> {
-    let mut stmt = conn.prepare_cached(sql).sql()?;
-    let mut rows = stmt.query(params_from_iter(params)).sql()?;
-    let mut keys = Vec::new();
-    while let Some(row) = rows.next().sql()? {
-        keys.push(decode::page_key(&mut SqliteRow(row)));
+/// The answer of a [`SqliteSession`]'s future, which never waits.
+pub(super) fn sync<T>(future: impl Future<Output = Result<T, TxError>>) -> Result<T, LedgerError> {
+    match poll_now(future) {
+        Some(answer) => answer.map_err(LedgerError::from),
+        None => Err(LedgerError::Internal("a SQLite statement waited".into())),
     }
-    Ok(keys)
 }
 
-/// Sets a plan's status; answers whether the plan exists.
-pub(super) fn set_plan_status(conn: &Connection, id: &PlanId, status: PlanStatus) -> Result<bool, LedgerError> {
-    let n = execute(
-        conn,
-        &queries(&SQLITE).set_plan_status,
-        &[Value::Text(status.as_str()), Value::Text(id.as_str())],
-    )?;
-    Ok(n > 0)
+impl Session for SqliteSession<'_> {
+    fn dialect(&self) -> &'static Dialect {
+        self.dialect
+    }
+
+    fn query<T: Send>(
+        &mut self,
+        sql: &str,
+        values: &[Value<'_>],
+        parse: impl Parse<T>,
+    ) -> impl Future<Output = Result<Vec<T>, TxError>> + Send {
+        done(query_all(self.conn, sql, values, |r| parse(r)).map_err(TxError::from))
+    }
+
+    fn execute(&mut self, sql: &str, values: &[Value<'_>]) -> impl Future<Output = Result<u64, TxError>> + Send {
+        done(execute(self.conn, sql, values).map(|n| n as u64).map_err(TxError::from))
+    }
+
+    fn simple(&mut self, sql: &str) -> impl Future<Output = Result<(), TxError>> + Send {
+        done(self.conn.execute_batch(sql).sql().map_err(TxError::from))
+    }
+
+    fn run(&mut self, statements: &[Statement<'_>]) -> impl Future<Output = Result<(), TxError>> + Send {
+        done(run(self.conn, statements).map_err(TxError::from))
+    }
+
+    /// SQLite's write lock is the whole database, taken by `BEGIN IMMEDIATE` before
+    /// the first read: a plain read is a locked one.
+    fn lock_record(
+        &mut self,
+        id: &AttemptId,
+        _with_now: bool,
+    ) -> impl Future<Output = Result<Option<(AttemptRecord, Option<Timestamp>)>, TxError>> + Send {
+        done(
+            read_record(self.conn, id)
+                .map(|r| r.map(|r| (r, None)))
+                .map_err(TxError::from),
+        )
+    }
 }
 
 /// Where the command's columns start in an attempt-and-command row.
@@ -291,20 +243,6 @@ pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<At
         record.receipts.sort_by_key(|r| r.ordinal);
     }
     Ok(record)
-}
-
-/// Every attempt of a plan with its command and receipts, by number; read in lock
-/// order (all attempts, then their commands, then their receipts).
-pub(super) fn read_history(conn: &Connection, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
-    let q = queries(&SQLITE);
-    let key = [Value::Text(plan.as_str())];
-    let attempts = query_all(conn, &q.history_attempts, &key, |r| decode::attempt(r, 0))?;
-    if attempts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let commands = query_all(conn, &q.history_commands, &key, |r| decode::command(r, 0))?;
-    let receipts = query_all(conn, &q.history_receipts, &key, |r| decode::receipt(r, 0))?;
-    decode::history(attempts, commands, receipts)
 }
 
 /// The claim statement over the commands matching `range` (one arm of the shared
@@ -420,17 +358,6 @@ pub(super) fn in_claim_order(mut found: Vec<Candidate>, batch: u32) -> Vec<Candi
     found
 }
 
-/// How many attempts are open (QUEUED or RUNNING): the shared count of their PENDING
-/// and PROCESSING commands, from the `command_pending` and `command_leased` partial
-/// indexes (migration 8 dropped `attempt_open`).
-pub(super) fn count_open_attempts(conn: &Connection) -> Result<u64, LedgerError> {
-    let n = query_one(conn, &queries(&SQLITE).open_attempts, &[], |row| {
-        decode::scalar(row, 0, "open attempts")
-    })?
-    .unwrap_or(0);
-    u64::try_from(n).map_err(|_| LedgerError::Internal(format!("negative count {n}")))
-}
-
 /// Runs the statements of a transition in order, checking each.
 fn run(conn: &Connection, statements: &[Statement<'_>]) -> Result<(), LedgerError> {
     for s in statements {
@@ -465,27 +392,6 @@ pub(super) fn write_dialect(conn: &Connection) -> Result<&'static Dialect, Ledge
     Ok(dialect_for(super::open::schema_version(conn).sql()?.flatten()))
 }
 
-/// Inserts the engine's images of a new attempt (`Guard::Absent`: attempt, command,
-/// receipts) inside the caller's transaction, all or nothing (under a savepoint), in
-/// dialect `d` ([`write_dialect`]). A command that already exists answers
-/// [`leasehold_engine::Refusal::StaleToken`] and leaves every row as it was.
-pub(super) fn insert_writes(conn: &Connection, d: &'static Dialect, writes: &Writes) -> Result<(), LedgerError> {
-    if writes.guard != Guard::Absent {
-        return Err(LedgerError::Internal("an insert needs the absent guard".into()));
-    }
-    conn.prepare_cached("SAVEPOINT leasehold_insert")
-        .and_then(|mut s| s.execute([]))
-        .sql()?;
-    let done = write::plan(d, None, writes).and_then(|statements| run(conn, &statements));
-    let end = if done.is_ok() {
-        "RELEASE leasehold_insert"
-    } else {
-        "ROLLBACK TO leasehold_insert; RELEASE leasehold_insert"
-    };
-    conn.execute_batch(end).sql()?;
-    done
-}
-
 /// Applies the engine's writes over `before`, the attempt's rows as read in this same
 /// write transaction ([`write::plan`]): the guarded command `UPDATE` first (a guard
 /// that no longer holds answers [`leasehold_engine::Refusal::StaleToken`] having
@@ -494,7 +400,8 @@ pub(super) fn insert_writes(conn: &Connection, d: &'static Dialect, writes: &Wri
 /// then abandon the transaction (every caller returns the error, and dropping the
 /// transaction rolls it back). (SQLite's write lock is the whole database, taken by
 /// `BEGIN IMMEDIATE` before the first read, so the order of the statements inside
-/// cannot deadlock with another transition.) `d` as for [`insert_writes`].
+/// cannot deadlock with another transition.) `d` is the ledger's write dialect
+/// ([`write_dialect`]).
 pub(super) fn update_writes(
     conn: &Connection,
     d: &'static Dialect,

@@ -2,16 +2,18 @@
 //! its transactions, and every transition (claims on their candidate path, worker
 //! and operator requests on one generic path) and read of the ledger.
 
-use super::rows::{self, not_found, SqlResult};
+use super::rows::{self, sync, SqlResult, SqliteSession};
 use crate::clock::Clock;
-use crate::entropy::{Entropy, IdKind};
+use crate::entropy::Entropy;
+use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::migrate::{self, SQLITE};
-use crate::ledger::sql::Dialect;
+use crate::ledger::sql::ledger::{enqueue_in, register_in, Decider};
+use crate::ledger::sql::session::{self, not_found};
+use crate::ledger::sql::{listing, Dialect};
 use crate::ledger::{decide, Claimed, LedgerError};
-use leasehold_engine::transition::{self, NewIds};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
-    PlanStatus, Reply, Request, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, PlanStatus, Reply,
+    Request, WorkerRequest, Writes,
 };
 use rusqlite::config::DbConfig;
 use rusqlite::Connection;
@@ -286,6 +288,19 @@ impl SqliteCore {
         Tx::begin(&self.conn, "BEGIN DEFERRED", None)
     }
 
+    /// `tx` as the shared row code's session, writing in this ledger's dialect.
+    fn session<'t>(&self, tx: &'t Tx<'_>) -> SqliteSession<'t> {
+        SqliteSession::new(tx, self.dialect.get())
+    }
+
+    /// What registrations and enqueues decide with: this ledger's entropy and clock.
+    fn decider(&self) -> Decider<'_> {
+        Decider {
+            entropy: &*self.entropy,
+            clock: Some(&*self.clock),
+        }
+    }
+
     /// An attempt's record inside the write transaction `tx`: the one this connection
     /// last wrote if it still holds (see [`Records`]), else read.
     fn locked_record(&self, tx: &Tx<'_>, id: &AttemptId) -> Result<Option<AttemptRecord>, LedgerError> {
@@ -340,12 +355,12 @@ impl SqliteCore {
     /// plan.
     pub fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {
         let tx = self.write_tx()?;
-        let now = self.clock.now();
-        let plan = spec.into_plan(known_executors, PlanId::new(self.entropy.id(IdKind::Plan)), now)?;
-        if let Some(existing) = rows::read_ready_plan_by_fingerprint(&tx, &plan.fingerprint)? {
-            return Ok(existing);
-        }
-        rows::insert_plan(&tx, &plan)?;
+        let plan = sync(register_in(
+            &mut self.session(&tx),
+            spec,
+            known_executors,
+            &self.decider(),
+        ))?;
         tx.commit()?;
         Ok(plan)
     }
@@ -353,34 +368,51 @@ impl SqliteCore {
     /// A plan by id.
     pub fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let tx = self.read_tx()?;
-        rows::read_plan(&tx, id)?.ok_or_else(|| not_found("plan", id))
+        sync(session::plan_by_id(&mut self.session(&tx), id, false))
     }
 
     /// Every plan, oldest first.
     pub fn list_plans(&self) -> Result<Vec<Plan>, LedgerError> {
         let tx = self.read_tx()?;
-        rows::read_plans(&tx)
+        sync(session::read_plans(&mut self.session(&tx)))
     }
 
     /// The plans named `name`, oldest first.
     pub fn plans_named(&self, name: &str) -> Result<Vec<Plan>, LedgerError> {
         let tx = self.read_tx()?;
-        rows::read_plans_named(&tx, name)
+        sync(session::read_plans_named(&mut self.session(&tx), name))
     }
 
     /// Up to `limit` plans, newest first, registered before `before`.
     pub fn plans_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<Plan>, LedgerError> {
         let tx = self.read_tx()?;
-        rows::read_plans_newest_first(&tx, before, limit)
+        sync(session::read_plans_newest_first(&mut self.session(&tx), before, limit))
+    }
+
+    /// Every plan, oldest first, each row read on its own (a listing's).
+    pub fn plan_rows(&self) -> Result<Vec<PlanRow>, LedgerError> {
+        let tx = self.read_tx()?;
+        sync(session::read_plan_rows(&mut self.session(&tx)))
+    }
+
+    /// [`SqliteCore::plans_newest_first`], each row read on its own (a listing's).
+    pub fn plan_rows_newest_first(&self, before: Option<&PlanId>, limit: u32) -> Result<Vec<PlanRow>, LedgerError> {
+        let tx = self.read_tx()?;
+        sync(session::read_plan_rows_newest_first(
+            &mut self.session(&tx),
+            before,
+            limit,
+        ))
     }
 
     /// Marks a plan RETIRED.
     pub fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let tx = self.write_tx()?;
-        if !rows::set_plan_status(&tx, id, PlanStatus::Retired)? {
+        let s = &mut self.session(&tx);
+        if !sync(session::set_plan_status(s, id, PlanStatus::Retired))? {
             return Err(not_found("plan", id));
         }
-        let plan = rows::read_plan(&tx, id)?.ok_or_else(|| not_found("plan", id))?;
+        let plan = sync(session::plan_by_id(s, id, false))?;
         tx.commit()?;
         Ok(plan)
     }
@@ -388,16 +420,7 @@ impl SqliteCore {
     /// Enqueues an attempt: attempt, receipts and command in one transaction.
     pub fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
         let tx = self.write_tx()?;
-        let now = self.clock.now();
-        let plan = rows::read_plan(&tx, plan)?.ok_or_else(|| not_found("plan", plan))?;
-        let history = rows::read_history(&tx, &plan.id)?;
-        let ids = NewIds {
-            attempt: AttemptId::new(self.entropy.id(IdKind::Attempt)),
-            command: CommandId::new(self.entropy.id(IdKind::Command)),
-        };
-        let record = transition::enqueue(&plan, &history, action, ids, now)?;
-        let writes = Writes::new_attempt(&record);
-        rows::insert_writes(&tx, self.dialect.get(), &writes)?;
+        let record = sync(enqueue_in(&mut self.session(&tx), plan, action, &self.decider()))?;
         tx.commit()?;
         Ok(record)
     }
@@ -563,8 +586,11 @@ impl SqliteCore {
         let mut record = self
             .locked_record(&tx, attempt)?
             .ok_or_else(|| not_found("attempt", attempt))?;
-        let plan =
-            rows::read_plan(&tx, &record.attempt.plan_id)?.ok_or_else(|| not_found("plan", &record.attempt.plan_id))?;
+        let plan = sync(session::plan_by_id(
+            &mut self.session(&tx),
+            &record.attempt.plan_id,
+            false,
+        ))?;
         let (writes, reply) = decide(
             self.writes_hook.as_ref(),
             &record,
@@ -588,13 +614,30 @@ impl SqliteCore {
     /// Every attempt of a plan, by number.
     pub fn history(&self, plan: &PlanId) -> Result<Vec<AttemptRecord>, LedgerError> {
         let tx = self.read_tx()?;
-        rows::read_plan(&tx, plan)?.ok_or_else(|| not_found("plan", plan))?;
-        rows::read_history(&tx, plan)
+        let s = &mut self.session(&tx);
+        sync(session::plan_by_id(s, plan, false))?;
+        sync(session::read_history(s, plan))
     }
 
     /// How many attempts are QUEUED or RUNNING, counted by their commands.
     pub fn open_attempts(&self) -> Result<u64, LedgerError> {
         let tx = self.read_tx()?;
-        rows::count_open_attempts(&tx)
+        sync(session::count_open_attempts(&mut self.session(&tx)))
+    }
+
+    /// A page of attempts, newest first, from one snapshot
+    /// ([`crate::ledger::Ledger::list_attempts`]).
+    pub fn list_attempts(&self, query: &AttemptQuery) -> Result<AttemptPage, LedgerError> {
+        let tx = self.read_tx()?;
+        let limit = query.clamped_limit();
+        let page = sync(listing::page(&mut self.session(&tx), query, limit))?;
+        Ok(AttemptPage::from_page_rows(page, limit))
+    }
+
+    /// Attempts per status, each count capped at `cap`
+    /// ([`crate::ledger::Ledger::count_attempts`]).
+    pub fn count_attempts(&self, cap: u64) -> Result<AttemptCounts, LedgerError> {
+        let tx = self.read_tx()?;
+        sync(listing::counts(&mut self.session(&tx), cap))
     }
 }
