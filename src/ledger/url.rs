@@ -18,6 +18,25 @@ pub enum DbUrl {
     Postgres(postgres::PostgresUrl),
 }
 
+/// Refuses a `scheme` URL parameter that is not in `known`, naming only the
+/// parameter: its value could be a secret put in the wrong place.
+pub(super) fn known_parameter(scheme: &str, name: &str, known: &[&str]) -> Result<(), LedgerError> {
+    if known.contains(&name) {
+        return Ok(());
+    }
+    Err(LedgerError::BadInput(format!(
+        "--db: unknown {scheme} URL parameter {name:?} (known: {})",
+        known.join(", ")
+    )))
+}
+
+/// A `scheme` URL parameter's whole number.
+pub(super) fn whole_number(scheme: &str, name: &str, value: &str) -> Result<u64, LedgerError> {
+    value
+        .parse()
+        .map_err(|_| LedgerError::BadInput(format!("--db: {scheme} URL parameter {name:?} must be a whole number")))
+}
+
 impl DbUrl {
     /// Parses a database URL; the error names the URL's scheme or shape, never its
     /// credentials.

@@ -10,7 +10,7 @@ use super::session::{MyConn, MySession};
 use super::MyBackend;
 use crate::ledger::sql::batch::apply_writes_batch;
 use crate::ledger::sql::decode;
-use crate::ledger::sql::ledger::{retry, SqlBackend, SqlContext, TxKind};
+use crate::ledger::sql::ledger::{retry, SqlContext, TxKind};
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::session::{self, query_one, Session};
 use crate::ledger::sql::table::{ATTEMPT, COMMAND};
@@ -411,10 +411,10 @@ pub(super) async fn claim_portable(
     ctx: &SqlContext,
     request: &ClaimRequest,
 ) -> Result<Vec<Claimed>, LedgerError> {
-    let (batch, tries) = (request.batch, backend.retry_max());
+    let batch = request.batch;
     let spread = backend.url.options.claim_spread.max(1);
     let window = batch.saturating_mul(spread).min(CLAIM_WINDOW_MAX);
-    let candidates = retry(ctx, tries, || candidates_once(backend, ctx, window)).await?;
+    let candidates = retry(ctx, || candidates_once(backend, ctx, window)).await?;
     #[cfg(test)]
     super::hooks::pause_at(&backend.hooks.pause).await;
     let start = match candidates.len().checked_sub(batch as usize) {
@@ -428,7 +428,7 @@ pub(super) async fn claim_portable(
         if want == 0 || part.is_empty() {
             continue;
         }
-        match retry(ctx, tries, || candidates_claim_once(backend, ctx, part, request, want)).await {
+        match retry(ctx, || candidates_claim_once(backend, ctx, part, request, want)).await {
             Ok(b) => claimed.extend(b),
             // The leases already committed are real: hand them to the worker.
             Err(_) if !claimed.is_empty() => break,

@@ -194,7 +194,7 @@ impl MysqlBackend {
         if let Some(known) = self.uses_skip_locked() {
             return Ok(known);
         }
-        let supported = retry(ctx, self.retry_max(), || claim::probe_skip_locked_once(self)).await?;
+        let supported = retry(ctx, || claim::probe_skip_locked_once(self)).await?;
         let state = if supported { SKIP_LOCKED_YES } else { SKIP_LOCKED_NO };
         self.skip_locked.store(state, Ordering::Relaxed);
         Ok(supported)
@@ -261,10 +261,6 @@ impl SqlBackend for MysqlBackend {
         rollback_tx(tx).await
     }
 
-    fn retry_max(&self) -> u32 {
-        self.url.options.retry_max
-    }
-
     async fn claim_in(
         &self,
         ctx: &SqlContext,
@@ -324,14 +320,14 @@ impl SqlLedger<MysqlBackend> {
     /// [`crate::ledger::Ledger::migrate`] for that. Must be called inside a tokio
     /// runtime.
     pub fn open(url: &MysqlUrl, entropy: Arc<dyn Entropy>) -> Self {
-        SqlLedger::new(backend(url), None, entropy)
+        SqlLedger::new(backend(url), None, entropy, url.options.retry_max)
     }
 
     /// Like [`MysqlLedger::open`], but deciding leases on `clock` instead of the
     /// database's clock. For tests only (the conformance suite moves a manual clock);
     /// production must use the database's clock so that every machine agrees.
     pub fn open_with_clock(url: &MysqlUrl, clock: Arc<dyn Clock>, entropy: Arc<dyn Entropy>) -> Self {
-        SqlLedger::new(backend(url), Some(clock), entropy)
+        SqlLedger::new(backend(url), Some(clock), entropy, url.options.retry_max)
     }
 
     /// The URL this ledger connects to (its password hidden when printed).

@@ -83,16 +83,8 @@ impl MysqlOptions {
             "claim_spread",
             "skip_locked",
         ];
-        if !KNOWN.contains(&name) {
-            // Only the name: the value could be a secret put in the wrong place.
-            return Err(LedgerError::BadInput(format!(
-                "--db: unknown mysql URL parameter {name:?} (known: {})",
-                KNOWN.join(", ")
-            )));
-        }
-        let number: u64 = value
-            .parse()
-            .map_err(|_| LedgerError::BadInput(format!("--db: mysql URL parameter {name:?} must be a whole number")))?;
+        crate::ledger::url::known_parameter("mysql", name, KNOWN)?;
+        let number = crate::ledger::url::whole_number("mysql", name, value)?;
         let clamp = |lo: u64, hi: u64| number.clamp(lo, hi);
         match name {
             "pool_max" => self.pool_max = clamp(1, 256) as usize,

@@ -140,10 +140,6 @@ impl SqlBackend for PgBackend {
         }
     }
 
-    fn retry_max(&self) -> u32 {
-        self.url.options.retry_max
-    }
-
     async fn claim_in(
         &self,
         ctx: &SqlContext,
@@ -196,7 +192,7 @@ impl SqlLedger<PgBackend> {
             stats: Counters::default(),
             wake: std::sync::OnceLock::new(),
         };
-        Ok(SqlLedger::new(backend, clock, entropy))
+        Ok(SqlLedger::new(backend, clock, entropy, url.options.retry_max))
     }
 
     /// The counters so far (this ledger and its clones).

@@ -117,13 +117,7 @@ impl PostgresOptions {
             "sslmode",
             "notify",
         ];
-        if !KNOWN.contains(&name) {
-            // Only the name: the value could be a secret put in the wrong place.
-            return Err(LedgerError::BadInput(format!(
-                "--db: unknown postgres URL parameter {name:?} (known: {})",
-                KNOWN.join(", ")
-            )));
-        }
+        crate::ledger::url::known_parameter("postgres", name, KNOWN)?;
         if name == "sslmode" {
             self.ssl = match value {
                 "disable" => Ssl::Disable,
@@ -151,9 +145,7 @@ impl PostgresOptions {
             };
             return Ok(());
         }
-        let number: u64 = value.parse().map_err(|_| {
-            LedgerError::BadInput(format!("--db: postgres URL parameter {name:?} must be a whole number"))
-        })?;
+        let number = crate::ledger::url::whole_number("postgres", name, value)?;
         let clamp = |lo: u64, hi: u64| number.clamp(lo, hi);
         match name {
             "pool_max" => self.pool_max = clamp(1, 256) as usize,

@@ -13,7 +13,7 @@
 //! once the rows were held) and writes the engine's images under its guard
 //! ([`session::apply_writes`]). A transaction that ends in [`TxError::Retry`] is run
 //! again, whole, after a jittered, growing backoff, at most the backend's
-//! [`SqlBackend::retry_max`] times.
+//! [`SqlContext::tries`] times.
 
 use super::session::{self, not_found, Session};
 use super::TxError;
@@ -66,15 +66,18 @@ pub(crate) struct SqlContext {
     pub(crate) entropy: Arc<dyn Entropy>,
     /// Transactions tried again after a conflict or a lost connection.
     pub(crate) retries: AtomicU64,
+    /// How many times a transaction is tried in all (the URL's `retry_max`).
+    pub(crate) tries: u32,
 }
 
 impl SqlContext {
     /// A context deciding on `clock` (the database's when `None`).
-    pub(crate) fn new(clock: Option<Arc<dyn Clock>>, entropy: Arc<dyn Entropy>) -> Self {
+    pub(crate) fn new(clock: Option<Arc<dyn Clock>>, entropy: Arc<dyn Entropy>, tries: u32) -> Self {
         Self {
             clock,
             entropy,
             retries: AtomicU64::new(0),
+            tries,
         }
     }
 
@@ -144,9 +147,6 @@ pub(crate) trait SqlBackend: Sized + Send + Sync + 'static {
     /// back itself).
     fn rollback(&self, tx: Self::Tx<'_>) -> impl Future<Output = ()> + Send;
 
-    /// How many times a transaction is tried in all.
-    fn retry_max(&self) -> u32;
-
     /// Claims inside `tx` (begun as [`TxKind::Claim`]) what `request` asks for.
     fn claim_in(
         &self,
@@ -196,14 +196,14 @@ pub(crate) trait SqlBackend: Sized + Send + Sync + 'static {
 }
 
 /// Runs `op` until it answers something other than [`TxError::Retry`], at most
-/// `tries` times, sleeping a jittered, growing backoff in between; the last error
+/// [`SqlContext::tries`] times, sleeping a jittered, growing backoff in between; the last error
 /// becomes a [`LedgerError`].
-pub(crate) async fn retry<T, F, Fut>(ctx: &SqlContext, tries: u32, mut op: F) -> Result<T, LedgerError>
+pub(crate) async fn retry<T, F, Fut>(ctx: &SqlContext, mut op: F) -> Result<T, LedgerError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, TxError>>,
 {
-    let tries = tries.max(1);
+    let tries = ctx.tries.max(1);
     let mut tried = 0u32;
     loop {
         tried += 1;
@@ -261,7 +261,7 @@ pub(crate) fn claim_alone<'a, 'b, 'c, B: SqlBackend>(
     ctx: &'b SqlContext,
     request: &'c ClaimRequest,
 ) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send + use<'a, 'b, 'c, B> {
-    retry(ctx, backend.retry_max(), move || claim_once(backend, ctx, request))
+    retry(ctx, move || claim_once(backend, ctx, request))
 }
 
 /// One try of [`claim_alone`]: one claim transaction.
@@ -317,10 +317,10 @@ impl<B> std::fmt::Debug for SqlLedger<B> {
 #[allow(private_bounds)]
 impl<B: SqlBackend> SqlLedger<B> {
     /// A ledger over `backend`, deciding on `clock` (the database's when `None`).
-    pub(crate) fn new(backend: B, clock: Option<Arc<dyn Clock>>, entropy: Arc<dyn Entropy>) -> Self {
+    pub(crate) fn new(backend: B, clock: Option<Arc<dyn Clock>>, entropy: Arc<dyn Entropy>, tries: u32) -> Self {
         Self {
             backend: Arc::new(backend),
-            ctx: Arc::new(SqlContext::new(clock, entropy)),
+            ctx: Arc::new(SqlContext::new(clock, entropy, tries)),
         }
     }
 
@@ -335,7 +335,7 @@ impl<B: SqlBackend> SqlLedger<B> {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, TxError>>,
     {
-        retry(&self.ctx, self.backend.retry_max(), op).await
+        retry(&self.ctx, op).await
     }
 
     async fn register_plan_once(&self, spec: PlanSpec, known: &[&str]) -> Result<Plan, TxError> {
