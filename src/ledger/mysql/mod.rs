@@ -271,17 +271,11 @@ impl SqlBackend for MysqlBackend {
     }
 
     /// With `SKIP LOCKED` where the server has it, else the portable path.
-    fn claim(
-        &self,
-        ctx: &SqlContext,
-        request: &ClaimRequest,
-    ) -> impl std::future::Future<Output = Result<Vec<Claimed>, LedgerError>> + Send {
-        async move {
-            if self.skip_locked(ctx).await? {
-                claim_alone(self, ctx, request).await
-            } else {
-                claim::claim_portable(self, ctx, request).await
-            }
+    async fn claim(&self, ctx: &SqlContext, request: &ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
+        if self.skip_locked(ctx).await? {
+            claim_alone(self, ctx, request).await
+        } else {
+            claim::claim_portable(self, ctx, request).await
         }
     }
 

@@ -547,6 +547,7 @@ fn requeues(before: &AttemptRecord, writes: &Writes) -> bool {
 // Each method names its future `Send` in its own signature: a caller that spawns a
 // concrete ledger's future relies on that bound instead of proving it through the
 // transaction's lifetimes (which rustc cannot yet do, rust-lang/rust#100013).
+#[allow(clippy::manual_async_fn)]
 impl<B: SqlBackend> Ledger for SqlLedger<B> {
     fn fuses_claims(&self) -> bool {
         self.backend.fuses_claims()
