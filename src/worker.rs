@@ -587,7 +587,8 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                         Ok(record) => driver.handle_read(self.clock.now(), &record),
                         Err(e) => driver.handle_failure(self.clock.now(), failure(e)),
                     }
-                    if let (Some(Outcome::Delivered), WorkerOp::CompleteAndContinue(ordinal)) = (driver.outcome(), last_write) {
+                    let delivered = driver.outcome() == Some(&Outcome::Delivered);
+                    if let (true, WorkerOp::CompleteAndContinue(ordinal)) = (delivered, last_write) {
                         // The read-back found the lost completion committed.
                         self.step_event(false, ordinal, steps);
                     }
