@@ -12,7 +12,7 @@
 //! frees. Polling fills the slots nothing was claimed for.
 //!
 //! Each delivery only performs its driver's actions as they are and reports how they
-//! ended: the ledger's own [`Reply`](leasehold_engine::Reply) or attempt record,
+//! ended: the ledger's own [`Reply`] or attempt record,
 //! or its error as a [`Failure`] by a fixed mapping (a refusal, not found,
 //! unavailable, and every other error ambiguous), and nothing here judges it. Lost
 //! replies, refusals, the ledger's continuation and the lease estimate are the
