@@ -12,9 +12,9 @@
 //! frees. Polling fills the slots nothing was claimed for.
 //!
 //! Each delivery only performs its driver's actions as they are and reports how they
-//! ended: the ledger's own [`Reply`] or attempt record,
-//! or its error as a [`Failure`] by a fixed mapping (a refusal, not found,
-//! unavailable, and every other error ambiguous), and nothing here judges it. Lost
+//! ended: the ledger's own [`Reply`] or attempt record, or its error as a [`Failure`]
+//! by a fixed mapping (a refusal, not found, unavailable, and every other error
+//! ambiguous), and nothing here judges it. Lost
 //! replies, refusals, the ledger's continuation and the lease estimate are the
 //! driver's delivery rules ([`leasehold_engine::driver`]), tested there on a virtual
 //! clock. When the ledger is unreachable it backs off (doubling up to
