@@ -11,9 +11,10 @@
 //! them), and the delivery hands what it claimed back to be delivered in the slot it
 //! frees. Polling fills the slots nothing was claimed for.
 //!
-//! Each delivery only performs its driver's actions and reports how they ended: a
-//! ledger result becomes a [`Reply`] by a fixed mapping (a refusal, not found,
-//! unavailable, and every other error ambiguous), and nothing here judges it. Lost
+//! Each delivery only performs its driver's actions as they are and reports how they
+//! ended: the ledger's own [`Reply`] or attempt record, or its error as a [`Failure`]
+//! by a fixed mapping (a refusal, not found, unavailable, and every other error
+//! ambiguous), and nothing here judges it. Lost
 //! replies, refusals, the ledger's continuation and the lease estimate are the
 //! driver's delivery rules ([`leasehold_engine::driver`]), tested there on a virtual
 //! clock. When the ledger is unreachable it backs off (doubling up to
@@ -39,10 +40,10 @@
 use crate::clock::Clock;
 use crate::executor::{ExecRequest, Executor, ExecutorResult};
 use crate::ledger::{Claimed, Ledger, LedgerError};
-use leasehold_engine::driver::{Driver, DriverAction, LedgerRequest, Outcome, Reply};
+use leasehold_engine::driver::{Driver, DriverAction, Outcome};
 use leasehold_engine::lease::WorkerConfig;
 use leasehold_engine::transition::Continued;
-use leasehold_engine::{AttemptId, AttemptRecord, ClaimRequest, Timestamp, WorkerRequest};
+use leasehold_engine::{AttemptId, AttemptRecord, ClaimRequest, Failure, Reply, Timestamp, WorkerOp, WorkerRequest};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -465,82 +466,22 @@ fn emit(observer: &Observer, event: impl FnOnce() -> WorkerEvent) {
 /// which outlives it: no reference count or lease is copied per request.
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a ledger request in flight was, as far as the events it reports need it
-/// (the request itself, evidence included, moved into its future).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sent {
-    Begin(u32),
-    CompleteAndContinue(u32),
-    Fail,
-    Finish,
-    Heartbeat,
-    Read,
-}
-
-/// What a ledger request answered when it succeeded.
-enum Answer {
-    Done,
-    Continued(Continued),
-    Read(Box<AttemptRecord>),
-}
-
-/// The driver's [`Reply`] for a ledger call's result: a mapping, no judgement.
-fn reply(result: Result<Answer, LedgerError>) -> Reply {
-    match result {
-        Ok(Answer::Done) => Reply::Committed,
-        Ok(Answer::Continued(continued)) => Reply::Continued(continued),
-        Ok(Answer::Read(record)) => Reply::Read(record),
-        Err(LedgerError::Refused(refusal)) => Reply::Refused(refusal),
-        Err(LedgerError::NotFound { .. }) => Reply::NotFound,
-        Err(LedgerError::Unavailable(_)) => Reply::Unavailable,
+/// The driver's [`Failure`] for a ledger error: a mapping, no judgement.
+fn failure(error: LedgerError) -> Failure {
+    match error {
+        LedgerError::Refused(refusal) => Failure::Refused(refusal),
+        LedgerError::NotFound { .. } => Failure::NotFound,
+        LedgerError::Unavailable(_) => Failure::Unavailable,
         // Whatever else went wrong, the request may have been applied.
-        Err(_) => Reply::Ambiguous,
+        _ => Failure::Ambiguous,
     }
 }
 
-/// A ledger call's answer with the commands it claimed.
-type Answered = (Answer, Vec<Claimed>);
+/// A worker request in flight: the ledger's reply with the commands it claimed.
+type WriteCall<'a> = Boxed<'a, Result<(Reply, Vec<Claimed>), LedgerError>>;
 
-/// A ledger call in flight.
-type LedgerCall<'a> = Boxed<'a, Result<Answered, LedgerError>>;
-
-/// The worker request a driver's ledger request stands for (`None`: the read-back).
-fn worker_request(request: LedgerRequest, lease_ms: u64) -> Option<(Sent, WorkerRequest)> {
-    Some(match request {
-        LedgerRequest::BeginStep { ordinal } => (Sent::Begin(ordinal), WorkerRequest::BeginStep { ordinal, lease_ms }),
-        LedgerRequest::CompleteAndContinue {
-            ordinal,
-            evidence,
-            target_receipt,
-        } => (
-            Sent::CompleteAndContinue(ordinal),
-            WorkerRequest::CompleteAndContinue {
-                ordinal,
-                evidence,
-                target_receipt,
-                lease_ms,
-            },
-        ),
-        LedgerRequest::Fail { ordinal, error } => (Sent::Fail, WorkerRequest::Fail { ordinal, error }),
-        LedgerRequest::Finish => (Sent::Finish, WorkerRequest::Finish),
-        LedgerRequest::Heartbeat => (Sent::Heartbeat, WorkerRequest::Heartbeat { lease_ms }),
-        LedgerRequest::ReadAttempt => return None,
-    })
-}
-
-/// What the ledger's reply to a worker request means for the driver: a completion
-/// answers what followed it, every other write that it was applied (renewed, for a
-/// heartbeat). Any other reply is a ledger bug.
-fn answer(sent: Sent, reply: leasehold_engine::Reply) -> Result<Answer, LedgerError> {
-    use leasehold_engine::Reply as R;
-    match (sent, reply) {
-        (Sent::CompleteAndContinue(_), R::Continued(continued)) => Ok(Answer::Continued(continued)),
-        (Sent::Heartbeat, R::Renewed { .. }) | (Sent::Begin(_) | Sent::Fail | Sent::Finish, R::Applied) => {
-            Ok(Answer::Done)
-        }
-        (sent, other) => Err(LedgerError::Internal(format!("{sent:?}: unexpected reply {other:?}"))),
-    }
-}
+/// The read-back in flight.
+type ReadCall<'a> = Boxed<'a, Result<AttemptRecord, LedgerError>>;
 
 struct Delivery<L, E, C> {
     /// The claim an ending write makes, if this worker claims.
@@ -587,12 +528,14 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         let mut driver = Box::new(
             Driver::fused(record, self.lease_ms, self.claimed_at).with_max_evidence_bytes(self.max_evidence_bytes),
         );
-        // The request in flight, when it was sent, and its call.
-        let mut ledger_call: Option<(Sent, Timestamp, LedgerCall<'_>)> = None;
+        // The worker request in flight (what it was, when it was sent, its call), or
+        // the read-back; the driver sends one at a time.
+        let mut write_call: Option<(WorkerOp, Timestamp, WriteCall<'_>)> = None;
+        let mut read_call: Option<ReadCall<'_>> = None;
         let mut executor_call: Option<(u32, Boxed<'_, ExecutorResult>)> = None;
-        // The last write that may end the attempt, for the event a read-back that
-        // finds it committed reports.
-        let mut last_write = Sent::Heartbeat;
+        // The last write other than a heartbeat, for the event a read-back that finds
+        // it committed reports.
+        let mut last_write = WorkerOp::Heartbeat;
         // What ending writes claimed (a repeat after a lost reply may claim again),
         // each with when its write was sent.
         let mut next: Vec<(Claimed, Timestamp)> = Vec::new();
@@ -609,11 +552,15 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                             .claim_next
                             .as_ref()
                             .filter(|_| driver.ends_attempt(&request) && !self.stopping.load(Ordering::Relaxed));
-                        let (sent, call) = self.ledger_request(request, claim.cloned());
-                        if !matches!(sent, Sent::Heartbeat | Sent::Read) {
-                            last_write = sent;
+                        let op = request.kind();
+                        if op != WorkerOp::Heartbeat {
+                            last_write = op;
                         }
-                        ledger_call = Some((sent, now, call));
+                        write_call = Some((op, now, self.write(request, claim.cloned())));
+                    }
+                    DriverAction::ReadAttempt => {
+                        let (ledger, lease) = (&*self.ledger, &self.claimed.lease);
+                        read_call = Some(Box::pin(ledger.attempt(&lease.attempt_id)));
                     }
                 }
             }
@@ -623,19 +570,27 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             let wait_ms = driver.poll_timeout().map(|d| d.at.millis_since(now));
             tokio::select! {
                 biased;
-                result = maybe(ledger_call.as_mut().map(|(_, _, f)| f)) => {
-                    let (sent, sent_at, _) = ledger_call.take().expect("a ledger call was in flight");
-                    let result = result.map(|(answer, claimed)| {
-                        next.extend(claimed.into_iter().map(|c| (c, sent_at)));
-                        answer
-                    });
-                    self.report_reply(sent, &result, steps);
-                    driver.handle_reply(self.clock.now(), reply(result));
-                    if sent == Sent::Read && driver.outcome() == Some(&Outcome::Delivered) {
-                        // The read-back found the lost completion committed.
-                        if let Sent::CompleteAndContinue(ordinal) = last_write {
-                            self.step_event(false, ordinal, steps);
+                result = maybe(write_call.as_mut().map(|(_, _, f)| f)) => {
+                    let (op, sent_at, _) = write_call.take().expect("a worker request was in flight");
+                    self.report_reply(op, &result, steps);
+                    match result {
+                        Ok((reply, claimed)) => {
+                            next.extend(claimed.into_iter().map(|c| (c, sent_at)));
+                            driver.handle_reply(self.clock.now(), reply);
                         }
+                        Err(e) => driver.handle_failure(self.clock.now(), failure(e)),
+                    }
+                }
+                result = maybe(read_call.as_mut()) => {
+                    read_call = None;
+                    match result {
+                        Ok(record) => driver.handle_read(self.clock.now(), &record),
+                        Err(e) => driver.handle_failure(self.clock.now(), failure(e)),
+                    }
+                    let delivered = driver.outcome() == Some(&Outcome::Delivered);
+                    if let (true, WorkerOp::CompleteAndContinue(ordinal)) = (delivered, last_write) {
+                        // The read-back found the lost completion committed.
+                        self.step_event(false, ordinal, steps);
                     }
                 }
                 result = maybe(executor_call.as_mut().map(|(_, f)| f)) => {
@@ -682,16 +637,18 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
     }
 
     /// Emits the events a ledger reply stands for: committed steps, failed heartbeats.
-    fn report_reply(&self, sent: Sent, result: &Result<Answer, LedgerError>, steps: u32) {
-        match (sent, result) {
-            (Sent::Begin(ordinal), Ok(_)) => self.step_event(true, ordinal, steps),
-            (Sent::CompleteAndContinue(ordinal), Ok(Answer::Continued(continued))) => {
+    fn report_reply(&self, op: WorkerOp, result: &Result<(Reply, Vec<Claimed>), LedgerError>, steps: u32) {
+        match (op, result) {
+            (WorkerOp::BeginStep(ordinal), Ok((reply, _))) if op.answered_by(reply) => {
+                self.step_event(true, ordinal, steps)
+            }
+            (WorkerOp::CompleteAndContinue(ordinal), Ok((Reply::Continued(continued), _))) => {
                 self.step_event(false, ordinal, steps);
                 if let Continued::Began(next) = continued {
                     self.step_event(true, *next, steps);
                 }
             }
-            (Sent::Heartbeat, Err(e)) if !matches!(e, LedgerError::Refused(_) | LedgerError::NotFound { .. }) => {
+            (WorkerOp::Heartbeat, Err(e)) if !matches!(e, LedgerError::Refused(_) | LedgerError::NotFound { .. }) => {
                 emit(&self.observer, || WorkerEvent::HeartbeatFailed {
                     attempt: self.claimed.record.attempt.id.clone(),
                     error: e.to_string(),
@@ -701,28 +658,18 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         }
     }
 
-    /// Sends a ledger request; the request (and its evidence) moves into the future.
-    /// With `claim`, a write that ends the attempt claims the worker's next command in
-    /// the same call ([`Ledger::worker_then_claim`]); the call answers what it claimed.
-    fn ledger_request(&self, request: LedgerRequest, claim: Option<ClaimRequest>) -> (Sent, LedgerCall<'_>) {
+    /// Sends a worker request as it is; the request (and its evidence) moves into the
+    /// future. With `claim`, a write that ends the attempt claims the worker's next
+    /// command in the same call ([`Ledger::worker_then_claim`]); the call answers what
+    /// it claimed.
+    fn write(&self, request: WorkerRequest, claim: Option<ClaimRequest>) -> WriteCall<'_> {
         let (ledger, lease) = (&*self.ledger, &self.claimed.lease);
-        let Some((sent, request)) = worker_request(request, self.lease_ms) else {
-            return (
-                Sent::Read,
-                Box::pin(async move {
-                    let record = ledger.attempt(&lease.attempt_id).await?;
-                    Ok((Answer::Read(Box::new(record)), Vec::new()))
-                }),
-            );
-        };
-        let call = async move {
-            let (reply, claimed) = match claim {
-                Some(claim) => ledger.worker_then_claim(lease, request, claim).await?,
-                None => (ledger.worker(lease, request).await?, Vec::new()),
-            };
-            Ok((answer(sent, reply)?, claimed))
-        };
-        (sent, Box::pin(call))
+        Box::pin(async move {
+            match claim {
+                Some(claim) => ledger.worker_then_claim(lease, request, claim).await,
+                None => Ok((ledger.worker(lease, request).await?, Vec::new())),
+            }
+        })
     }
 
     /// Calls the executor for a step (the request is built now, the call runs when

@@ -5,11 +5,15 @@
 //! # Contract
 //! Create a [`Driver`] with [`Driver::fused`] from the attempt as the claim left it,
 //! then loop:
-//! 1. drain [`Driver::poll_action`] and perform each action: a [`LedgerRequest`] (at
-//!    most one is in flight at a time) or an executor call ([`DriverAction::Execute`],
-//!    at most one at a time, outside every transaction);
-//! 2. report how each ledger request ended with [`Driver::handle_reply`] (map the
-//!    ledger's answer to a [`Reply`] and nothing more) and each executor answer with
+//! 1. drain [`Driver::poll_action`] and perform each action: send a
+//!    [`WorkerRequest`] as it is ([`DriverAction::Ledger`]) or read the attempt back
+//!    ([`DriverAction::ReadAttempt`]) (at most one ledger call is in flight at a
+//!    time), or call the executor ([`DriverAction::Execute`], at most one at a time,
+//!    outside every transaction);
+//! 2. report how each ledger call ended: the ledger's own [`Reply`] with
+//!    [`Driver::handle_reply`], the attempt it read with [`Driver::handle_read`], or
+//!    its error classified as a [`Failure`] with [`Driver::handle_failure`] (the
+//!    runtime's one mapping); and each executor answer with
 //!    [`Driver::handle_executed`], always with the current time of the worker's clock;
 //! 3. when nothing is ready, wait until [`Driver::poll_timeout`] and call
 //!    [`Driver::handle_timeout`];
@@ -21,20 +25,24 @@
 //! - **Fused steps.** The claim begins the first unfinished step in its own
 //!   transaction, so a RUNNING step is executed at once (a step the claim left
 //!   PENDING is begun first; a claim whose steps all SUCCEEDED is finished). Each
-//!   completion is a [`LedgerRequest::CompleteAndContinue`], and the ledger's
-//!   [`Continued`] answer decides what follows: [`Continued::Began`] executes that
+//!   completion is a [`WorkerRequest::CompleteAndContinue`], and the ledger's
+//!   [`Reply::Continued`] answer decides what follows: [`Continued::Began`] executes that
 //!   step, [`Continued::Finished`] ends the delivery DELIVERED. A one-step delivery
 //!   takes two transactions, an n-step one n + 1.
-//! - **Refusals** ([`Reply::Refused`]) stop the driver at once: the worker no longer
-//!   holds the command. [`Reply::NotFound`] (the command or attempt is gone) is the
+//! - **Replies.** A request is applied when the ledger answers the reply
+//!   [`crate::request::decide`] gives it ([`WorkerOp::answered_by`]): renewed for a
+//!   heartbeat, continued for a completion, applied for the others. Any other reply
+//!   (a completion answered without its continuation) is taken for an uncertain one.
+//! - **Refusals** ([`Failure::Refused`]) stop the driver at once: the worker no longer
+//!   holds the command. [`Failure::NotFound`] (the command or attempt is gone) is the
 //!   same: a [`Refusal::StaleToken`].
-//! - **Transport failures.** [`Reply::Unavailable`] (nothing was written) and
-//!   [`Reply::Ambiguous`] (it may have been) both send the same request again after a
-//!   backoff; every worker transition is idempotent under the same lease, so a repeat
-//!   of an applied begin, completion or heartbeat only renews. Writes that end the
-//!   attempt (finish, fail, the last completion) are not: once one was ambiguous, a
-//!   refusal of its repeat is disambiguated by reading the attempt back
-//!   ([`LedgerRequest::ReadAttempt`]). If the attempt ended as that write ends it,
+//! - **Transport failures.** [`Failure::Unavailable`] (nothing was written) and
+//!   [`Failure::Ambiguous`] (it may have been) both send the same request again after
+//!   a backoff; every worker transition is idempotent under the same lease, so a
+//!   repeat of an applied begin, completion or heartbeat only renews. Writes that end
+//!   the attempt (finish, fail, the last completion) are not: once one was ambiguous,
+//!   a refusal of its repeat is disambiguated by reading the attempt back
+//!   ([`DriverAction::ReadAttempt`]). If the attempt ended as that write ends it,
 //!   under this lease (same owner, same delivery count), the first try committed and
 //!   only its reply was lost; otherwise the refusal stands.
 //! - **Heartbeats** are due every lease/3 after the last renewal (begin and complete
@@ -61,6 +69,7 @@ use crate::ids::{CommandId, Timestamp};
 use crate::lease::heartbeat_ms;
 use crate::lease::MAX_EVIDENCE_BYTES;
 use crate::model::{AttemptRecord, CommandStatus, ReceiptStatus};
+use crate::request::{Failure, Reply, WorkerOp, WorkerRequest};
 use crate::transition::{Continued, Refusal};
 use serde_json::Value;
 
@@ -76,65 +85,14 @@ pub enum DriverAction {
         /// The receipt's ordinal.
         ordinal: u32,
     },
-    /// Send this request to the ledger and report how it ended with
-    /// [`Driver::handle_reply`].
-    Ledger(LedgerRequest),
-}
-
-/// A ledger request the driver asks for, under the claimed lease.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LedgerRequest {
-    /// Begin the step at this ordinal (answered [`Reply::Committed`]).
-    BeginStep {
-        /// The receipt's ordinal.
-        ordinal: u32,
-    },
-    /// Complete the step with its evidence and, in the same transaction, begin the
-    /// next one or finish the attempt after the last (answered
-    /// [`Reply::Continued`]).
-    CompleteAndContinue {
-        /// The receipt's ordinal.
-        ordinal: u32,
-        /// The executor's evidence.
-        evidence: Value,
-        /// What the target answered.
-        target_receipt: Value,
-    },
-    /// Fail the attempt (answered [`Reply::Committed`]).
-    Fail {
-        /// The failing step, if one.
-        ordinal: Option<u32>,
-        /// Why.
-        error: String,
-    },
-    /// Finish the attempt (answered [`Reply::Committed`]).
-    Finish,
-    /// Renew the lease (answered [`Reply::Committed`]).
-    Heartbeat,
-    /// Read the attempt with its command and receipts (answered [`Reply::Read`]), to
-    /// learn whether an ending write whose reply was lost had committed.
+    /// Send this request to the ledger, as it is, under the claimed lease, and report
+    /// its [`Reply`] with [`Driver::handle_reply`] (or its error with
+    /// [`Driver::handle_failure`]).
+    Ledger(WorkerRequest),
+    /// Read the attempt with its command and receipts, and report it with
+    /// [`Driver::handle_read`] (or the error with [`Driver::handle_failure`]): whether
+    /// an ending write whose reply was lost had committed.
     ReadAttempt,
-}
-
-/// How a ledger request ended: the ledger's answer, unjudged.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reply {
-    /// The write committed. A complete-and-continue is answered with
-    /// [`Reply::Continued`] instead: `Committed` says nothing of what followed, so
-    /// the driver takes it for an uncertain reply.
-    Committed,
-    /// A complete-and-continue committed; what the ledger did after the completion.
-    Continued(Continued),
-    /// The attempt as read back for [`LedgerRequest::ReadAttempt`].
-    Read(Box<AttemptRecord>),
-    /// The ledger refused the write; nothing was written.
-    Refused(Refusal),
-    /// The ledger has no such command or attempt.
-    NotFound,
-    /// The ledger could not be reached or was busy; nothing was written.
-    Unavailable,
-    /// The request may or may not have been applied (the reply was lost).
-    Ambiguous,
 }
 
 /// What the executor answered.
@@ -204,16 +162,6 @@ enum Phase {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sent {
-    Begin(u32),
-    CompleteAndContinue(u32),
-    Fail,
-    Finish,
-    Heartbeat,
-    Read,
-}
-
 /// Delivers one claimed command. See the module docs for the calling contract and
 /// the delivery rules.
 #[derive(Debug, Clone)]
@@ -226,7 +174,8 @@ pub struct Driver {
     owner: Option<String>,
     delivery: u32,
     phase: Phase,
-    in_flight: Option<(Sent, Timestamp)>,
+    /// The ledger call in flight (`None`: the read-back) and when it was sent.
+    in_flight: Option<(Option<WorkerOp>, Timestamp)>,
     /// Whether the phase's request got an uncertain reply and may have committed.
     uncertain: bool,
     renewed_at: Timestamp,
@@ -323,46 +272,50 @@ impl Driver {
         if self.in_flight.is_some() || self.ledger_retry_at.is_some() {
             return None;
         }
-        let next = match &self.phase {
-            Phase::Executing(_) => None,
-            Phase::Execute(o) => {
-                let o = *o;
-                if self.executor_retry_at.is_none() {
-                    self.phase = Phase::Executing(o);
-                    return Some(DriverAction::Execute { ordinal: o });
-                }
-                None
+        match self.phase {
+            Phase::Execute(o) if self.executor_retry_at.is_none() => {
+                self.phase = Phase::Executing(o);
+                return Some(DriverAction::Execute { ordinal: o });
             }
-            Phase::Begin(o) => Some((Sent::Begin(*o), LedgerRequest::BeginStep { ordinal: *o })),
-            Phase::Complete(o, evidence, target_receipt) => Some((
-                Sent::CompleteAndContinue(*o),
-                LedgerRequest::CompleteAndContinue {
-                    ordinal: *o,
-                    evidence: evidence.clone(),
-                    target_receipt: target_receipt.clone(),
-                },
-            )),
-            Phase::Fail(o, error) => Some((
-                Sent::Fail,
-                LedgerRequest::Fail {
-                    ordinal: *o,
-                    error: error.clone(),
-                },
-            )),
-            Phase::Finish => Some((Sent::Finish, LedgerRequest::Finish)),
-            Phase::Verify { .. } => Some((Sent::Read, LedgerRequest::ReadAttempt)),
-        };
-        let (sent, request) = match next {
-            Some(next) => next,
+            Phase::Verify { .. } => {
+                self.in_flight = Some((None, now));
+                return Some(DriverAction::ReadAttempt);
+            }
+            _ => {}
+        }
+        let request = match self.phase_request() {
+            Some(request) => request,
             // Only the executor is busy (or waiting to be retried): renew if due.
             None if self.heartbeat_due => {
                 self.heartbeat_due = false;
-                (Sent::Heartbeat, LedgerRequest::Heartbeat)
+                WorkerRequest::Heartbeat {
+                    lease_ms: self.lease_ms,
+                }
             }
             None => return None,
         };
-        self.in_flight = Some((sent, now));
+        self.in_flight = Some((Some(request.kind()), now));
         Some(DriverAction::Ledger(request))
+    }
+
+    /// The write the phase asks for, if it asks for one.
+    fn phase_request(&self) -> Option<WorkerRequest> {
+        let lease_ms = self.lease_ms;
+        Some(match &self.phase {
+            Phase::Begin(o) => WorkerRequest::BeginStep { ordinal: *o, lease_ms },
+            Phase::Complete(o, evidence, target_receipt) => WorkerRequest::CompleteAndContinue {
+                ordinal: *o,
+                evidence: evidence.clone(),
+                target_receipt: target_receipt.clone(),
+                lease_ms,
+            },
+            Phase::Fail(o, error) => WorkerRequest::Fail {
+                ordinal: *o,
+                error: error.clone(),
+            },
+            Phase::Finish => WorkerRequest::Finish,
+            Phase::Execute(_) | Phase::Executing(_) | Phase::Verify { .. } => return None,
+        })
     }
 
     /// The next instant the driver must be woken, with the reason.
@@ -372,7 +325,7 @@ impl Driver {
             return None;
         }
         // A fixed array, not a Vec: the runtime asks once per wake-up.
-        let heartbeat = !self.heartbeat_due && !matches!(self.in_flight, Some((Sent::Heartbeat, _)));
+        let heartbeat = !self.heartbeat_due && !matches!(self.in_flight, Some((Some(WorkerOp::Heartbeat), _)));
         let deadlines = [
             Some((self.lease_expiry(), DeadlineReason::LeaseExpiry)),
             heartbeat.then(|| {
@@ -407,31 +360,58 @@ impl Driver {
         }
     }
 
-    /// The ledger request in flight ended with `reply`.
+    /// The worker request in flight was applied and the ledger answered `reply`.
     pub fn handle_reply(&mut self, now: Timestamp, reply: Reply) {
-        let Some((sent, sent_at)) = self.in_flight.take() else {
+        let Some((sent, sent_at)) = self.take_in_flight() else {
             return;
         };
-        if self.outcome.is_some() {
-            return;
+        match sent {
+            Some(op) if op.answered_by(&reply) => self.committed(op, sent_at, reply),
+            // Not the reply the request is answered with (a completion without its
+            // continuation): it tells nothing of what the request did.
+            Some(op) => self.failed(Some(op), Failure::Ambiguous, now),
+            // A read answered as a write tells nothing: read again.
+            None => self.retry_later(None, now),
         }
-        match (sent, reply) {
-            (Sent::Read, Reply::Read(record)) => self.verify(&record),
-            (Sent::CompleteAndContinue(_), Reply::Committed) | (_, Reply::Ambiguous) => {
-                if !matches!(sent, Sent::Heartbeat | Sent::Read) {
+    }
+
+    /// The read-back in flight answered the attempt as `record` holds it.
+    pub fn handle_read(&mut self, now: Timestamp, record: &AttemptRecord) {
+        let Some((sent, _)) = self.take_in_flight() else {
+            return;
+        };
+        match sent {
+            None => self.verify(record),
+            // A write answered with a record tells nothing: send it again.
+            Some(op) => self.retry_later(Some(op), now),
+        }
+    }
+
+    /// The ledger call in flight (a write or the read-back) got no answer: `failure`.
+    pub fn handle_failure(&mut self, now: Timestamp, failure: Failure) {
+        if let Some((sent, _)) = self.take_in_flight() {
+            self.failed(sent, failure, now);
+        }
+    }
+
+    /// The call in flight, taken from it; `None` if none was, or the delivery has
+    /// ended.
+    fn take_in_flight(&mut self) -> Option<(Option<WorkerOp>, Timestamp)> {
+        let in_flight = self.in_flight.take()?;
+        self.outcome.is_none().then_some(in_flight)
+    }
+
+    fn failed(&mut self, sent: Option<WorkerOp>, failure: Failure, now: Timestamp) {
+        match failure {
+            Failure::Ambiguous => {
+                if sent.is_some_and(|op| op != WorkerOp::Heartbeat) {
                     self.uncertain = true;
                 }
                 self.retry_later(sent, now);
             }
-            // A read answered with anything but the record tells nothing: read again.
-            (Sent::Read, Reply::Committed | Reply::Continued(_)) | (_, Reply::Unavailable) => {
-                self.retry_later(sent, now)
-            }
-            (_, Reply::Read(_)) => self.retry_later(sent, now),
-            (_, Reply::Committed) => self.committed(sent, sent_at, None),
-            (_, Reply::Continued(continued)) => self.committed(sent, sent_at, Some(continued)),
-            (_, Reply::Refused(refusal)) => self.refused(sent, refusal),
-            (_, Reply::NotFound) => {
+            Failure::Unavailable => self.retry_later(sent, now),
+            Failure::Refused(refusal) => self.refused(sent, refusal),
+            Failure::NotFound => {
                 let stale = Refusal::StaleToken {
                     command: self.command.clone(),
                 };
@@ -494,43 +474,46 @@ impl Driver {
         ))
     }
 
-    fn committed(&mut self, sent: Sent, sent_at: Timestamp, continued: Option<Continued>) {
+    fn committed(&mut self, op: WorkerOp, sent_at: Timestamp, reply: Reply) {
         self.renewed_at = self.renewed_at.max(sent_at);
         self.heartbeat_due = false;
         self.ledger_backoff_ms = 0;
-        if sent != Sent::Heartbeat {
+        if op != WorkerOp::Heartbeat {
             self.uncertain = false;
         }
-        match sent {
-            Sent::Begin(o) => {
+        match (op, reply) {
+            (WorkerOp::BeginStep(o), _) => {
                 self.executor_failures = 0;
                 self.phase = Phase::Execute(o);
             }
-            Sent::CompleteAndContinue(o) => match continued {
-                Some(Continued::Began(next)) if next > o && self.steps.iter().any(|(s, _)| *s == next) => {
-                    self.executor_failures = 0;
-                    self.phase = Phase::Execute(next);
-                }
-                Some(Continued::Began(next)) => {
-                    self.outcome = Some(Outcome::Abandoned(format!(
-                        "the ledger began step {next} after completing step {o}, which is not a later step of this \
-                         attempt; leaving the lease to expire"
-                    )));
-                }
-                Some(Continued::Finished) => self.outcome = Some(Outcome::Delivered),
-                // Not reached: `handle_reply` takes a bare commit of a completion for
-                // an uncertain reply.
-                None => self.uncertain = true,
-            },
-            Sent::Fail => self.outcome = Some(Outcome::Failed(self.failing_error())),
-            Sent::Finish => self.outcome = Some(Outcome::Delivered),
-            Sent::Heartbeat | Sent::Read => {}
+            (WorkerOp::CompleteAndContinue(o), Reply::Continued(continued)) => self.continued(o, continued),
+            (WorkerOp::Fail(_), _) => self.outcome = Some(Outcome::Failed(self.failing_error())),
+            (WorkerOp::Finish, _) => self.outcome = Some(Outcome::Delivered),
+            // A heartbeat only renews; the driver sends no other write.
+            _ => {}
         }
     }
 
-    fn refused(&mut self, sent: Sent, refusal: Refusal) {
-        if self.uncertain && self.ends(sent) {
-            let failed = (sent == Sent::Fail).then(|| self.failing_error());
+    /// Step `o`'s completion committed and the ledger did `continued` after it.
+    fn continued(&mut self, o: u32, continued: Continued) {
+        match continued {
+            Continued::Began(next) if next > o && self.steps.iter().any(|(s, _)| *s == next) => {
+                self.executor_failures = 0;
+                self.phase = Phase::Execute(next);
+            }
+            Continued::Began(next) => {
+                self.outcome = Some(Outcome::Abandoned(format!(
+                    "the ledger began step {next} after completing step {o}, which is not a later step of this \
+                     attempt; leaving the lease to expire"
+                )));
+            }
+            Continued::Finished => self.outcome = Some(Outcome::Delivered),
+        }
+    }
+
+    fn refused(&mut self, sent: Option<WorkerOp>, refusal: Refusal) {
+        if self.uncertain && sent.is_some_and(|op| self.ends(op)) {
+            let failed = matches!(sent, Some(WorkerOp::Fail(_))).then(|| self.failing_error());
             self.phase = Phase::Verify { refusal, failed };
             return;
         }
@@ -559,23 +542,15 @@ impl Driver {
     /// Whether `request`, once committed, ends the attempt: a finish, a fail, or the
     /// last step's completion (the write a worker may claim its next command with).
     #[must_use]
-    pub fn ends_attempt(&self, request: &LedgerRequest) -> bool {
-        let sent = match request {
-            LedgerRequest::BeginStep { ordinal } => Sent::Begin(*ordinal),
-            LedgerRequest::CompleteAndContinue { ordinal, .. } => Sent::CompleteAndContinue(*ordinal),
-            LedgerRequest::Fail { .. } => Sent::Fail,
-            LedgerRequest::Finish => Sent::Finish,
-            LedgerRequest::Heartbeat => Sent::Heartbeat,
-            LedgerRequest::ReadAttempt => Sent::Read,
-        };
-        self.ends(sent)
+    pub fn ends_attempt(&self, request: &WorkerRequest) -> bool {
+        self.ends(request.kind())
     }
 
-    fn ends(&self, sent: Sent) -> bool {
-        match sent {
-            Sent::Fail | Sent::Finish => true,
-            Sent::CompleteAndContinue(o) => self.steps.last().is_some_and(|(last, _)| *last <= o),
-            Sent::Begin(_) | Sent::Heartbeat | Sent::Read => false,
+    fn ends(&self, op: WorkerOp) -> bool {
+        match op {
+            WorkerOp::Fail(_) | WorkerOp::Finish => true,
+            WorkerOp::CompleteAndContinue(o) => self.steps.last().is_some_and(|(last, _)| *last <= o),
+            WorkerOp::BeginStep(_) | WorkerOp::CompleteStep(_) | WorkerOp::Heartbeat => false,
         }
     }
 
@@ -586,8 +561,8 @@ impl Driver {
         }
     }
 
-    fn retry_later(&mut self, sent: Sent, now: Timestamp) {
-        if sent == Sent::Heartbeat {
+    fn retry_later(&mut self, sent: Option<WorkerOp>, now: Timestamp) {
+        if sent == Some(WorkerOp::Heartbeat) {
             self.heartbeat_due = true;
         }
         let cap = heartbeat_ms(self.lease_ms).max(1);

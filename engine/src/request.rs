@@ -86,27 +86,27 @@ pub enum WorkerRequest {
 }
 
 impl WorkerRequest {
+    /// What the request is, without its payload: what a driver or runtime keeps of
+    /// a request in flight once the request itself (evidence and all) was sent.
+    pub fn kind(&self) -> WorkerOp {
+        match self {
+            WorkerRequest::Heartbeat { .. } => WorkerOp::Heartbeat,
+            WorkerRequest::BeginStep { ordinal, .. } => WorkerOp::BeginStep(*ordinal),
+            WorkerRequest::CompleteStep { ordinal, .. } => WorkerOp::CompleteStep(*ordinal),
+            WorkerRequest::CompleteAndContinue { ordinal, .. } => WorkerOp::CompleteAndContinue(*ordinal),
+            WorkerRequest::Fail { ordinal, .. } => WorkerOp::Fail(*ordinal),
+            WorkerRequest::Finish => WorkerOp::Finish,
+        }
+    }
+
     /// The request's short name (traces, logs, the simulator's seams).
     pub fn op(&self) -> &'static str {
-        match self {
-            WorkerRequest::Heartbeat { .. } => "heartbeat",
-            WorkerRequest::BeginStep { .. } => "begin-step",
-            WorkerRequest::CompleteStep { .. } => "complete-step",
-            WorkerRequest::CompleteAndContinue { .. } => "complete-and-continue",
-            WorkerRequest::Fail { .. } => "fail",
-            WorkerRequest::Finish => "finish",
-        }
+        self.kind().op()
     }
 
     /// The receipt the request is about, if it names one.
     pub fn ordinal(&self) -> Option<u32> {
-        match self {
-            WorkerRequest::BeginStep { ordinal, .. }
-            | WorkerRequest::CompleteStep { ordinal, .. }
-            | WorkerRequest::CompleteAndContinue { ordinal, .. } => Some(*ordinal),
-            WorkerRequest::Fail { ordinal, .. } => *ordinal,
-            WorkerRequest::Heartbeat { .. } | WorkerRequest::Finish => None,
-        }
+        self.kind().ordinal()
     }
 
     /// The lease length the request grants, if it renews the lease.
@@ -118,6 +118,62 @@ impl WorkerRequest {
             | WorkerRequest::CompleteAndContinue { lease_ms, .. } => Some(*lease_ms),
             WorkerRequest::Fail { .. } | WorkerRequest::Finish => None,
         }
+    }
+}
+
+/// A [`WorkerRequest`]'s kind with the receipt it names ([`WorkerRequest::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerOp {
+    /// [`WorkerRequest::Heartbeat`].
+    Heartbeat,
+    /// [`WorkerRequest::BeginStep`] of this receipt.
+    BeginStep(u32),
+    /// [`WorkerRequest::CompleteStep`] of this receipt.
+    CompleteStep(u32),
+    /// [`WorkerRequest::CompleteAndContinue`] of this receipt.
+    CompleteAndContinue(u32),
+    /// [`WorkerRequest::Fail`], at this step if one.
+    Fail(Option<u32>),
+    /// [`WorkerRequest::Finish`].
+    Finish,
+}
+
+impl WorkerOp {
+    /// The request's short name (traces, logs, the simulator's seams).
+    pub fn op(self) -> &'static str {
+        match self {
+            WorkerOp::Heartbeat => "heartbeat",
+            WorkerOp::BeginStep(_) => "begin-step",
+            WorkerOp::CompleteStep(_) => "complete-step",
+            WorkerOp::CompleteAndContinue(_) => "complete-and-continue",
+            WorkerOp::Fail(_) => "fail",
+            WorkerOp::Finish => "finish",
+        }
+    }
+
+    /// The receipt the request is about, if it names one.
+    pub fn ordinal(self) -> Option<u32> {
+        match self {
+            WorkerOp::BeginStep(o) | WorkerOp::CompleteStep(o) | WorkerOp::CompleteAndContinue(o) => Some(o),
+            WorkerOp::Fail(o) => o,
+            WorkerOp::Heartbeat | WorkerOp::Finish => None,
+        }
+    }
+
+    /// Whether `reply` is the one [`decide`] answers for this request once applied:
+    /// [`Reply::Renewed`] for a heartbeat, [`Reply::Continued`] for a
+    /// complete-and-continue, [`Reply::Applied`] for the others. Any other reply
+    /// says nothing of what the request did.
+    pub fn answered_by(self, reply: &Reply) -> bool {
+        matches!(
+            (self, reply),
+            (WorkerOp::Heartbeat, Reply::Renewed { .. })
+                | (WorkerOp::CompleteAndContinue(_), Reply::Continued(_))
+                | (
+                    WorkerOp::BeginStep(_) | WorkerOp::CompleteStep(_) | WorkerOp::Fail(_) | WorkerOp::Finish,
+                    Reply::Applied
+                )
+        )
     }
 }
 
@@ -159,6 +215,20 @@ pub enum Reply {
     Continued(Continued),
     /// What reconcile did.
     Reconciled(ReconcileOutcome),
+}
+
+/// Why a request got no [`Reply`]: how a runtime classifies its ledger's errors for
+/// the [`crate::driver::Driver`] (the one mapping between the two).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The ledger refused the request; nothing was written.
+    Refused(Refusal),
+    /// The ledger has no such command or attempt.
+    NotFound,
+    /// The ledger could not be reached or was busy; nothing was written.
+    Unavailable,
+    /// The request may or may not have been applied (the reply was lost).
+    Ambiguous,
 }
 
 /// A request with what the ledger supplies beside the rows.

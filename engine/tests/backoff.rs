@@ -9,8 +9,8 @@
 
 mod common;
 
-use leasehold_engine::driver::{Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult, LedgerRequest, Reply};
-use leasehold_engine::Timestamp;
+use leasehold_engine::driver::{Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult};
+use leasehold_engine::{Failure, Reply, Timestamp, WorkerRequest};
 
 const LEASE_MS: u64 = 60_000;
 
@@ -25,7 +25,10 @@ fn driver() -> Driver {
 }
 
 fn begin(ordinal: u32) -> Option<DriverAction> {
-    Some(DriverAction::Ledger(LedgerRequest::BeginStep { ordinal }))
+    Some(DriverAction::Ledger(WorkerRequest::BeginStep {
+        ordinal,
+        lease_ms: LEASE_MS,
+    }))
 }
 
 fn deadline(d: &Driver) -> Deadline {
@@ -36,7 +39,7 @@ fn deadline(d: &Driver) -> Deadline {
 fn a_ledger_error_is_retried_after_the_first_backoff_then_twice_as_long_up_to_the_heartbeat_interval() {
     let mut d = driver();
     assert_eq!(d.poll_action(t(0)), begin(1));
-    d.handle_reply(t(10), Reply::Unavailable);
+    d.handle_failure(t(10), Failure::Unavailable);
     assert_eq!(
         deadline(&d),
         Deadline {
@@ -49,7 +52,7 @@ fn a_ledger_error_is_retried_after_the_first_backoff_then_twice_as_long_up_to_th
     for _ in 0..4 {
         d.handle_timeout(t(now));
         assert_eq!(d.poll_action(t(now)), begin(1));
-        d.handle_reply(t(now), Reply::Unavailable);
+        d.handle_failure(t(now), Failure::Unavailable);
         expected_wait = (expected_wait * 2).min(20_000);
         let next = deadline(&d);
         // The heartbeat (due 20 s after the claim) may come first once the wait grows.
@@ -67,7 +70,7 @@ fn a_ledger_error_is_retried_after_the_first_backoff_then_twice_as_long_up_to_th
 fn a_transient_executor_failure_is_retried_after_a_quarter_of_the_heartbeat_interval_then_doubled() {
     let mut d = driver();
     assert_eq!(d.poll_action(t(0)), begin(1));
-    d.handle_reply(t(5), Reply::Committed);
+    d.handle_reply(t(5), Reply::Applied);
     assert_eq!(d.poll_action(t(5)), Some(DriverAction::Execute { ordinal: 1 }));
     d.handle_executed(t(100), 1, ExecutorResult::Transient("busy".into()));
     assert_eq!(

@@ -9,12 +9,13 @@
 mod common;
 
 use leasehold_engine::driver::{
-    Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult, LedgerRequest, Outcome, Reply,
-    EXECUTOR_ATTEMPTS_MAX,
+    Deadline, DeadlineReason, Driver, DriverAction, ExecutorResult, Outcome, EXECUTOR_ATTEMPTS_MAX,
 };
 use leasehold_engine::lease::{heartbeat_ms, MAX_EVIDENCE_BYTES};
 use leasehold_engine::transition::Continued;
-use leasehold_engine::{AttemptRecord, CommandId, CommandStatus, ReceiptStatus, Recovery, Refusal, Timestamp};
+use leasehold_engine::{
+    AttemptRecord, CommandId, CommandStatus, Failure, ReceiptStatus, Recovery, Refusal, Reply, Timestamp, WorkerRequest,
+};
 use serde_json::{json, Value};
 
 const LEASE_MS: u64 = 3_000;
@@ -57,13 +58,13 @@ fn claimed(receipts: &[(u32, ReceiptStatus)]) -> AttemptRecord {
 
 /// The attempt as a read-back finds it: ended with `status`, last held by `owner`
 /// in delivery `delivery`.
-fn read_back(status: CommandStatus, owner: &str, delivery: u32) -> Reply {
+fn read_back(status: CommandStatus, owner: &str, delivery: u32) -> AttemptRecord {
     let mut record = claimed(&running(2));
     record.command.status = status;
     record.command.lease_owner = Some(owner.to_owned());
     record.command.lease_token = None;
     record.command.delivery_count = delivery;
-    Reply::Read(Box::new(record))
+    record
 }
 
 fn evidence(ordinal: u32) -> Value {
@@ -82,7 +83,10 @@ fn done(ordinal: u32) -> ExecutorResult {
 }
 
 fn begin(ordinal: u32) -> DriverAction {
-    DriverAction::Ledger(LedgerRequest::BeginStep { ordinal })
+    DriverAction::Ledger(WorkerRequest::BeginStep {
+        ordinal,
+        lease_ms: LEASE_MS,
+    })
 }
 
 fn execute(ordinal: u32) -> DriverAction {
@@ -90,23 +94,24 @@ fn execute(ordinal: u32) -> DriverAction {
 }
 
 fn complete(ordinal: u32) -> DriverAction {
-    DriverAction::Ledger(LedgerRequest::CompleteAndContinue {
+    DriverAction::Ledger(WorkerRequest::CompleteAndContinue {
         ordinal,
         evidence: evidence(ordinal),
         target_receipt: target_receipt(ordinal),
+        lease_ms: LEASE_MS,
     })
 }
 
 fn heartbeat() -> DriverAction {
-    DriverAction::Ledger(LedgerRequest::Heartbeat)
+    DriverAction::Ledger(WorkerRequest::Heartbeat { lease_ms: LEASE_MS })
 }
 
 fn finish() -> DriverAction {
-    DriverAction::Ledger(LedgerRequest::Finish)
+    DriverAction::Ledger(WorkerRequest::Finish)
 }
 
 fn read() -> DriverAction {
-    DriverAction::Ledger(LedgerRequest::ReadAttempt)
+    DriverAction::ReadAttempt
 }
 
 fn stale() -> Refusal {
@@ -163,9 +168,30 @@ impl Harness {
         self.driver.handle_reply(t(self.now), reply);
     }
 
-    /// A begin, fail, finish or heartbeat committed.
+    fn fail(&mut self, failure: Failure) {
+        self.driver.handle_failure(t(self.now), failure);
+    }
+
+    /// The read-back found the attempt as `record` holds it.
+    fn read_back(&mut self, record: &AttemptRecord) {
+        self.driver.handle_read(t(self.now), record);
+    }
+
+    /// The last request sent was applied: a heartbeat renewed, anything else
+    /// [`Reply::Applied`] (which a completion is not answered with).
     fn commit(&mut self) {
-        self.reply(Reply::Committed);
+        let last = self
+            .log
+            .iter()
+            .rev()
+            .find(|a| !matches!(a, DriverAction::Execute { .. }));
+        let reply = match last {
+            Some(DriverAction::Ledger(WorkerRequest::Heartbeat { .. })) => Reply::Renewed {
+                until: t(self.now + LEASE_MS as i64),
+            },
+            _ => Reply::Applied,
+        };
+        self.reply(reply);
     }
 
     /// A completion committed and the ledger began step `next`.
@@ -179,15 +205,15 @@ impl Harness {
     }
 
     fn ledger_error(&mut self) {
-        self.reply(Reply::Unavailable);
+        self.fail(Failure::Unavailable);
     }
 
     fn reply_lost(&mut self) {
-        self.reply(Reply::Ambiguous);
+        self.fail(Failure::Ambiguous);
     }
 
     fn refuse(&mut self) {
-        self.reply(Reply::Refused(stale()));
+        self.fail(Failure::Refused(stale()));
     }
 
     fn executed(&mut self, ordinal: u32, result: ExecutorResult) {
@@ -437,7 +463,7 @@ fn a_permanent_executor_failure_fails_the_attempt() {
     let error = "step 2: table app_user already exists".to_owned();
     assert_eq!(
         next,
-        [DriverAction::Ledger(LedgerRequest::Fail {
+        [DriverAction::Ledger(WorkerRequest::Fail {
             ordinal: Some(2),
             error: error.clone()
         })]
@@ -489,7 +515,7 @@ fn transient_failures_retry_with_backoff_then_abandon() {
     assert!(
         !h.log
             .iter()
-            .any(|a| matches!(a, DriverAction::Ledger(LedgerRequest::Fail { .. }))),
+            .any(|a| matches!(a, DriverAction::Ledger(WorkerRequest::Fail { .. }))),
         "a transient failure never fails the attempt"
     );
 }
@@ -671,7 +697,7 @@ fn a_last_completion_whose_reply_was_lost_and_that_the_read_back_shows_applied_i
     assert_eq!(h.poll(), [read()]);
     assert_eq!(h.poll(), [], "one read at a time");
     h.later(5)
-        .reply(read_back(CommandStatus::Delivered, common::OWNER_A, 1));
+        .read_back(&read_back(CommandStatus::Delivered, common::OWNER_A, 1));
     assert_eq!(h.outcome(), Some(&Outcome::Delivered));
     h.assert_stopped();
 }
@@ -697,7 +723,7 @@ fn a_last_completion_whose_reply_was_lost_and_that_the_read_back_shows_not_appli
         assert_eq!(h.poll(), [complete(1)]);
         h.later(5).refuse();
         assert_eq!(h.poll(), [read()]);
-        h.later(5).reply(read_back(status, owner, delivery));
+        h.later(5).read_back(&read_back(status, owner, delivery));
         assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())), "{why}");
         h.assert_stopped();
     }
@@ -714,7 +740,7 @@ fn a_fail_whose_reply_was_lost_and_that_the_read_back_shows_applied_ends_failed(
         let fail = h.run_step(1, ExecutorResult::Permanent("no such table".into()));
         assert_eq!(
             fail,
-            [DriverAction::Ledger(LedgerRequest::Fail {
+            [DriverAction::Ledger(WorkerRequest::Fail {
                 ordinal: Some(1),
                 error: error.clone()
             })]
@@ -724,7 +750,7 @@ fn a_fail_whose_reply_was_lost_and_that_the_read_back_shows_applied_ends_failed(
         assert_eq!(h.poll(), fail, "the same fail again");
         h.later(5).refuse();
         assert_eq!(h.poll(), [read()]);
-        h.later(5).reply(read_back(status, common::OWNER_A, 1));
+        h.later(5).read_back(&read_back(status, common::OWNER_A, 1));
         assert_eq!(h.outcome(), Some(&expected), "read back {status:?}");
     }
 }
@@ -747,7 +773,7 @@ fn a_finish_whose_reply_was_lost_is_read_back_until_the_read_gets_through() {
     h.fire();
     assert_eq!(h.poll(), [read()]);
     h.later(5)
-        .reply(read_back(CommandStatus::Delivered, common::OWNER_A, 1));
+        .read_back(&read_back(CommandStatus::Delivered, common::OWNER_A, 1));
     assert_eq!(h.outcome(), Some(&Outcome::Delivered));
 }
 
@@ -786,14 +812,14 @@ fn a_refused_repeat_of_a_lost_begin_is_final() {
 fn not_found_is_a_stale_token() {
     let mut h = Harness::new(&pending(1), 0);
     assert_eq!(h.poll(), [begin(1)]);
-    h.later(5).reply(Reply::NotFound);
+    h.later(5).fail(Failure::NotFound);
     assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
 
     let mut h = Harness::new(&running(1), 0);
     assert_eq!(h.poll(), [execute(1)]);
     h.fire();
     assert_eq!(h.poll(), [heartbeat()]);
-    h.later(5).reply(Reply::NotFound);
+    h.later(5).fail(Failure::NotFound);
     assert_eq!(h.outcome(), Some(&Outcome::Refused(stale())));
     h.later(5).executed(1, done(1));
     h.assert_stopped();
@@ -908,8 +934,8 @@ mod scripted_schedules {
 
     use super::*;
     use crate::common;
-    use leasehold_engine::transition::{self, Writes};
-    use leasehold_engine::{AttemptStatus, Refusal as EngineRefusal};
+    use leasehold_engine::transition;
+    use leasehold_engine::{decide, AttemptStatus, Refusal as EngineRefusal, Request};
 
     /// A small deterministic generator (xorshift64*), so every schedule comes from
     /// its seed.
@@ -924,54 +950,49 @@ mod scripted_schedules {
         }
     }
 
-    /// What becomes of a ledger request.
+    /// What becomes of a ledger call.
     enum Fate {
         Committed,
         /// Lost before the ledger applied it: unavailable, or (the connection died
         /// while it was sent) ambiguous.
-        RequestLost(Reply),
+        RequestLost(Failure),
         /// Applied, but the reply was lost.
         ReplyLost,
     }
 
-    /// Applies a request to the record; answers the ledger's reply.
-    fn apply(record: &mut AttemptRecord, request: &LedgerRequest, now: Timestamp) -> Result<Reply, EngineRefusal> {
-        let token = common::token_a();
-        let (reply, writes): (Reply, Writes) = match request {
-            LedgerRequest::BeginStep { ordinal } => (
-                Reply::Committed,
-                transition::begin_step(record, *ordinal, &token, LEASE_MS, now)?,
-            ),
-            LedgerRequest::CompleteAndContinue {
-                ordinal,
-                evidence,
-                target_receipt,
-            } => {
-                let (continued, writes) = transition::complete_and_continue(
-                    record,
-                    *ordinal,
-                    evidence,
-                    target_receipt,
-                    &token,
-                    LEASE_MS,
-                    now,
-                )?;
-                (Reply::Continued(continued), writes)
-            }
-            LedgerRequest::Fail { ordinal, error } => (
-                Reply::Committed,
-                transition::fail(record, *ordinal, error, &token, now)?,
-            ),
-            LedgerRequest::Finish => (Reply::Committed, transition::finish(record, &token, now)?),
-            LedgerRequest::Heartbeat => (
-                Reply::Committed,
-                transition::heartbeat(&record.command, &token, LEASE_MS, now)?,
-            ),
-            LedgerRequest::ReadAttempt => return Ok(Reply::Read(Box::new(record.clone()))),
-        };
+    /// Applies a request to the record as a ledger does; answers the ledger's reply.
+    fn apply(record: &mut AttemptRecord, request: &WorkerRequest, now: Timestamp) -> Result<Reply, EngineRefusal> {
+        let (writes, reply) = decide(record, Request::Worker(request, &common::token_a()), now)?;
         assert!(writes.guard.admits(Some(&record.command)));
         writes.apply_to(record);
         Ok(reply)
+    }
+
+    /// Performs the ledger call `request` (`None`: the read-back) as `fate` says and
+    /// reports how it ended to `driver`; answers whether it ended the attempt with
+    /// its reply lost.
+    fn perform(
+        driver: &mut Driver,
+        record: &mut AttemptRecord,
+        request: Option<WorkerRequest>,
+        fate: Fate,
+        now: Timestamp,
+    ) -> bool {
+        match (fate, request) {
+            (Fate::RequestLost(failure), _) => driver.handle_failure(now, failure),
+            (Fate::Committed, None) => driver.handle_read(now, record),
+            (Fate::Committed, Some(request)) => match apply(record, &request, now) {
+                Ok(reply) => driver.handle_reply(now, reply),
+                Err(refusal) => driver.handle_failure(now, Failure::Refused(refusal)),
+            },
+            (Fate::ReplyLost, request) => {
+                let open = !record.attempt.status.is_terminal();
+                let applied = request.is_some_and(|request| apply(record, &request, now).is_ok());
+                driver.handle_failure(now, Failure::Ambiguous);
+                return applied && open && record.attempt.status.is_terminal();
+            }
+        }
+        false
     }
 
     /// Runs one schedule; answers how it ended.
@@ -998,7 +1019,7 @@ mod scripted_schedules {
         // The claim granted the common lease; grant this file's shorter one.
         record.command.lease_until = Some(t(now + LEASE_MS as i64));
         let mut driver = Driver::fused(&record, LEASE_MS, t(now));
-        let mut ledger: Option<(LedgerRequest, i64, Fate)> = None;
+        let mut ledger: Option<(Option<WorkerRequest>, i64, Fate)> = None;
         let mut executor: Option<(u32, i64, ExecutorResult)> = None;
         // Whether a write that ended the attempt committed with its reply lost.
         let mut ended_unseen = false;
@@ -1024,11 +1045,15 @@ mod scripted_schedules {
                         };
                         executor = Some((ordinal, now + latency as i64, result));
                     }
-                    DriverAction::Ledger(request) => {
+                    call => {
+                        let request = match call {
+                            DriverAction::Ledger(request) => Some(request),
+                            _ => None,
+                        };
                         assert!(ledger.is_none(), "seed {seed}: two ledger requests in flight");
                         let fate = match rng.below(20) {
-                            0 => Fate::RequestLost(Reply::Unavailable),
-                            1 => Fate::RequestLost(Reply::Ambiguous),
+                            0 => Fate::RequestLost(Failure::Unavailable),
+                            1 => Fate::RequestLost(Failure::Ambiguous),
                             2 | 3 => Fate::ReplyLost,
                             _ => Fate::Committed,
                         };
@@ -1055,21 +1080,7 @@ mod scripted_schedules {
             now = next;
             if next_ledger == next {
                 let (request, _, fate) = ledger.take().expect("a ledger request is in flight");
-                let reply = match fate {
-                    Fate::RequestLost(reply) => reply,
-                    Fate::Committed => match apply(&mut record, &request, t(now)) {
-                        Ok(reply) => reply,
-                        Err(refusal) => Reply::Refused(refusal),
-                    },
-                    Fate::ReplyLost => {
-                        let open = !record.attempt.status.is_terminal();
-                        if apply(&mut record, &request, t(now)).is_ok() && open && record.attempt.status.is_terminal() {
-                            ended_unseen = true;
-                        }
-                        Reply::Ambiguous
-                    }
-                };
-                driver.handle_reply(t(now), reply);
+                ended_unseen |= perform(&mut driver, &mut record, request, fate, t(now));
             } else if next_executor == next {
                 let (ordinal, _, result) = executor.take().expect("an executor call is running");
                 driver.handle_executed(t(now), ordinal, result);
@@ -1170,24 +1181,30 @@ fn a_repeated_write_that_commits_settles_the_uncertainty_so_a_later_refusal_need
 #[test]
 fn only_a_finish_a_fail_or_the_last_completion_ends_the_attempt() {
     let driver = Driver::fused(&claimed(&running(3)), LEASE_MS, t(0));
-    let complete = |ordinal| LedgerRequest::CompleteAndContinue {
+    let complete = |ordinal| WorkerRequest::CompleteAndContinue {
         ordinal,
         evidence: evidence(ordinal),
         target_receipt: target_receipt(ordinal),
+        lease_ms: LEASE_MS,
     };
-    let fail = LedgerRequest::Fail {
+    let fail = WorkerRequest::Fail {
         ordinal: Some(1),
         error: "no".into(),
     };
     for (request, ends) in [
-        (LedgerRequest::Finish, true),
+        (WorkerRequest::Finish, true),
         (fail, true),
         (complete(3), true),
         (complete(2), false),
         (complete(1), false),
-        (LedgerRequest::BeginStep { ordinal: 3 }, false),
-        (LedgerRequest::Heartbeat, false),
-        (LedgerRequest::ReadAttempt, false),
+        (
+            WorkerRequest::BeginStep {
+                ordinal: 3,
+                lease_ms: LEASE_MS,
+            },
+            false,
+        ),
+        (WorkerRequest::Heartbeat { lease_ms: LEASE_MS }, false),
     ] {
         assert_eq!(driver.ends_attempt(&request), ends, "{request:?}");
     }
@@ -1217,7 +1234,7 @@ fn evidence_over_the_default_cap_fails_the_step_naming_its_size_and_the_limit() 
     let error = over_the_cap(1, "6,260,112", "262,144");
     assert_eq!(
         next,
-        [DriverAction::Ledger(LedgerRequest::Fail {
+        [DriverAction::Ledger(WorkerRequest::Fail {
             ordinal: Some(1),
             error: error.clone()
         })],
@@ -1229,7 +1246,7 @@ fn evidence_over_the_default_cap_fails_the_step_naming_its_size_and_the_limit() 
     assert!(!h
         .log
         .iter()
-        .any(|a| matches!(a, DriverAction::Ledger(LedgerRequest::CompleteAndContinue { .. }))));
+        .any(|a| matches!(a, DriverAction::Ledger(WorkerRequest::CompleteAndContinue { .. }))));
     assert!(!h.log.contains(&execute(2)));
 }
 
@@ -1247,17 +1264,18 @@ fn evidence_at_the_cap_is_stored_and_one_byte_more_is_not() {
     };
     assert_eq!(
         next,
-        [DriverAction::Ledger(LedgerRequest::CompleteAndContinue {
+        [DriverAction::Ledger(WorkerRequest::CompleteAndContinue {
             ordinal: 1,
             evidence,
-            target_receipt
+            target_receipt,
+            lease_ms: LEASE_MS,
         })]
     );
     h.later(5).began(2);
     let next = h.run_step(2, evidence_of(MAX_EVIDENCE_BYTES + 1));
     assert_eq!(
         next,
-        [DriverAction::Ledger(LedgerRequest::Fail {
+        [DriverAction::Ledger(WorkerRequest::Fail {
             ordinal: Some(2),
             error: over_the_cap(2, "262,145", "262,144"),
         })]
@@ -1274,7 +1292,7 @@ fn the_evidence_cap_is_configurable_and_counts_the_target_receipt() {
     let next = h.run_step(1, receipt_heavy);
     assert_eq!(
         next,
-        [DriverAction::Ledger(LedgerRequest::Fail {
+        [DriverAction::Ledger(WorkerRequest::Fail {
             ordinal: Some(1),
             error: over_the_cap(1, "2,011", "2,000"),
         })]
@@ -1284,7 +1302,7 @@ fn the_evidence_cap_is_configurable_and_counts_the_target_receipt() {
     assert!(
         matches!(
             next.as_slice(),
-            [DriverAction::Ledger(LedgerRequest::CompleteAndContinue {
+            [DriverAction::Ledger(WorkerRequest::CompleteAndContinue {
                 ordinal: 1,
                 ..
             })]

@@ -5,9 +5,10 @@
 mod common;
 
 use common::*;
-use leasehold_engine::driver::{Driver, DriverAction, LedgerRequest, Outcome, Reply};
+use leasehold_engine::driver::{Driver, DriverAction, Outcome};
 use leasehold_engine::transition::{self, claim_and_begin, complete_and_continue, Continued, Guard};
 use leasehold_engine::{AttemptStatus, CommandStatus, ReceiptStatus, Refusal};
+use leasehold_engine::{Reply, WorkerRequest};
 
 fn claim_then_begin(
     record: &leasehold_engine::AttemptRecord,
@@ -205,7 +206,7 @@ fn a_fused_driver_delivers_n_steps_in_n_plus_one_transactions() {
             },
         );
         match driver.poll_action(at(now)) {
-            Some(DriverAction::Ledger(LedgerRequest::CompleteAndContinue { ordinal: o, .. })) => {
+            Some(DriverAction::Ledger(WorkerRequest::CompleteAndContinue { ordinal: o, .. })) => {
                 assert_eq!(o, ordinal)
             }
             other => panic!("expected CompleteAndContinue for {ordinal}, got {other:?}"),
@@ -228,6 +229,9 @@ fn a_fused_driver_begins_a_step_the_claim_left_pending() {
     let mut driver = Driver::fused(&record, LEASE_MS, at(CLAIMED_MS));
     assert_eq!(
         driver.poll_action(at(CLAIMED_MS)),
-        Some(DriverAction::Ledger(LedgerRequest::BeginStep { ordinal: 2 }))
+        Some(DriverAction::Ledger(WorkerRequest::BeginStep {
+            ordinal: 2,
+            lease_ms: LEASE_MS
+        }))
     );
 }

@@ -1,6 +1,6 @@
 //! The model's state and its actions.
 
-use super::ledger::{Answer, Ledger, Req};
+use super::ledger::{Ledger, Req};
 use super::{Budget, Config, TICK_MS};
 use crate::bugs::Bug;
 use crate::clock::EPOCH_MS;
@@ -8,10 +8,8 @@ use crate::db::{DbEvent, Snap};
 use crate::plans::{self, SANDBOX};
 use crate::protocol::TargetReply;
 use crate::target::{CallRecord, KeyRecord};
-use leasehold_engine::driver::{
-    DeadlineReason, Driver, DriverAction, ExecutorResult, LedgerRequest, Outcome, Reply as DriverReply,
-};
-use leasehold_engine::{CommandStatus, OperatorRequest, Reply, Timestamp, WorkerRequest};
+use leasehold_engine::driver::{DeadlineReason, Driver, DriverAction, ExecutorResult, Outcome};
+use leasehold_engine::{CommandStatus, Failure, OperatorRequest, Timestamp, WorkerOp, WorkerRequest};
 use serde_json::json;
 use std::collections::BTreeMap;
 
@@ -23,10 +21,11 @@ pub(super) struct Held {
     pub delivery: u32,
 }
 
-/// A ledger request in flight, under the lease of token ordinal `token`.
+/// A ledger call in flight, under the lease of token ordinal `token`: a worker
+/// request as the driver asked for it, or (`None`) the read-back of the attempt.
 #[derive(Debug, Clone)]
 pub(super) struct Sending {
-    pub request: LedgerRequest,
+    pub request: Option<WorkerRequest>,
     pub token: u32,
     pub sent_at: Timestamp,
 }
@@ -307,8 +306,12 @@ fn work(config: &Config, s: &mut State, i: usize) -> String {
                     since: tick,
                 });
             }
-            DriverAction::Ledger(request) => {
-                did.push(format!("sends {}", request_name(&request)));
+            call => {
+                let request = match call {
+                    DriverAction::Ledger(request) => Some(request),
+                    _ => None,
+                };
+                did.push(format!("sends {}", request_name(request.as_ref())));
                 w.sending = Some(Sending {
                     request,
                     token: h.token,
@@ -324,14 +327,15 @@ fn work(config: &Config, s: &mut State, i: usize) -> String {
     did.join(", ")
 }
 
-fn request_name(r: &LedgerRequest) -> String {
-    match r {
-        LedgerRequest::BeginStep { ordinal } => format!("begin-step {ordinal}"),
-        LedgerRequest::CompleteAndContinue { ordinal, .. } => format!("complete-and-continue {ordinal}"),
-        LedgerRequest::Fail { ordinal, .. } => format!("fail (step {ordinal:?})"),
-        LedgerRequest::Finish => "finish".into(),
-        LedgerRequest::Heartbeat => "heartbeat".into(),
-        LedgerRequest::ReadAttempt => "a read of the attempt".into(),
+/// A ledger call as the trace names it (`None`: the read-back).
+fn request_name(r: Option<&WorkerRequest>) -> String {
+    match r.map(WorkerRequest::kind) {
+        Some(op @ (WorkerOp::BeginStep(o) | WorkerOp::CompleteStep(o) | WorkerOp::CompleteAndContinue(o))) => {
+            format!("{} {o}", op.op())
+        }
+        Some(WorkerOp::Fail(ordinal)) => format!("fail (step {ordinal:?})"),
+        Some(op) => op.op().into(),
+        None => "a read of the attempt".into(),
     }
 }
 
@@ -341,37 +345,6 @@ fn outcome_text(o: &Outcome) -> String {
         Outcome::Failed(e) => format!("failed ({e})"),
         Outcome::Refused(r) => format!("refused ({r})"),
         Outcome::Abandoned(why) => format!("abandoned ({why})"),
-    }
-}
-
-/// The worker request a driver's ledger request is sent as.
-fn worker_request(config: &Config, r: &LedgerRequest) -> Option<WorkerRequest> {
-    let lease_ms = config.lease_ms();
-    Some(match r.clone() {
-        LedgerRequest::BeginStep { ordinal } => WorkerRequest::BeginStep { ordinal, lease_ms },
-        LedgerRequest::CompleteAndContinue {
-            ordinal,
-            evidence,
-            target_receipt,
-        } => WorkerRequest::CompleteAndContinue {
-            ordinal,
-            evidence,
-            target_receipt,
-            lease_ms,
-        },
-        LedgerRequest::Fail { ordinal, error } => WorkerRequest::Fail { ordinal, error },
-        LedgerRequest::Finish => WorkerRequest::Finish,
-        LedgerRequest::Heartbeat => WorkerRequest::Heartbeat { lease_ms },
-        LedgerRequest::ReadAttempt => return None,
-    })
-}
-
-/// The driver's reply for a ledger answer, as the worker maps it.
-fn driver_reply(answer: &Answer) -> DriverReply {
-    match &answer.reply {
-        Ok(Reply::Continued(c)) => DriverReply::Continued(*c),
-        Ok(_) => DriverReply::Committed,
-        Err(r) => DriverReply::Refused(r.clone()),
     }
 }
 
@@ -473,20 +446,40 @@ pub(super) fn ticks(t: Timestamp) -> i64 {
     (t.as_millis() - EPOCH_MS).div_euclid(TICK_MS as i64)
 }
 
-fn apply_sending(ledger: &Ledger<'_>, s: &mut State, i: usize, sending: &Sending, done: &mut Done) -> DriverReply {
-    let Some(request) = worker_request(ledger.config, &sending.request) else {
+/// The ledger performs the call in flight and, unless its reply is `lost`, the
+/// worker hands how it ended to its driver; answers the ledger's verdict.
+fn apply_sending(
+    ledger: &Ledger<'_>,
+    s: &mut State,
+    i: usize,
+    sending: &Sending,
+    lost: bool,
+    done: &mut Done,
+) -> &'static str {
+    let now = s.worker_now(ledger.config, i);
+    let token = sending.token;
+    let Some(request) = &sending.request else {
         let mut record = super::ledger::record_of(&s.rows);
         record.command.lease_token = None;
-        return DriverReply::Read(Box::new(record));
+        if !lost {
+            answer_driver(s, i, token, |d| d.handle_read(now, &record));
+        }
+        return "read";
     };
     let db_now = s.db_now();
-    let req = Req::Worker(&request, sending.token, sending.sent_at);
+    let req = Req::Worker(request, token, sending.sent_at);
     let answer = ledger.apply(&mut s.rows, &name(i), &req, db_now);
-    let reply = driver_reply(&answer);
     if let Some(e) = answer.event {
         log(s, e, done);
     }
-    reply
+    let verdict = if answer.reply.is_ok() { "applied" } else { "refused" };
+    if !lost {
+        answer_driver(s, i, token, |d| match answer.reply {
+            Ok(reply) => d.handle_reply(now, reply),
+            Err(refusal) => d.handle_failure(now, Failure::Refused(refusal)),
+        });
+    }
+    verdict
 }
 
 fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
@@ -494,35 +487,29 @@ fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
         return simple("nothing in flight".into());
     };
     let mut done = Done::default();
-    let reply = apply_sending(ledger, s, i, &sending, &mut done);
-    let outcome = match &reply {
-        DriverReply::Refused(_) => "refused",
-        DriverReply::Read(_) => "read",
-        _ => "applied",
-    };
+    let verdict = apply_sending(ledger, s, i, &sending, lost, &mut done);
     done.label = format!(
         "ledger {} {}'s {} (token#{})",
-        outcome,
+        verdict,
         name(i),
-        request_name(&sending.request),
+        request_name(sending.request.as_ref()),
         sending.token
     );
-    let reply = if lost {
+    if lost {
         s.budget.lost_replies -= 1;
         s.workers[i].faulted = true;
         done.label.push_str(", reply lost");
-        DriverReply::Ambiguous
-    } else {
-        reply
-    };
-    answer_driver(ledger.config, s, i, sending.token, reply);
+        let now = s.worker_now(ledger.config, i);
+        answer_driver(s, i, sending.token, |d| d.handle_failure(now, Failure::Ambiguous));
+    }
     done
 }
 
-fn answer_driver(config: &Config, s: &mut State, i: usize, token: u32, reply: DriverReply) {
-    let now = s.worker_now(config, i);
+/// Hands worker `i`'s driver how its ledger call ended, if it still holds the lease
+/// of token ordinal `token`.
+fn answer_driver(s: &mut State, i: usize, token: u32, answer: impl FnOnce(&mut Driver)) {
     if let Some(h) = s.workers[i].held.as_mut().filter(|h| h.token == token) {
-        h.driver.handle_reply(now, reply);
+        answer(&mut h.driver);
     }
 }
 
@@ -532,7 +519,7 @@ fn delay(config: &Config, s: &mut State, i: usize) -> Done {
     };
     s.budget.delays -= 1;
     s.workers[i].faulted = true;
-    if let Some(request) = worker_request(config, &sending.request) {
+    if let Some(request) = sending.request.clone() {
         s.strays.push(Stray {
             from: i,
             request,
@@ -540,11 +527,12 @@ fn delay(config: &Config, s: &mut State, i: usize) -> Done {
             sent_at: sending.sent_at,
         });
     }
-    answer_driver(config, s, i, sending.token, DriverReply::Ambiguous);
+    let now = s.worker_now(config, i);
+    answer_driver(s, i, sending.token, |d| d.handle_failure(now, Failure::Ambiguous));
     simple(format!(
         "the network delays {}'s {} (token#{}); its reply times out",
         name(i),
-        request_name(&sending.request),
+        request_name(sending.request.as_ref()),
         sending.token
     ))
 }
