@@ -1,9 +1,10 @@
 //! Throughput, measured side by side in one run so that every ratio is fair:
 //!
-//! - `baseline/*`: the raw SQL limits of issue 6 on plain rusqlite — one conditional
-//!   `UPDATE … WHERE status = 'PENDING'` claim per transaction, 32 claims per
-//!   transaction, and claim then token-checked complete (two transactions per job) —
-//!   4 threads on one file database in WAL, `synchronous=NORMAL`, `BEGIN IMMEDIATE`;
+//! - `baseline/*`: the raw SQL loops leasehold is measured against, on plain
+//!   rusqlite — one conditional `UPDATE … WHERE status = 'PENDING'` claim per
+//!   transaction, 32 claims per transaction, and claim then token-checked complete
+//!   (two transactions per job) — 4 threads on one file database in WAL,
+//!   `synchronous=NORMAL`, `BEGIN IMMEDIATE`;
 //! - `claims/<backend>`: `Ledger::claim` at batch 1, 5 and 32 with 1, 2, 4 and 8
 //!   concurrent claimers until the queue is empty (memory, SQLite, and MySQL/MariaDB
 //!   when `LEASEHOLD_TEST_MYSQL_URL` is set, run last: the server's background work
@@ -447,7 +448,7 @@ async fn deliver<L: Ledger>(
 }
 
 // ---------------------------------------------------------------------------------
-// Summary with the issue's ratios.
+// Summary with the ratios to the baselines and their goals (docs/performance.md).
 
 fn summary() -> String {
     let runs = RUNS.lock().unwrap_or_else(|e| e.into_inner());
