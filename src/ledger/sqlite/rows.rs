@@ -294,7 +294,7 @@ pub(super) fn claim_candidates(conn: &Connection, now: Timestamp, batch: u32) ->
     // One allocation for the batch, sorted in place ([`in_claim_order`]): a map of
     // these records (a few hundred bytes each) allocates a node of kilobytes per
     // eleven of them, and with glibc's allocator every allocation that large first
-    // consolidates its caches of small blocks (docs/performance.md, "The floor of a
+    // consolidates its caches of small blocks (docs/performance-log.md, "The floor of a
     // batched claim").
     let mut found: Vec<Candidate> = Vec::with_capacity(batch as usize);
     let expired: bool = conn
@@ -423,7 +423,7 @@ pub(super) fn update_writes(
 ///
 /// One prepared `UPDATE` per row, by key: measured against one
 /// `UPDATE … FROM json_each(?)` per table for the whole batch, it runs fewer
-/// instructions per claim (see `docs/performance.md`), because every `->>`
+/// instructions per claim (see `docs/performance-log.md`), because every `->>`
 /// re-parses the bound JSON.
 pub(super) fn update_many(
     conn: &Connection,

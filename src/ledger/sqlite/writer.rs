@@ -20,7 +20,7 @@
 //! commits, then `RESTART` past [`WAL_MAX_FRAMES`] pages), so the writer's commits
 //! never copy pages back or wait for an fsync; it ends before the writer's
 //! connection closes. A panicking call loses only its own replies. What each of
-//! these is worth is measured in `docs/performance.md`.
+//! these is worth is measured in `docs/performance-log.md`.
 
 use super::rows::SqlResult;
 use super::SqliteCore;
