@@ -2,8 +2,8 @@
 //!
 //! The transaction bodies are the shared ones ([`SqlLedger`]); this module holds what
 //! is MySQL's own: the pool and its session settings, error classification
-//! ([`error`]), URL options, the session ([`session`]), the claims ([`claim`]) and
-//! the migrations ([`schema`]).
+//! (`error.rs`), URL options, the session (`session.rs`), the claims (`claim.rs`)
+//! and the migrations ([`schema`]).
 //!
 //! Contract: every transition is one InnoDB transaction (REPEATABLE READ; a `SKIP
 //! LOCKED` claim runs at READ UNCOMMITTED, see below, which changes only what its
@@ -66,7 +66,7 @@
 //! holds its row locks only until the server drops its idle connection
 //! (`idle_timeout_s`, the session's `wait_timeout`), which rolls the transaction back.
 //! Tokens and passwords never appear in SQL text, errors or logs. The schema lives in
-//! `migrations/mysql/` and is applied by [`Ledger::migrate`] ([`schema`]), never by
+//! `migrations/mysql/` and is applied by [`crate::ledger::Ledger::migrate`] ([`schema`]), never by
 //! opening.
 
 mod claim;

@@ -1,7 +1,7 @@
 //! The PostgreSQL ledger's schema: its migrations and the check every open makes.
 //!
 //! Contract: the migrations are [`MIGRATIONS`] (from `migrations/postgres/`), applied
-//! in version order by [`super::PostgresLedger::migrate`] in one transaction that first
+//! in version order by [`crate::ledger::Ledger::migrate`] in one transaction that first
 //! takes a transaction-scoped advisory lock ([`MIGRATE_LOCK`]), so concurrent
 //! migrators of one database run one after the other and the later ones apply nothing.
 //! PostgreSQL's DDL is transactional: a migration that fails leaves nothing behind.

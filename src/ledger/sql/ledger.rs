@@ -289,7 +289,7 @@ macro_rules! in_tx {
 }
 
 /// A [`Ledger`] over a SQL database: the transaction bodies, written once, run over a
-/// [`SqlBackend`]'s sessions. Clones share the backend (its pool) and the context.
+/// backend's sessions (PostgreSQL's, MySQL's). Clones share the backend (its pool) and the context.
 pub struct SqlLedger<B> {
     pub(crate) backend: Arc<B>,
     pub(crate) ctx: Arc<SqlContext>,
