@@ -41,7 +41,7 @@ use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
 use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
-use leasehold::target::Effects;
+use leasehold::receiver::Effects;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
