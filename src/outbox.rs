@@ -82,7 +82,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
+#[cfg(feature = "sqlite")]
+use crate::clock::SystemClock;
 use crate::entropy::{Entropy, OsEntropy};
 #[cfg(feature = "mysql")]
 use crate::ledger::mysql::outbox as mysql;

@@ -185,6 +185,7 @@ impl RowError for LedgerError {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 impl RowError for super::sql::TxError {
     fn damage(&self) -> Option<&str> {
         match self {
