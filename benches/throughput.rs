@@ -27,9 +27,9 @@
 //! 1,000 six-step deliveries. `LEASEHOLD_BENCH_JOBS=N` sets every SQLite and MySQL
 //! claim queue and the baselines to N. `LEASEHOLD_BENCH_RUNTIME=current_thread` runs
 //! the claimers and workers on a current-thread tokio runtime instead of the default
-//! multi-thread one. `cargo bench` takes about five minutes on 2 cores (plus about
-//! five more for MySQL when it is set). Run
-//! as a test (`cargo test --benches`) each benchmark runs once on a tiny queue.
+//! multi-thread one. `cargo bench --features cli` takes about five minutes on 2 cores
+//! (plus about five more for MySQL when it is set). Run as a test (`cargo test
+//! --features cli --benches`) each benchmark runs once on a tiny queue.
 
 use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
 use leasehold::bench::raw::{RawKind, SqliteRaw};

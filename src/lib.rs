@@ -5,6 +5,11 @@
 //! claimed commands through [`executor`]s, [`outbox`] enqueues inside an
 //! application's own transaction, and the `leasehold` binary is the CLI.
 //!
+//! Cargo features: `sqlite` (default) the SQLite ledger, `mysql` and `postgres` theirs,
+//! `cli` the binary and what only it needs (`serve`, `tokens`, `receiver`, `bench`,
+//! `report`, `listener`; every backend). An application that embeds the library with
+//! the default features builds none of the server's crates (`docs/library.md`).
+//!
 //! There are three ways in. All three share one database (SQLite or MySQL /
 //! MariaDB) and its guarantees: an enqueue writes the attempt, its receipts and its
 //! outbox command together; workers on any number of processes claim commands under
@@ -134,6 +139,7 @@
 //! so not run here):
 //!
 //! ```no_run
+//! # #[cfg(feature = "mysql")] mod example {
 //! use leasehold::engine::{Action, PlanId};
 //! use leasehold::outbox::mysql_async::{prelude::Queryable, Pool, TxOpts};
 //! use leasehold::outbox::Outbox;
@@ -146,6 +152,7 @@
 //! tx.commit().await?;
 //! # Ok(())
 //! # }
+//! # }
 //! ```
 //!
 //! A complete application is `examples/embedded.rs` (`cargo run --example embedded`);
@@ -153,16 +160,23 @@
 
 pub use leasehold_engine as engine;
 
+#[cfg(feature = "cli")]
 pub mod bench;
 pub mod clock;
 pub mod entropy;
 pub mod executor;
 pub mod ledger;
+#[cfg(feature = "cli")]
 pub mod listener;
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub mod outbox;
+#[cfg(feature = "cli")]
+pub mod receiver;
+#[cfg(feature = "cli")]
 pub mod report;
+#[cfg(feature = "cli")]
 pub mod serve;
-pub mod target;
 pub mod text;
+#[cfg(feature = "cli")]
 pub mod tokens;
 pub mod worker;

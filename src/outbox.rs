@@ -82,10 +82,15 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
+#[cfg(feature = "sqlite")]
+use crate::clock::SystemClock;
 use crate::entropy::{Entropy, OsEntropy};
+#[cfg(feature = "mysql")]
 use crate::ledger::mysql::outbox as mysql;
+#[cfg(feature = "postgres")]
 use crate::ledger::postgres::outbox as postgres;
+#[cfg(feature = "sqlite")]
 use crate::ledger::sqlite::outbox as sqlite;
 use crate::ledger::LedgerError;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
@@ -94,12 +99,15 @@ use std::sync::Arc;
 
 /// The `mysql_async` this crate is built with: its transactions are what
 /// [`Outbox::enqueue_mysql`] takes.
+#[cfg(feature = "mysql")]
 pub use mysql_async;
 /// The `rusqlite` this crate is built with: its connections and transactions are
 /// what [`Outbox::enqueue_sqlite`] takes.
+#[cfg(feature = "sqlite")]
 pub use rusqlite;
 /// The `tokio_postgres` this crate is built with: its transactions are what
 /// [`Outbox::enqueue_postgres`] takes (a `deadpool_postgres::Transaction` derefs to one).
+#[cfg(feature = "postgres")]
 pub use tokio_postgres;
 
 /// Writes plans and attempts inside the caller's own transaction (see the
@@ -148,6 +156,7 @@ impl Outbox {
         self
     }
 
+    #[cfg(feature = "sqlite")]
     fn sqlite_now(&self) -> leasehold_engine::Timestamp {
         match &self.clock {
             Some(clock) => clock.now(),
@@ -160,6 +169,7 @@ impl Outbox {
     /// SQLite transaction (pass `&tx`; any connection inside a transaction or
     /// savepoint will do). Content that a READY plan already has answers that plan.
     /// Nothing is committed.
+    #[cfg(feature = "sqlite")]
     pub fn register_plan_sqlite(
         &self,
         tx: &rusqlite::Connection,
@@ -173,6 +183,7 @@ impl Outbox {
     /// `&tx`): the attempt QUEUED, its receipts PENDING and its command PENDING,
     /// available now. Nothing is committed: they become durable, and claimable by
     /// workers, when the caller commits, and vanish if it rolls back.
+    #[cfg(feature = "sqlite")]
     pub fn enqueue_sqlite(
         &self,
         tx: &rusqlite::Connection,
@@ -184,6 +195,7 @@ impl Outbox {
 
     /// [`Outbox::register_plan_sqlite`] inside the caller's MySQL / MariaDB
     /// transaction, at the database's clock.
+    #[cfg(feature = "mysql")]
     pub async fn register_plan_mysql(
         &self,
         tx: &mut mysql_async::Transaction<'_>,
@@ -195,6 +207,7 @@ impl Outbox {
 
     /// [`Outbox::enqueue_sqlite`] inside the caller's MySQL / MariaDB transaction: the
     /// plan row is locked first, and the attempt is available at the database's now.
+    #[cfg(feature = "mysql")]
     pub async fn enqueue_mysql(
         &self,
         tx: &mut mysql_async::Transaction<'_>,
@@ -207,6 +220,7 @@ impl Outbox {
     /// [`Outbox::register_plan_sqlite`] inside the caller's PostgreSQL transaction
     /// (pass `&mut tx`; a `deadpool_postgres::Transaction` derefs to one), at the
     /// database's clock.
+    #[cfg(feature = "postgres")]
     pub async fn register_plan_postgres(
         &self,
         tx: &mut tokio_postgres::Transaction<'_>,
@@ -219,6 +233,7 @@ impl Outbox {
     /// [`Outbox::enqueue_sqlite`] inside the caller's PostgreSQL transaction: the plan
     /// row is locked first, the attempt is available at the database's now, and idle
     /// workers are notified when (and only if) the caller commits.
+    #[cfg(feature = "postgres")]
     pub async fn enqueue_postgres(
         &self,
         tx: &mut tokio_postgres::Transaction<'_>,

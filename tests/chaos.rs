@@ -41,7 +41,7 @@ use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
 use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
-use leasehold::target::Effects;
+use leasehold::receiver::Effects;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -340,7 +340,7 @@ impl<'a> Chaos<'a> {
         };
         let _ = writeln!(
             std::io::stderr(),
-            "chaos ({backend}): seed {seed} (replay with LEASEHOLD_CHAOS_SEED={seed} cargo test -p leasehold --test chaos)"
+            "chaos ({backend}): seed {seed} (replay with LEASEHOLD_CHAOS_SEED={seed} cargo test -p leasehold --features cli --test chaos)"
         );
         Self { backend, seed, runtime }
     }
@@ -348,7 +348,7 @@ impl<'a> Chaos<'a> {
     /// Fails the test, naming the backend and the seed that replays it.
     fn fail(&self, problems: &[String]) -> ! {
         panic!(
-            "chaos ({}) seed {} — replay with LEASEHOLD_CHAOS_SEED={} cargo test -p leasehold --test chaos:\n{}",
+            "chaos ({}) seed {} — replay with LEASEHOLD_CHAOS_SEED={} cargo test -p leasehold --features cli --test chaos:\n{}",
             self.backend,
             self.seed,
             self.seed,

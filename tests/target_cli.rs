@@ -233,7 +233,7 @@ fn the_shipped_http_plan_is_delivered_to_the_target_twice_and_the_gate_passes() 
         .enable_all()
         .build()
         .unwrap();
-    let effects: leasehold::target::Effects = runtime.block_on(async {
+    let effects: leasehold::receiver::Effects = runtime.block_on(async {
         let body = reqwest::get(format!("http://{}/effects", target.addr))
             .await
             .unwrap()

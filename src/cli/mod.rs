@@ -788,7 +788,7 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
     use leasehold::entropy::Entropy as _;
     let db = DbUrl::parse(db)?;
     let seed = args.seed.unwrap_or_else(|| OsEntropy.next_u64());
-    let faults = leasehold::target::Faults {
+    let faults = leasehold::receiver::Faults {
         fail_rate: args.fail_rate,
         drop_reply_rate: args.drop_reply_rate,
         delay: Duration::from_millis(args.delay_ms),
@@ -805,7 +805,7 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
     })?;
     let config = args.connections.config(args.grace_secs)?;
     let stop = stop_signal();
-    let served = leasehold::target::open_and_serve_with(
+    let served = leasehold::receiver::open_and_serve_with(
         &db,
         faults,
         config,
@@ -824,7 +824,7 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
     .await
     .map_err(|e| Failure {
         code: match e {
-            leasehold::target::StoreError::Invalid(_) => 2,
+            leasehold::receiver::StoreError::Invalid(_) => 2,
             _ => 1,
         },
         message: e.to_string(),

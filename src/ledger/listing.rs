@@ -137,7 +137,8 @@ impl AttemptQuery {
 
 /// A row a listing could not read: shown as damaged, in its place, while the rest of
 /// the listing is read.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(utoipa::ToSchema))]
 pub struct DamagedRow {
     /// The row's id, when that much of it reads.
     pub id: Option<String>,
@@ -184,6 +185,7 @@ impl RowError for LedgerError {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 impl RowError for super::sql::TxError {
     fn damage(&self) -> Option<&str> {
         match self {

@@ -192,6 +192,7 @@ pub struct MemoryLedger {
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     /// The API tokens ([`crate::tokens`]), shared by clones like the state.
+    #[cfg(feature = "cli")]
     pub(crate) tokens: Arc<Mutex<crate::tokens::MemoryTokens>>,
     writes_hook: Option<super::WritesHook>,
 }
@@ -209,6 +210,7 @@ impl MemoryLedger {
             state: Arc::default(),
             clock,
             entropy,
+            #[cfg(feature = "cli")]
             tokens: Arc::default(),
             writes_hook: None,
         }

@@ -1,8 +1,8 @@
 //! Claims per second on MySQL / MariaDB with 1, 2, 4 and 8 concurrent workers at
 //! claim batches 1, 5 and 32, and how many claim races were lost (and refused).
 //!
-//! `LEASEHOLD_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo run --release
-//! --example mysql_claims [JOBS]` — each run gets a scratch database with JOBS
+//! `LEASEHOLD_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo bench --features
+//! mysql --bench mysql_claims -- [JOBS]` — each run gets a scratch database with JOBS
 //! claimable one-step commands (default 200 per command of a batch, at least 2,000:
 //! 2,000 at batch 1 and 5, 6,400 at batch 32), then N workers, each with its own
 //! ledger (its own connection pool, as separate machines would have), call
@@ -15,6 +15,8 @@
 //! `claim_spread` URL option, default `16`), `SKIP_LOCKED` (the `skip_locked` URL
 //! option: `1` uses `SKIP LOCKED` where the server has it, `0` forces the MySQL 5.7
 //! path; default `1`), and `REPEAT` (runs of each combination, default 1).
+
+mod support;
 
 use leasehold::entropy::OsEntropy;
 use leasehold::ledger::mysql::scratch::ScratchDatabase;
@@ -151,7 +153,7 @@ async fn main() {
         std::process::exit(2);
     };
     let admin = MysqlUrl::parse(&admin).unwrap_or_else(|e| panic!("LEASEHOLD_TEST_MYSQL_URL: {e}"));
-    let jobs: Option<u64> = std::env::args().nth(1).map(|a| a.parse().expect("JOBS is a number"));
+    let jobs: Option<u64> = support::bench_arg().map(|a| a.parse().expect("JOBS is a number"));
     let batches = list("BATCHES", "1,5,32");
     let workers = list("WORKERS", "1,2,4,8");
     let spreads = list("SPREADS", "16");

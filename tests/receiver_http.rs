@@ -9,7 +9,7 @@ use leasehold::engine::canonical::canonical_json;
 use leasehold::engine::{Action, AttemptId, CommandId, PlanId, Step};
 use leasehold::executor::{ExecRequest, Executor, ExecutorResult, Http, HttpConfig};
 use leasehold::ledger::DbUrl;
-use leasehold::target::{Effects, Faults};
+use leasehold::receiver::{Effects, Faults};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ impl Receiver {
         let addr = listener.local_addr().unwrap();
         let (ready_tx, ready) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            leasehold::target::open_and_serve(
+            leasehold::receiver::open_and_serve(
                 &db,
                 faults,
                 listener,

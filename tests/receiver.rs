@@ -1,4 +1,4 @@
-//! The reference receiver (`leasehold::target`), each behaviour of its contract on
+//! The reference receiver (`leasehold::receiver`), each behaviour of its contract on
 //! every backend: SQLite always, MariaDB / MySQL when `LEASEHOLD_TEST_MYSQL_URL` is
 //! set, PostgreSQL when `LEASEHOLD_TEST_POSTGRES_URL` is (each test in a scratch
 //! database of its own; without the variable those tests say they are skipped and
@@ -10,10 +10,10 @@ use leasehold::ledger::mysql::MysqlUrl;
 use leasehold::ledger::postgres::scratch::ScratchDatabase as PgScratch;
 use leasehold::ledger::postgres::PostgresUrl;
 use leasehold::ledger::DbUrl;
-use leasehold::target::mysql::MysqlStore;
-use leasehold::target::postgres::PostgresStore;
-use leasehold::target::sqlite::SqliteStore;
-use leasehold::target::{Begun, Effects, Faults, KeyStore, StoredResponse};
+use leasehold::receiver::mysql::MysqlStore;
+use leasehold::receiver::postgres::PostgresStore;
+use leasehold::receiver::sqlite::SqliteStore;
+use leasehold::receiver::{Begun, Effects, Faults, KeyStore, StoredResponse};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -93,7 +93,7 @@ impl Db {
         let (ready_tx, ready) = oneshot::channel::<String>();
         let url = self.url.clone();
         let task = tokio::spawn(async move {
-            leasehold::target::open_and_serve(
+            leasehold::receiver::open_and_serve(
                 &url,
                 faults,
                 listener,
@@ -120,7 +120,7 @@ impl Db {
 struct Server {
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), leasehold::target::StoreError>>>,
+    task: Option<JoinHandle<Result<(), leasehold::receiver::StoreError>>>,
     client: reqwest::Client,
 }
 

@@ -2,8 +2,8 @@
 //! batches 1, 5 and 32, and the enqueue→claim latency of an idle worker with and
 //! without `LISTEN`/`NOTIFY` wake-ups.
 //!
-//! `LEASEHOLD_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo run
-//! --release --example postgres_claims [claims|latency]` (both when not given).
+//! `LEASEHOLD_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test cargo bench
+//! --features postgres --bench postgres_claims -- [claims|latency]` (both when not given).
 //!
 //! - `claims`: each run gets a scratch database with max(2,000, 200 × batch)
 //!   claimable one-step commands, then N workers, each with its own ledger (its own
@@ -16,6 +16,8 @@
 //!   time, a random 100–400 ms apart; each sample is the time from just before the
 //!   `enqueue` call to the worker's claim event. Once with `notify=1` (the default),
 //!   once with `notify=0` (polling only). Prints the median, p90, p99 and max.
+
+mod support;
 
 use leasehold::clock::SystemClock;
 use leasehold::entropy::{Entropy, OsEntropy};
@@ -205,7 +207,7 @@ async fn main() {
         std::process::exit(2);
     };
     let admin = PostgresUrl::parse(&admin).unwrap_or_else(|e| panic!("LEASEHOLD_TEST_POSTGRES_URL: {e}"));
-    let mode = std::env::args().nth(1);
+    let mode = support::bench_arg();
     if mode.as_deref() != Some("latency") {
         println!("max(2000, 200 × batch) one-step commands per run, database clock\n");
         println!("batch  workers  claims/s    elapsed  lost races");

@@ -2,7 +2,7 @@
 //! engine, decoding or writer thread at all: the floor that the ratio of batch-32
 //! claims to the raw loop (`claims/sqlite/batch-32/4` in `cargo bench`) can reach.
 //!
-//! `cargo run --release --example sqlite_claim_floor [JOBS]` (default 40,000). One
+//! `cargo bench --features cli --bench sqlite_claim_floor -- [JOBS]` (default 40,000). One
 //! template ledger with JOBS one-step attempts is prepared in a temporary directory
 //! as `leasehold bench` prepares its own. Then each round runs, every one on a fresh
 //! copy (or queue) with 4 claimers taking 32 commands per transaction until none is
@@ -27,6 +27,8 @@
 //! (`src/ledger/sqlite/rows.rs`, `src/ledger/sql/write.rs`); `ROUNDS` (default 3) sets
 //! the rounds. Figures and what they mean: `docs/performance.md`, "The floor of a
 //! batched claim".
+
+mod support;
 
 use leasehold::bench::raw::{RawKind, SqliteRaw};
 use leasehold::clock::SystemClock;
@@ -71,7 +73,7 @@ enum Work {
 }
 
 fn main() {
-    let jobs: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(40_000);
+    let jobs: u64 = support::bench_arg().and_then(|s| s.parse().ok()).unwrap_or(40_000);
     let rounds: u32 = std::env::var("ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3);
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
     let dir = tempfile::tempdir().expect("a temporary directory");
