@@ -26,5 +26,5 @@ pub use model::{
     ReceiptStatus, Recovery, Step,
 };
 pub use plan::{PlanError, PlanSpec};
-pub use request::{decide, ClaimRequest, Decision, OperatorRequest, Reply, Request, WorkerRequest};
+pub use request::{decide, ClaimRequest, Decision, Op, OperatorRequest, Reply, Request, WorkerRequest};
 pub use transition::{Guard, Refusal, Writes};

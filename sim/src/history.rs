@@ -25,12 +25,11 @@
 //!
 //! Messages name attempts, steps, deliveries and token ordinals, never token text.
 
-use crate::checker::is_claim;
 use crate::db::{DbEvent, EventOutcome, Snap};
 use crate::plans;
 use crate::target::CallRecord;
 use leasehold_engine::canonical::sha256_hex;
-use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
+use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Op, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a receipt's evidence must be after a transition.
@@ -163,10 +162,10 @@ fn require_processing(b: &Snap) -> Result<(), String> {
 }
 
 /// The transition table: what an applied `op` must leave, given the rows before it.
-fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -> Result<Expected, String> {
+fn model(op: Op, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -> Result<Expected, String> {
     let mut x = Expected::unchanged(b);
     match op {
-        "claim" | "claim-and-begin" => {
+        Op::Claim | Op::ClaimAndBegin => {
             if b.record.attempt.status.is_terminal() {
                 return Err(format!("a claim applied to a {} attempt", b.record.attempt.status));
             }
@@ -183,22 +182,22 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
             x.command = CommandStatus::Processing;
             x.token = Token::Fresh;
             x.delivery_count = b.record.command.delivery_count.saturating_add(1);
-            if op == "claim-and-begin" {
+            if op == Op::ClaimAndBegin {
                 if let Some(i) = x.next_step() {
                     x.begin(i)?;
                 }
             }
         }
-        "heartbeat" => require_processing(b)?,
-        "begin-step" => {
+        Op::Heartbeat => require_processing(b)?,
+        Op::BeginStep => {
             require_processing(b)?;
             x.begin(index_of(b, ordinal)?)?;
         }
-        "complete-step" => {
+        Op::CompleteStep => {
             require_processing(b)?;
             x.complete(index_of(b, ordinal)?)?;
         }
-        "complete-and-continue" => {
+        Op::CompleteAndContinue => {
             require_processing(b)?;
             x.complete(index_of(b, ordinal)?)?;
             match x.next_step() {
@@ -206,7 +205,7 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
                 None => x.finish()?,
             }
         }
-        "fail" => {
+        Op::Fail => {
             require_processing(b)?;
             if ordinal.is_some() {
                 index_of(b, ordinal)?;
@@ -224,11 +223,11 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
             x.command = CommandStatus::Failed;
             x.token = Token::Cleared;
         }
-        "finish" => {
+        Op::Finish => {
             require_processing(b)?;
             x.finish()?;
         }
-        "reconcile" => {
+        Op::Reconcile => {
             // An expired lease is requeued; anything else is answered unchanged (a
             // live lease is refused, which the caller checks as a refusal).
             if b.record.command.status == CommandStatus::Processing
@@ -240,7 +239,7 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
                 x.token = Token::Cleared;
             }
         }
-        "abort" => {
+        Op::Abort => {
             if b.record.attempt.status.is_terminal() {
                 return Err(format!("an abort applied to a {} attempt", b.record.attempt.status));
             }
@@ -253,7 +252,7 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
             x.command = CommandStatus::Aborted;
             x.token = Token::Cleared;
         }
-        other => return Err(format!("{other} is not a transition of the table")),
+        Op::Enqueue => return Err(format!("{op} is not a transition of the table")),
     }
     Ok(x)
 }
@@ -263,7 +262,7 @@ fn same_evidence(x: &Receipt, y: &Receipt) -> bool {
 }
 
 /// Compares the rows after an applied transition with the model's answer.
-fn compare(op: &str, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
+fn compare(op: Op, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
     let mut out = Vec::new();
     let (ba, aa) = (&b.record.attempt, &a.record.attempt);
     if (&ba.id, &ba.plan_id, ba.number, ba.action) != (&aa.id, &aa.plan_id, aa.number, aa.action)
@@ -317,8 +316,8 @@ fn compare(op: &str, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Ve
     }
     let replay_takeover = recovery == Recovery::Replay
         && bc.delivery_count >= 1
-        && (is_claim(op)
-            || (op == "reconcile" && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
+        && (op.is_claim()
+            || (op == Op::Reconcile && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
     for ((br, ar), (status, evidence)) in b.record.receipts.iter().zip(&a.record.receipts).zip(&x.receipts) {
         let o = br.ordinal;
         if (ar.ordinal, &ar.step_code, &ar.idempotency_key) != (o, &br.step_code, &br.idempotency_key) {
@@ -416,7 +415,7 @@ pub fn transitions(events: &[DbEvent], plans: &BTreeMap<PlanId, Plan>, push: &mu
             }
         }
         match (&e.outcome, &e.before, &e.after) {
-            (EventOutcome::Applied, None, Some(a)) if e.op == "enqueue" => {
+            (EventOutcome::Applied, None, Some(a)) if e.op == Op::Enqueue => {
                 if let Err(m) = enqueued_ok(a) {
                     problems.push(m);
                 }
@@ -474,7 +473,7 @@ pub fn recovery_promises(
     let mut deliveries: BTreeMap<(&AttemptId, u32), Delivery<'_>> = BTreeMap::new();
     for e in events
         .iter()
-        .filter(|e| is_claim(e.op) && e.outcome == EventOutcome::Applied)
+        .filter(|e| e.op.is_claim() && e.outcome == EventOutcome::Applied)
     {
         if let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) {
             deliveries.insert(
@@ -560,7 +559,7 @@ pub fn recovery_promises(
         .collect();
     for e in events
         .iter()
-        .filter(|e| matches!(e.op, "complete-step" | "complete-and-continue") && e.outcome == EventOutcome::Applied)
+        .filter(|e| e.op.completes_step() && e.outcome == EventOutcome::Applied)
     {
         let (Some(id), Some(o), Some(b), Some(a)) = (&e.attempt, e.ordinal, &e.before, &e.after) else {
             continue;
@@ -640,7 +639,7 @@ mod tests {
                 now: 0,
             };
             let after = h.snap(&record);
-            h.push("enqueue", None, None, None, Some(after), EventOutcome::Applied);
+            h.push(Op::Enqueue, None, None, None, Some(after), EventOutcome::Applied);
             h
         }
 
@@ -657,7 +656,7 @@ mod tests {
 
         fn push(
             &mut self,
-            op: &'static str,
+            op: Op,
             ordinal: Option<u32>,
             presented: Option<u32>,
             before: Option<Snap>,
@@ -684,19 +683,13 @@ mod tests {
         }
 
         /// Applies the engine's writes, then lets `tamper` rewrite the rows after.
-        fn apply(
-            &mut self,
-            op: &'static str,
-            ordinal: Option<u32>,
-            writes: Writes,
-            tamper: impl FnOnce(&mut AttemptRecord),
-        ) {
+        fn apply(&mut self, op: Op, ordinal: Option<u32>, writes: Writes, tamper: impl FnOnce(&mut AttemptRecord)) {
             let before = self.snap(&self.record);
             let presented = before.token;
             writes.apply_to(&mut self.record);
             tamper(&mut self.record);
             let after = self.snap(&self.record);
-            let presented = if is_claim(op) { after.token } else { presented };
+            let presented = if op.is_claim() { after.token } else { presented };
             self.push(op, ordinal, presented, Some(before), Some(after), EventOutcome::Applied);
         }
 
@@ -717,13 +710,13 @@ mod tests {
                 Timestamp::from_millis(self.now),
             )
             .expect("claim");
-            self.apply("claim", None, w, tamper);
+            self.apply(Op::Claim, None, w, tamper);
         }
 
         fn begin(&mut self, o: u32) {
             let w = transition::begin_step(&self.record, o, &self.token(), 60_000, Timestamp::from_millis(self.now))
                 .expect("begin");
-            self.apply("begin-step", Some(o), w, |_| {});
+            self.apply(Op::BeginStep, Some(o), w, |_| {});
         }
 
         fn complete(&mut self, o: u32) {
@@ -737,7 +730,7 @@ mod tests {
                 Timestamp::from_millis(self.now),
             )
             .expect("complete");
-            self.apply("complete-step", Some(o), w, |_| {});
+            self.apply(Op::CompleteStep, Some(o), w, |_| {});
         }
 
         fn call(&self, o: u32, delivery: u32) -> CallRecord {
@@ -898,7 +891,7 @@ mod tests {
     fn an_abort_that_rewrites_a_succeeded_step_fires() {
         let mut h = interrupted("resume", |_| {});
         let w = transition::abort(&h.record, "stop", Timestamp::from_millis(h.now)).expect("abort");
-        h.apply("abort", None, w, |r| r.receipts[0].status = ReceiptStatus::Aborted);
+        h.apply(Op::Abort, None, w, |r| r.receipts[0].status = ReceiptStatus::Aborted);
         let v = h.violations(&[]);
         assert!(
             v.iter()
@@ -915,7 +908,9 @@ mod tests {
         h.now += 100_000;
         let (_, w) =
             transition::reconcile(&h.record, Recovery::Resume, Timestamp::from_millis(h.now)).expect("reconcile");
-        h.apply("reconcile", None, w, |r| r.receipts[0].status = ReceiptStatus::Running);
+        h.apply(Op::Reconcile, None, w, |r| {
+            r.receipts[0].status = ReceiptStatus::Running
+        });
         let v = h.violations(&[]);
         assert!(
             v.iter()
@@ -932,7 +927,7 @@ mod tests {
         let mut after = before.clone();
         after.record.receipts[0].status = ReceiptStatus::Running;
         h.push(
-            "begin-step",
+            Op::BeginStep,
             Some(1),
             Some(9),
             Some(before),
@@ -952,7 +947,7 @@ mod tests {
         let mut h = History::new("resume");
         h.claim(|_| {});
         let w = transition::begin_step(&h.record, 1, &h.token(), 60_000, Timestamp::from_millis(h.now)).expect("begin");
-        h.apply("begin-step", Some(1), w, |r| {
+        h.apply(Op::BeginStep, Some(1), w, |r| {
             r.receipts[1].status = ReceiptStatus::Running
         });
         let v = h.violations(&[]);
@@ -973,7 +968,7 @@ mod tests {
         }
         let token = h.token();
         let w = transition::finish(&h.record, &token, Timestamp::from_millis(h.now)).expect("finish");
-        h.apply("finish", None, w, |r| r.command.lease_token = Some(token));
+        h.apply(Op::Finish, None, w, |r| r.command.lease_token = Some(token));
         let v = h.violations(&[h.call(1, 1), h.call(2, 1), h.call(3, 1)]);
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].1.contains("the table says no token"), "{v:?}");

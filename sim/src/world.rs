@@ -579,9 +579,7 @@ pub fn run(config: &RunConfig) -> RunReport {
         takeovers: db
             .events
             .iter()
-            .filter(|e| {
-                checker::is_claim(e.op) && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2)
-            })
+            .filter(|e| e.op.is_claim() && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2))
             .count() as u64,
         stale_refused: db.events.iter().filter(|e| e.is_stale_refusal()).count() as u64,
         duplicates: tgt.duplicates,
