@@ -263,6 +263,32 @@ fn same_evidence(x: &Receipt, y: &Receipt) -> bool {
 
 /// Compares the rows after an applied transition with the model's answer.
 fn compare(op: Op, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
+    let mut out = compare_rows(b, a, x);
+    if a.record.receipts.len() != b.record.receipts.len() {
+        out.push(format!(
+            "the attempt had {} receipts and then {}",
+            b.record.receipts.len(),
+            a.record.receipts.len()
+        ));
+        return out;
+    }
+    let bc = &b.record.command;
+    let replay_takeover = recovery == Recovery::Replay
+        && bc.delivery_count >= 1
+        && (op.is_claim()
+            || (op == Op::Reconcile && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
+    let receipts = b.record.receipts.iter().zip(&a.record.receipts).zip(&x.receipts);
+    for ((br, ar), (status, evidence)) in receipts {
+        if let Err(m) = compare_receipt((op, recovery, replay_takeover), br, ar, (*status, *evidence)) {
+            out.push(m);
+        }
+    }
+    out
+}
+
+/// Compares the attempt's identity, the attempt's and the command's status, the
+/// delivery count and the token with the model's answer.
+fn compare_rows(b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
     let mut out = Vec::new();
     let (ba, aa) = (&b.record.attempt, &a.record.attempt);
     if (&ba.id, &ba.plan_id, ba.number, ba.action) != (&aa.id, &aa.plan_id, aa.number, aa.action)
@@ -289,78 +315,70 @@ fn compare(op: Op, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<
             bc.delivery_count, ac.delivery_count, x.delivery_count
         ));
     }
-    let token_ok = match x.token {
-        Token::Same => a.token == b.token,
-        Token::Fresh => a.token.is_some() && a.token != b.token,
-        Token::Cleared => a.token.is_none(),
+    out.extend(compare_token(b, a, x.token));
+    out
+}
+
+/// Compares the command's token after with what the model says it must be.
+fn compare_token(b: &Snap, a: &Snap, token: Token) -> Option<String> {
+    let (ok, want) = match token {
+        Token::Same => (a.token == b.token, "the same token"),
+        Token::Fresh => (a.token.is_some() && a.token != b.token, "a fresh token"),
+        Token::Cleared => (a.token.is_none(), "no token"),
     };
-    if !token_ok {
-        let want = match x.token {
-            Token::Same => "the same token",
-            Token::Fresh => "a fresh token",
-            Token::Cleared => "no token",
-        };
-        out.push(format!(
+    (!ok).then(|| {
+        format!(
             "the command's token went {} -> {}, the table says {want}",
             tok(b.token),
             tok(a.token)
+        )
+    })
+}
+
+/// Compares one receipt before (`br`) and after (`ar`) an applied `op` with the
+/// model's status and evidence for it; only a replay takeover may rewrite a
+/// SUCCEEDED receipt.
+fn compare_receipt(
+    (op, recovery, replay_takeover): (Op, Recovery, bool),
+    br: &Receipt,
+    ar: &Receipt,
+    (status, evidence): (ReceiptStatus, Evidence),
+) -> Result<(), String> {
+    let o = br.ordinal;
+    if (ar.ordinal, &ar.step_code, &ar.idempotency_key) != (o, &br.step_code, &br.idempotency_key) {
+        return Err(format!("step {o}'s ordinal, code or idempotency key changed"));
+    }
+    if br.status == ReceiptStatus::Succeeded && !replay_takeover && (ar.status != br.status || !same_evidence(br, ar)) {
+        return Err(format!(
+            "step {o} was SUCCEEDED and {op} rewrote it ({}, evidence {}), which only a replay takeover may",
+            ar.status,
+            if same_evidence(br, ar) { "kept" } else { "changed" }
         ));
     }
-    if a.record.receipts.len() != b.record.receipts.len() {
-        out.push(format!(
-            "the attempt had {} receipts and then {}",
-            b.record.receipts.len(),
-            a.record.receipts.len()
+    if ar.status != status {
+        return Err(format!(
+            "step {o} went {} -> {} under {recovery}, the table says {status}",
+            br.status, ar.status
         ));
-        return out;
     }
-    let replay_takeover = recovery == Recovery::Replay
-        && bc.delivery_count >= 1
-        && (op.is_claim()
-            || (op == Op::Reconcile && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
-    for ((br, ar), (status, evidence)) in b.record.receipts.iter().zip(&a.record.receipts).zip(&x.receipts) {
-        let o = br.ordinal;
-        if (ar.ordinal, &ar.step_code, &ar.idempotency_key) != (o, &br.step_code, &br.idempotency_key) {
-            out.push(format!("step {o}'s ordinal, code or idempotency key changed"));
-            continue;
-        }
-        if br.status == ReceiptStatus::Succeeded
-            && !replay_takeover
-            && (ar.status != br.status || !same_evidence(br, ar))
-        {
-            out.push(format!(
-                "step {o} was SUCCEEDED and {op} rewrote it ({}, evidence {}), which only a replay takeover may",
-                ar.status,
-                if same_evidence(br, ar) { "kept" } else { "changed" }
-            ));
-            continue;
-        }
-        if ar.status != *status {
-            out.push(format!(
-                "step {o} went {} -> {} under {recovery}, the table says {status}",
-                br.status, ar.status
-            ));
-            continue;
-        }
-        let evidence_ok = match evidence {
-            Evidence::Kept => same_evidence(br, ar),
-            Evidence::Recorded => {
-                ar.evidence.as_deref().map(|e| sha256_hex(e.as_bytes())) == ar.evidence_sha256
-                    && ar.evidence.is_some()
-                    && ar.target_receipt.is_some()
-            }
-            Evidence::Dropped => ar.evidence.is_none() && ar.evidence_sha256.is_none() && ar.target_receipt.is_none(),
-        };
-        if !evidence_ok {
-            let want = match evidence {
-                Evidence::Kept => "kept",
-                Evidence::Recorded => "recorded with its SHA-256 and target receipt",
-                Evidence::Dropped => "dropped",
-            };
-            out.push(format!("step {o}'s evidence after {op} is not {want}"));
-        }
+    let (ok, want) = match evidence {
+        Evidence::Kept => (same_evidence(br, ar), "kept"),
+        Evidence::Recorded => (
+            ar.evidence.as_deref().map(|e| sha256_hex(e.as_bytes())) == ar.evidence_sha256
+                && ar.evidence.is_some()
+                && ar.target_receipt.is_some(),
+            "recorded with its SHA-256 and target receipt",
+        ),
+        Evidence::Dropped => (
+            ar.evidence.is_none() && ar.evidence_sha256.is_none() && ar.target_receipt.is_none(),
+            "dropped",
+        ),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("step {o}'s evidence after {op} is not {want}"))
     }
-    out
 }
 
 fn tok(t: Option<u32>) -> String {
@@ -463,6 +481,9 @@ struct Delivery<'a> {
     token: Option<u32>,
 }
 
+/// Every delivery an applied claim made, by attempt and delivery count.
+type Deliveries<'a> = BTreeMap<(&'a AttemptId, u32), Delivery<'a>>;
+
 /// Invariant 12 over the target's calls and the event log.
 pub fn recovery_promises(
     events: &[DbEvent],
@@ -470,22 +491,7 @@ pub fn recovery_promises(
     calls: &[CallRecord],
     push: &mut impl FnMut(u8, String),
 ) {
-    let mut deliveries: BTreeMap<(&AttemptId, u32), Delivery<'_>> = BTreeMap::new();
-    for e in events
-        .iter()
-        .filter(|e| e.op.is_claim() && e.outcome == EventOutcome::Applied)
-    {
-        if let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) {
-            deliveries.insert(
-                (id, a.record.command.delivery_count),
-                Delivery {
-                    before: b,
-                    after: a,
-                    token: a.token,
-                },
-            );
-        }
-    }
+    let deliveries = deliveries(events);
     let mut reported: BTreeSet<AttemptId> = BTreeSet::new();
     let mut report = |id: &AttemptId, message: String| {
         if reported.insert(id.clone()) {
@@ -504,55 +510,96 @@ pub fn recovery_promises(
             continue;
         };
         called.insert((&c.attempt, c.ordinal, c.delivery));
-        let recovery = recovery_of(plans, d.after);
         let Some(r) = d.after.record.receipt(c.ordinal) else {
             report(&c.attempt, format!("{what}: the attempt has no such step"));
             continue;
         };
-        if r.idempotency_key != c.key {
-            report(&c.attempt, format!("{what} carried a key that is not the step's"));
-        }
-        let succeeded_before = d
-            .before
-            .record
-            .receipt(c.ordinal)
-            .is_some_and(|r| r.status == ReceiptStatus::Succeeded);
-        if recovery == Recovery::Resume && succeeded_before {
-            report(
-                &c.attempt,
-                format!("{what}: the step had SUCCEEDED before the claim that made the delivery (resume redelivered finished work)"),
-            );
-        }
-        if recovery == Recovery::Replay {
-            let sandbox = plans::sandbox_id(&c.attempt, c.delivery);
-            if c.sandbox.as_deref() != Some(sandbox.as_str()) {
-                report(&c.attempt, format!("{what} is not in that delivery's fresh sandbox"));
-            }
-        }
-        if first_call.insert((&c.attempt, c.delivery)) {
-            let start = match recovery {
-                Recovery::Replay => Some(1),
-                Recovery::Resume => d
-                    .before
-                    .record
-                    .receipts
-                    .iter()
-                    .filter(|r| r.status != ReceiptStatus::Succeeded)
-                    .map(|r| r.ordinal)
-                    .min(),
-            };
-            if start != Some(c.ordinal) {
-                report(
-                    &c.attempt,
-                    format!(
-                        "{what} is the delivery's first call, but its claim left step {} next under {recovery}",
-                        start.map_or_else(|| "none".to_owned(), |s| s.to_string())
-                    ),
-                );
-            }
+        let first = first_call.insert((&c.attempt, c.delivery));
+        for m in call_problems(&what, c, (d, r), recovery_of(plans, d.after), first) {
+            report(&c.attempt, m);
         }
     }
-    // Every step a delivery completed was called by that delivery.
+    completed_uncalled(events, &deliveries, &called, &mut report);
+}
+
+fn deliveries(events: &[DbEvent]) -> Deliveries<'_> {
+    let mut deliveries = Deliveries::new();
+    for e in events
+        .iter()
+        .filter(|e| e.op.is_claim() && e.outcome == EventOutcome::Applied)
+    {
+        if let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) {
+            deliveries.insert(
+                (id, a.record.command.delivery_count),
+                Delivery {
+                    before: b,
+                    after: a,
+                    token: a.token,
+                },
+            );
+        }
+    }
+    deliveries
+}
+
+/// What breaks the recovery promises in the target's call `c` (described as `what`)
+/// of step `r` from delivery `d`, the `first` call of that delivery.
+fn call_problems(
+    what: &str,
+    c: &CallRecord,
+    (d, r): (&Delivery<'_>, &Receipt),
+    recovery: Recovery,
+    first: bool,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.idempotency_key != c.key {
+        out.push(format!("{what} carried a key that is not the step's"));
+    }
+    let succeeded_before = d
+        .before
+        .record
+        .receipt(c.ordinal)
+        .is_some_and(|r| r.status == ReceiptStatus::Succeeded);
+    if recovery == Recovery::Resume && succeeded_before {
+        out.push(format!(
+            "{what}: the step had SUCCEEDED before the claim that made the delivery (resume redelivered finished work)"
+        ));
+    }
+    if recovery == Recovery::Replay {
+        let sandbox = plans::sandbox_id(&c.attempt, c.delivery);
+        if c.sandbox.as_deref() != Some(sandbox.as_str()) {
+            out.push(format!("{what} is not in that delivery's fresh sandbox"));
+        }
+    }
+    if first {
+        let start = match recovery {
+            Recovery::Replay => Some(1),
+            Recovery::Resume => d
+                .before
+                .record
+                .receipts
+                .iter()
+                .filter(|r| r.status != ReceiptStatus::Succeeded)
+                .map(|r| r.ordinal)
+                .min(),
+        };
+        if start != Some(c.ordinal) {
+            out.push(format!(
+                "{what} is the delivery's first call, but its claim left step {} next under {recovery}",
+                start.map_or_else(|| "none".to_owned(), |s| s.to_string())
+            ));
+        }
+    }
+    out
+}
+
+/// Reports every step a delivery completed that the delivery never `called`.
+fn completed_uncalled(
+    events: &[DbEvent],
+    deliveries: &Deliveries<'_>,
+    called: &BTreeSet<(&AttemptId, u32, u32)>,
+    report: &mut impl FnMut(&AttemptId, String),
+) {
     let token_delivery: BTreeMap<(&AttemptId, u32), u32> = deliveries
         .iter()
         .filter_map(|((id, n), d)| d.token.map(|t| ((*id, t), *n)))
