@@ -270,17 +270,41 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 
 /// Computes the release gate of `plan` from its attempt `history` (any order).
 pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
+    let forward = forward_attempts(plan, history);
+    let mut checks = Vec::with_capacity(CheckName::ALL.len());
+    checks.push(plan_ready(plan));
+    let Some(&latest) = forward.last() else {
+        checks.extend(without_attempt(plan));
+        return finish(plan, checks, None, None, Vec::new(), Vec::new());
+    };
+    let incomplete = incomplete(plan, latest);
+    checks.push(latest_succeeded(plan, history, latest, incomplete.as_deref()));
+    checks.push(command_delivered(latest));
+    let mut tampered = verify_receipts(&latest.receipts);
+    let evidence = evidence_intact(latest, &tampered);
+    let comparable =
+        latest.attempt.status == AttemptStatus::Succeeded && incomplete.is_none() && evidence.verdict == Verdict::Pass;
+    checks.push(evidence);
+    let baseline = baseline_of(&forward, latest);
+    let (check, base_tampered, drift) = matches_baseline(plan, latest, baseline, comparable);
+    checks.push(check);
+    tampered.extend(base_tampered);
+    finish(plan, checks, Some(latest), baseline, tampered, drift)
+}
+
+/// The plan's forward attempts (`execute`, `retry`), by number.
+fn forward_attempts<'a>(plan: &Plan, history: &'a [AttemptRecord]) -> Vec<&'a AttemptRecord> {
     let mut forward: Vec<&AttemptRecord> = history
         .iter()
         .filter(|r| r.attempt.plan_id == plan.id && r.attempt.action.is_forward())
         .collect();
     forward.sort_by_key(|r| r.attempt.number);
-    let latest = forward.last().copied();
+    forward
+}
 
-    let mut checks = Vec::with_capacity(CheckName::ALL.len());
-
-    // 1. plan-ready
-    checks.push(match (plan.status, verify_fingerprint(plan)) {
+/// Check 1, `plan-ready`.
+fn plan_ready(plan: &Plan) -> Check {
+    match (plan.status, verify_fingerprint(plan)) {
         (PlanStatus::Ready, Ok(())) => Check::new(CheckName::PlanReady, true, format!("plan {} is READY", plan.id)),
         (PlanStatus::Ready, Err(_)) => Check::new(
             CheckName::PlanReady,
@@ -295,22 +319,24 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
             false,
             format!("plan {} is {status}, not READY", plan.id),
         ),
-    });
+    }
+}
 
-    let Some(latest) = latest else {
-        let none = |name, reason: &str| Check::new(name, false, reason.to_owned());
-        checks.push(none(
-            CheckName::LatestSucceeded,
-            &format!("plan {} has no attempt", plan.id),
-        ));
-        checks.push(none(CheckName::CommandDelivered, "no attempt, so no command to check"));
-        checks.push(none(CheckName::EvidenceIntact, "no attempt, so no evidence to verify"));
-        checks.push(none(CheckName::MatchesBaseline, "no attempt to compare"));
-        return finish(plan, checks, None, None, Vec::new(), Vec::new());
-    };
+/// Checks 2 to 5 of a plan without a forward attempt: each blocks.
+fn without_attempt(plan: &Plan) -> [Check; 4] {
+    let none = |name, reason: &str| Check::new(name, false, reason.to_owned());
+    [
+        none(CheckName::LatestSucceeded, &format!("plan {} has no attempt", plan.id)),
+        none(CheckName::CommandDelivered, "no attempt, so no command to check"),
+        none(CheckName::EvidenceIntact, "no attempt, so no evidence to verify"),
+        none(CheckName::MatchesBaseline, "no attempt to compare"),
+    ]
+}
+
+/// Check 2, `latest-succeeded`: `latest` is SUCCEEDED, complete (`incomplete` says
+/// why not) and no newer compensate attempt of the plan undoes it.
+fn latest_succeeded(plan: &Plan, history: &[AttemptRecord], latest: &AttemptRecord, incomplete: Option<&str>) -> Check {
     let me = AttemptRef::of(latest);
-
-    // 2. latest-succeeded
     let undo = history
         .iter()
         .filter(|r| {
@@ -319,11 +345,8 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
                 && r.attempt.number > latest.attempt.number
         })
         .max_by_key(|r| r.attempt.number);
-    let incomplete = incomplete(plan, latest);
-    let succeeded = latest.attempt.status == AttemptStatus::Succeeded;
-    checks.push(if let Some(undo) = undo {
-        Check::new(
-            CheckName::LatestSucceeded,
+    let (pass, reason) = if let Some(undo) = undo {
+        (
             false,
             format!(
                 "latest {me} is {} but the newer {} is {} and undoes it",
@@ -332,21 +355,15 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
                 undo.attempt.status
             ),
         )
-    } else if !succeeded {
-        Check::new(
-            CheckName::LatestSucceeded,
+    } else if latest.attempt.status != AttemptStatus::Succeeded {
+        (
             false,
             format!("latest {me} is {}, not SUCCEEDED", latest.attempt.status),
         )
-    } else if let Some(why) = &incomplete {
-        Check::new(
-            CheckName::LatestSucceeded,
-            false,
-            format!("latest {me} is SUCCEEDED but incomplete: {why}"),
-        )
+    } else if let Some(why) = incomplete {
+        (false, format!("latest {me} is SUCCEEDED but incomplete: {why}"))
     } else {
-        Check::new(
-            CheckName::LatestSucceeded,
+        (
             true,
             format!(
                 "latest {me} is SUCCEEDED with {} of {}",
@@ -354,13 +371,15 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
                 plural(plan.steps.len(), "step", "steps")
             ),
         )
-    });
+    };
+    Check::new(CheckName::LatestSucceeded, pass, reason)
+}
 
-    // 3. command-delivered
+/// Check 3, `command-delivered`.
+fn command_delivered(latest: &AttemptRecord) -> Check {
     let command = &latest.command;
-    checks.push(if command.attempt_id != latest.attempt.id {
-        Check::new(
-            CheckName::CommandDelivered,
+    let (pass, reason) = if command.attempt_id != latest.attempt.id {
+        (
             false,
             format!(
                 "command {} belongs to attempt {}, not {}",
@@ -368,8 +387,7 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
             ),
         )
     } else if command.status != CommandStatus::Delivered {
-        Check::new(
-            CheckName::CommandDelivered,
+        (
             false,
             format!(
                 "command {} of attempt {} is {}, not DELIVERED",
@@ -377,26 +395,27 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
             ),
         )
     } else {
-        Check::new(
-            CheckName::CommandDelivered,
+        (
             true,
             format!("command {} of attempt {} is DELIVERED", command.id, latest.attempt.id),
         )
-    });
+    };
+    Check::new(CheckName::CommandDelivered, pass, reason)
+}
 
-    // 4. evidence-intact
-    let mut tampered = verify_receipts(&latest.receipts);
+/// Check 4, `evidence-intact`, given the receipts of `latest` that failed
+/// verification.
+fn evidence_intact(latest: &AttemptRecord, tampered: &[TamperError]) -> Check {
+    let receipts = plural(latest.receipts.len(), "receipt", "receipts");
     let missing: Vec<String> = latest
         .receipts
         .iter()
         .filter(|r| r.evidence.is_none() && r.evidence_sha256.is_none() && r.status != ReceiptStatus::Succeeded)
         .map(|r| format!("receipt {} ({}) is {}", r.ordinal, r.step_code, r.status))
         .collect();
-    let intact = tampered.is_empty() && missing.is_empty() && !latest.receipts.is_empty();
-    checks.push(if !tampered.is_empty() {
+    let (pass, reason) = if !tampered.is_empty() {
         let named: Vec<String> = tampered.iter().map(ToString::to_string).collect();
-        Check::new(
-            CheckName::EvidenceIntact,
+        (
             false,
             format!(
                 "{} failed verification: {}",
@@ -405,37 +424,33 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
             ),
         )
     } else if !missing.is_empty() {
-        Check::new(
-            CheckName::EvidenceIntact,
+        (
             false,
             format!(
-                "{} of {} of attempt {} have no evidence: {}",
+                "{} of {receipts} of attempt {} have no evidence: {}",
                 missing.len(),
-                plural(latest.receipts.len(), "receipt", "receipts"),
                 latest.attempt.id,
                 missing.join(", ")
             ),
         )
     } else if latest.receipts.is_empty() {
-        Check::new(
-            CheckName::EvidenceIntact,
-            false,
-            format!("attempt {} has no receipts", latest.attempt.id),
-        )
+        (false, format!("attempt {} has no receipts", latest.attempt.id))
     } else {
-        Check::new(
-            CheckName::EvidenceIntact,
+        (
             true,
             format!(
-                "the evidence of all {} of attempt {} matches its SHA-256",
-                plural(latest.receipts.len(), "receipt", "receipts"),
+                "the evidence of all {receipts} of attempt {} matches its SHA-256",
                 latest.attempt.id
             ),
         )
-    });
+    };
+    Check::new(CheckName::EvidenceIntact, pass, reason)
+}
 
-    // 5. matches-baseline
-    let baseline = forward
+/// The baseline of `latest`: the highest-numbered forward attempt below it that is
+/// SUCCEEDED with its command DELIVERED.
+fn baseline_of<'a>(forward: &[&'a AttemptRecord], latest: &AttemptRecord) -> Option<&'a AttemptRecord> {
+    forward
         .iter()
         .rev()
         .find(|r| {
@@ -443,59 +458,85 @@ pub fn gate(plan: &Plan, history: &[AttemptRecord]) -> GateReport {
                 && r.attempt.status == AttemptStatus::Succeeded
                 && r.command.status == CommandStatus::Delivered
         })
-        .copied();
-    let semantic = semantic_fingerprint(plan, &latest.receipts);
-    let mut drift = Vec::new();
-    checks.push(if !succeeded || incomplete.is_some() || !intact {
-        let with = baseline.map_or_else(String::new, |b| format!(" with baseline {}", AttemptRef::of(b)));
-        Check::new(
-            CheckName::MatchesBaseline,
-            false,
-            format!("latest {me} was not compared{with}: it is not a complete, SUCCEEDED attempt with intact evidence"),
-        )
-    } else if let Some(base) = baseline {
-        let base_ref = AttemptRef::of(base);
-        let base_tampered = verify_receipts(&base.receipts);
-        let base_semantic = semantic_fingerprint(plan, &base.receipts);
-        if let Some(first) = base_tampered.first() {
+        .copied()
+}
+
+/// Check 5, `matches-baseline`, with the baseline's receipts that failed verification
+/// and the fields that drifted from it. Only a `comparable` latest (complete,
+/// SUCCEEDED, intact evidence) is compared.
+fn matches_baseline(
+    plan: &Plan,
+    latest: &AttemptRecord,
+    baseline: Option<&AttemptRecord>,
+    comparable: bool,
+) -> (Check, Vec<TamperError>, Vec<Difference>) {
+    let me = AttemptRef::of(latest);
+    match baseline {
+        _ if !comparable => {
+            let with = baseline.map_or_else(String::new, |b| format!(" with baseline {}", AttemptRef::of(b)));
             let reason = format!(
-                "baseline {base_ref} cannot be trusted: {} failed verification (first: {first})",
-                plural(base_tampered.len(), "receipt", "receipts")
+                "latest {me} was not compared{with}: it is not a complete, SUCCEEDED attempt with intact evidence"
             );
-            tampered.extend(base_tampered);
-            Check::new(CheckName::MatchesBaseline, false, reason)
-        } else if base_semantic == semantic {
-            Check::new(
-                CheckName::MatchesBaseline,
-                true,
-                format!(
-                    "semantic fingerprint {} equals that of baseline {base_ref}",
-                    short(&semantic)
-                ),
-            )
-        } else {
-            drift = differences(plan, &base.receipts, &latest.receipts);
-            Check::new(
-                CheckName::MatchesBaseline,
-                false,
-                format!(
-                    "semantic fingerprint {} differs from {} of baseline {base_ref}: {} {}",
-                    short(&semantic),
-                    short(&base_semantic),
-                    plural(drift.len(), "field differs:", "fields differ:"),
-                    name_paths(&drift)
-                ),
+            (
+                Check::new(CheckName::MatchesBaseline, false, reason),
+                Vec::new(),
+                Vec::new(),
             )
         }
-    } else {
-        Check::new(
-            CheckName::MatchesBaseline,
-            true,
-            format!("latest {me} is the first successful delivered attempt: it sets the baseline"),
-        )
-    });
+        Some(base) => compare_with_baseline(plan, latest, base),
+        None => {
+            let reason = format!("latest {me} is the first successful delivered attempt: it sets the baseline");
+            (
+                Check::new(CheckName::MatchesBaseline, true, reason),
+                Vec::new(),
+                Vec::new(),
+            )
+        }
+    }
+}
 
-    finish(plan, checks, Some(latest), baseline, tampered, drift)
+/// Check 5 against a baseline `base`: it must verify, and its semantic fingerprint
+/// equal that of `latest`.
+fn compare_with_baseline(
+    plan: &Plan,
+    latest: &AttemptRecord,
+    base: &AttemptRecord,
+) -> (Check, Vec<TamperError>, Vec<Difference>) {
+    let base_ref = AttemptRef::of(base);
+    let base_tampered = verify_receipts(&base.receipts);
+    if let Some(first) = base_tampered.first() {
+        let reason = format!(
+            "baseline {base_ref} cannot be trusted: {} failed verification (first: {first})",
+            plural(base_tampered.len(), "receipt", "receipts")
+        );
+        return (
+            Check::new(CheckName::MatchesBaseline, false, reason),
+            base_tampered,
+            Vec::new(),
+        );
+    }
+    let semantic = semantic_fingerprint(plan, &latest.receipts);
+    let base_semantic = semantic_fingerprint(plan, &base.receipts);
+    if base_semantic == semantic {
+        let reason = format!(
+            "semantic fingerprint {} equals that of baseline {base_ref}",
+            short(&semantic)
+        );
+        return (
+            Check::new(CheckName::MatchesBaseline, true, reason),
+            Vec::new(),
+            Vec::new(),
+        );
+    }
+    let drift = differences(plan, &base.receipts, &latest.receipts);
+    let reason = format!(
+        "semantic fingerprint {} differs from {} of baseline {base_ref}: {} {}",
+        short(&semantic),
+        short(&base_semantic),
+        plural(drift.len(), "field differs:", "fields differ:"),
+        name_paths(&drift)
+    );
+    (Check::new(CheckName::MatchesBaseline, false, reason), Vec::new(), drift)
 }
 
 fn finish(

@@ -26,5 +26,7 @@ pub use model::{
     ReceiptStatus, Recovery, Step,
 };
 pub use plan::{PlanError, PlanSpec};
-pub use request::{decide, ClaimRequest, Decision, Failure, OperatorRequest, Reply, Request, WorkerOp, WorkerRequest};
+pub use request::{
+    decide, ClaimRequest, Decision, Failure, Op, OperatorRequest, Reply, Request, WorkerOp, WorkerRequest,
+};
 pub use transition::{Guard, Refusal, Writes};

@@ -11,14 +11,18 @@
 //! are serde data (the simulator sends them over its wire as they are); lease tokens
 //! never are: they travel beside a request, never inside one.
 //!
-//! Adding a transition: a variant here, its arm in [`decide`] (and its transition
-//! function); the ledgers apply every request through the same path.
+//! Every operation has one name, an [`Op`]: traces, logs and the simulator's checks
+//! match on it, never on its spelling.
+//!
+//! Adding a transition: a variant here, its [`Op`], its arm in [`decide`] (and its
+//! transition function); the ledgers apply every request through the same path.
 
 use crate::ids::{LeaseToken, Timestamp};
 use crate::model::{AttemptRecord, Recovery};
 use crate::transition::{self, Continued, ReconcileOutcome, Refusal, Writes};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::fmt;
 
 /// A claim: up to `batch` claimable commands for `owner` under fresh leases of
 /// `lease_ms`. Each candidate is decided on its own ([`Request::Claim`]).
@@ -33,6 +37,104 @@ pub struct ClaimRequest {
     /// Whether to begin each claimed attempt's next step in the same transaction
     /// ([`transition::claim_and_begin`]).
     pub begin: bool,
+}
+
+/// A ledger operation's name: every request's, and the enqueue's. Its [`fmt::Display`]
+/// is the spelling traces, logs and the simulator print (`claim-and-begin`,
+/// `complete-step`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Op {
+    /// Enqueue an attempt ([`transition::enqueue`]).
+    Enqueue,
+    /// Claim a command ([`transition::claim`]).
+    Claim,
+    /// Claim a command and begin its next step ([`transition::claim_and_begin`]).
+    ClaimAndBegin,
+    /// [`WorkerRequest::Heartbeat`].
+    Heartbeat,
+    /// [`WorkerRequest::BeginStep`].
+    BeginStep,
+    /// [`WorkerRequest::CompleteStep`].
+    CompleteStep,
+    /// [`WorkerRequest::CompleteAndContinue`].
+    CompleteAndContinue,
+    /// [`WorkerRequest::Fail`].
+    Fail,
+    /// [`WorkerRequest::Finish`].
+    Finish,
+    /// [`OperatorRequest::Reconcile`].
+    Reconcile,
+    /// [`OperatorRequest::Abort`].
+    Abort,
+}
+
+impl Op {
+    /// Every operation.
+    pub const ALL: [Op; 11] = [
+        Op::Enqueue,
+        Op::Claim,
+        Op::ClaimAndBegin,
+        Op::Heartbeat,
+        Op::BeginStep,
+        Op::CompleteStep,
+        Op::CompleteAndContinue,
+        Op::Fail,
+        Op::Finish,
+        Op::Reconcile,
+        Op::Abort,
+    ];
+
+    /// The operation's printed name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Op::Enqueue => "enqueue",
+            Op::Claim => "claim",
+            Op::ClaimAndBegin => "claim-and-begin",
+            Op::Heartbeat => "heartbeat",
+            Op::BeginStep => "begin-step",
+            Op::CompleteStep => "complete-step",
+            Op::CompleteAndContinue => "complete-and-continue",
+            Op::Fail => "fail",
+            Op::Finish => "finish",
+            Op::Reconcile => "reconcile",
+            Op::Abort => "abort",
+        }
+    }
+
+    /// Whether the operation claims (mints a token and counts a delivery).
+    pub const fn is_claim(self) -> bool {
+        matches!(self, Op::Claim | Op::ClaimAndBegin)
+    }
+
+    /// Whether the operation is a [`WorkerRequest`] (presents a lease).
+    pub const fn is_worker(self) -> bool {
+        matches!(
+            self,
+            Op::Heartbeat | Op::BeginStep | Op::CompleteStep | Op::CompleteAndContinue | Op::Fail | Op::Finish
+        )
+    }
+
+    /// Whether the operation completes a step (and records its evidence).
+    pub const fn completes_step(self) -> bool {
+        matches!(self, Op::CompleteStep | Op::CompleteAndContinue)
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl ClaimRequest {
+    /// The claim's operation: claim-and-begin when it begins the next step.
+    pub fn op(&self) -> Op {
+        if self.begin {
+            Op::ClaimAndBegin
+        } else {
+            Op::Claim
+        }
+    }
 }
 
 /// A request of a worker that holds a lease (the lease travels beside it).
@@ -99,8 +201,8 @@ impl WorkerRequest {
         }
     }
 
-    /// The request's short name (traces, logs, the simulator's seams).
-    pub fn op(&self) -> &'static str {
+    /// The request's operation (traces, logs, the simulator's seams).
+    pub fn op(&self) -> Op {
         self.kind().op()
     }
 
@@ -139,15 +241,15 @@ pub enum WorkerOp {
 }
 
 impl WorkerOp {
-    /// The request's short name (traces, logs, the simulator's seams).
-    pub fn op(self) -> &'static str {
+    /// The request's operation (traces, logs, the simulator's seams).
+    pub fn op(self) -> Op {
         match self {
-            WorkerOp::Heartbeat => "heartbeat",
-            WorkerOp::BeginStep(_) => "begin-step",
-            WorkerOp::CompleteStep(_) => "complete-step",
-            WorkerOp::CompleteAndContinue(_) => "complete-and-continue",
-            WorkerOp::Fail(_) => "fail",
-            WorkerOp::Finish => "finish",
+            WorkerOp::Heartbeat => Op::Heartbeat,
+            WorkerOp::BeginStep(_) => Op::BeginStep,
+            WorkerOp::CompleteStep(_) => Op::CompleteStep,
+            WorkerOp::CompleteAndContinue(_) => Op::CompleteAndContinue,
+            WorkerOp::Fail(_) => Op::Fail,
+            WorkerOp::Finish => Op::Finish,
         }
     }
 
@@ -191,11 +293,11 @@ pub enum OperatorRequest {
 }
 
 impl OperatorRequest {
-    /// The request's short name (traces, logs, the simulator's seams).
-    pub fn op(&self) -> &'static str {
+    /// The request's operation (traces, logs, the simulator's seams).
+    pub fn op(&self) -> Op {
         match self {
-            OperatorRequest::Reconcile => "reconcile",
-            OperatorRequest::Abort { .. } => "abort",
+            OperatorRequest::Reconcile => Op::Reconcile,
+            OperatorRequest::Abort { .. } => Op::Abort,
         }
     }
 }
@@ -243,11 +345,10 @@ pub enum Request<'a> {
 }
 
 impl Request<'_> {
-    /// The request's short name.
-    pub fn op(&self) -> &'static str {
+    /// The request's operation.
+    pub fn op(&self) -> Op {
         match self {
-            Request::Claim(c, _, _) if c.begin => "claim-and-begin",
-            Request::Claim(..) => "claim",
+            Request::Claim(c, _, _) => c.op(),
             Request::Worker(w, _) => w.op(),
             Request::Operator(o, _) => o.op(),
         }

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use leasehold_engine::transition::{self, Continued, ReconcileOutcome};
 use leasehold_engine::{
-    decide, AttemptRecord, ClaimRequest, LeaseToken, OperatorRequest, Plan, Recovery, Refusal, Reply, Request,
+    decide, AttemptRecord, ClaimRequest, LeaseToken, Op, OperatorRequest, Plan, Recovery, Refusal, Reply, Request,
     Timestamp, WorkerRequest, Writes,
 };
 use proptest::prelude::*;
@@ -132,7 +132,7 @@ fn claims_are_the_claim_transitions() {
             };
             assert_eq!(writes, allowed(expected));
             assert_eq!(reply, Reply::Applied);
-            assert_eq!(Request::Claim(&request, &token_a(), recovery).op(), {
+            assert_eq!(Request::Claim(&request, &token_a(), recovery).op().as_str(), {
                 if begin {
                     "claim-and-begin"
                 } else {
@@ -403,17 +403,17 @@ fn each_request_names_itself_its_receipt_and_its_lease() {
     ];
     let token = token_a();
     for (request, op, ordinal, lease_ms) in cases {
-        assert_eq!(request.op(), op);
+        assert_eq!(request.op().as_str(), op);
         assert_eq!(request.ordinal(), ordinal, "{op}");
         assert_eq!(request.lease_ms(), lease_ms, "{op}");
-        assert_eq!(Request::Worker(&request, &token).op(), op);
+        assert_eq!(Request::Worker(&request, &token).op().as_str(), op);
     }
     for (request, op) in [
         (OperatorRequest::Reconcile, "reconcile"),
         (OperatorRequest::Abort { reason: "stop".into() }, "abort"),
     ] {
-        assert_eq!(request.op(), op);
-        assert_eq!(Request::Operator(&request, Recovery::Resume).op(), op);
+        assert_eq!(request.op().as_str(), op);
+        assert_eq!(Request::Operator(&request, Recovery::Resume).op().as_str(), op);
     }
     for (begin, op) in [(false, "claim"), (true, "claim-and-begin")] {
         let claim = ClaimRequest {
@@ -422,8 +422,44 @@ fn each_request_names_itself_its_receipt_and_its_lease() {
             lease_ms: 1,
             begin,
         };
-        assert_eq!(Request::Claim(&claim, &token, Recovery::Replay).op(), op);
+        assert_eq!(Request::Claim(&claim, &token, Recovery::Replay).op().as_str(), op);
     }
+}
+
+#[test]
+fn every_op_prints_its_one_spelling_and_knows_its_kind() {
+    let spelled: Vec<String> = Op::ALL.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        spelled,
+        [
+            "enqueue",
+            "claim",
+            "claim-and-begin",
+            "heartbeat",
+            "begin-step",
+            "complete-step",
+            "complete-and-continue",
+            "fail",
+            "finish",
+            "reconcile",
+            "abort"
+        ]
+    );
+    assert_eq!(format!("{:>8}|{:<8}|", Op::Fail, Op::Abort), "    fail|abort   |");
+    let of = |pick: fn(Op) -> bool| Op::ALL.into_iter().filter(|o| pick(*o)).collect::<Vec<_>>();
+    assert_eq!(of(Op::is_claim), [Op::Claim, Op::ClaimAndBegin]);
+    assert_eq!(of(Op::completes_step), [Op::CompleteStep, Op::CompleteAndContinue]);
+    assert_eq!(
+        of(Op::is_worker),
+        [
+            Op::Heartbeat,
+            Op::BeginStep,
+            Op::CompleteStep,
+            Op::CompleteAndContinue,
+            Op::Fail,
+            Op::Finish
+        ]
+    );
 }
 
 #[test]

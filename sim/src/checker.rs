@@ -40,7 +40,7 @@ use crate::plans;
 use crate::target::TargetState;
 use leasehold_engine::canonical::canonical_json;
 use leasehold_engine::evidence::{raw_fingerprint, semantic_fingerprint};
-use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
+use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Op, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -107,20 +107,6 @@ impl FaultLog {
     }
 }
 
-const WORKER_OPS: &[&str] = &[
-    "heartbeat",
-    "begin-step",
-    "complete-step",
-    "complete-and-continue",
-    "fail",
-    "finish",
-];
-
-/// Whether an operation claims (and so mints a token and counts a delivery).
-pub fn is_claim(op: &str) -> bool {
-    matches!(op, "claim" | "claim-and-begin")
-}
-
 /// Checks invariants 1–9 and 11–13.
 pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
     let mut v = Vec::new();
@@ -174,7 +160,7 @@ fn fenced_writes(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
     for e in input
         .events
         .iter()
-        .filter(|e| WORKER_OPS.contains(&e.op) && e.outcome == EventOutcome::Applied)
+        .filter(|e| e.op.is_worker() && e.outcome == EventOutcome::Applied)
     {
         let attempt = e.attempt.as_ref().map_or_else(String::new, ToString::to_string);
         match &e.before {
@@ -212,8 +198,8 @@ fn single_lease(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
             continue;
         };
         let ends_lease = match e.op {
-            op if is_claim(op) => true,
-            "reconcile" => a.token != b.token,
+            op if op.is_claim() => true,
+            Op::Reconcile => a.token != b.token,
             _ => false,
         };
         if ends_lease && lease_live(b, e.db_now) {
@@ -291,7 +277,7 @@ fn healthy_holders(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
                 );
             }
         }
-        let renewed = match (is_claim(e.op), e.presented) {
+        let renewed = match (e.op.is_claim(), e.presented) {
             (true, _) => a.token.and_then(|t| Some((t, Renewal::of(e, e.at_ms)?))),
             (false, Some(t)) if a.token == Some(t) && a.record.command.lease_until != b.record.command.lease_until => {
                 let granted = leases.get(&(id, t)).map_or(0, |r| r.granted_ms);
@@ -307,7 +293,7 @@ fn healthy_holders(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
 
 /// Whether an applied claim or reconcile ended the PROCESSING lease it found.
 fn ends_lease(e: &DbEvent, b: &Snap, a: &Snap) -> bool {
-    (is_claim(e.op) || e.op == "reconcile")
+    (e.op.is_claim() || e.op == Op::Reconcile)
         && a.token != b.token
         && b.record.command.status == CommandStatus::Processing
 }
@@ -493,7 +479,7 @@ fn delivery_counts(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
         let (Some(id), Some(a)) = (&e.attempt, &e.after) else {
             continue;
         };
-        if is_claim(e.op) && e.outcome == EventOutcome::Applied {
+        if e.op.is_claim() && e.outcome == EventOutcome::Applied {
             *claims.entry(id).or_default() += 1;
         }
         let n = claims.get(id).copied().unwrap_or(0);
@@ -527,7 +513,7 @@ fn enqueues(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
     let applied: BTreeSet<&AttemptId> = input
         .events
         .iter()
-        .filter(|e| e.op == "enqueue" && e.outcome == EventOutcome::Applied)
+        .filter(|e| e.op == Op::Enqueue && e.outcome == EventOutcome::Applied)
         .filter_map(|e| e.attempt.as_ref())
         .collect();
     for (plan, action, attempt) in &input.clients.acked {
@@ -538,7 +524,7 @@ fn enqueues(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
             );
         }
     }
-    for e in input.events.iter().filter(|e| e.op == "enqueue") {
+    for e in input.events.iter().filter(|e| e.op == Op::Enqueue) {
         match (&e.outcome, e.plan_attempts) {
             (EventOutcome::Applied, Some((before, after))) if after != before + 1 => {
                 push(

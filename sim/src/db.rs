@@ -35,8 +35,8 @@ use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
 use leasehold_engine::transition::next_step;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandStatus, Decision, Guard, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
-    ReceiptStatus, Recovery, Refusal, Reply, Timestamp, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, CommandStatus, Decision, Guard, Lease, Op, OperatorRequest, Plan, PlanId,
+    PlanSpec, ReceiptStatus, Recovery, Refusal, Reply, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::cell::RefCell;
@@ -140,7 +140,7 @@ pub struct DbEvent {
     /// The requesting host.
     pub from: String,
     /// The operation.
-    pub op: &'static str,
+    pub op: Op,
     /// The attempt.
     pub attempt: Option<AttemptId>,
     /// The receipt, for step operations.
@@ -173,7 +173,7 @@ impl DbEvent {
 /// planted bugs and each plan's recovery.
 #[derive(Debug, Default)]
 struct Seam {
-    op: &'static str,
+    op: Option<Op>,
     /// The instant the request is decided at, and the lease it asks for.
     now: Timestamp,
     lease_ms: u64,
@@ -223,7 +223,9 @@ fn decide(seam: &Seam, record: &AttemptRecord, decided: Decision) -> Decision {
     match decided {
         // `heartbeat` without its token check renews whatever lease the row holds,
         // under a guard that only asks for the row as read.
-        Err(Refusal::StaleToken { .. }) if seam.op == "heartbeat" && seam.planted(Bug::HeartbeatIgnoresToken) => {
+        Err(Refusal::StaleToken { .. })
+            if seam.op == Some(Op::Heartbeat) && seam.planted(Bug::HeartbeatIgnoresToken) =>
+        {
             let c = &record.command;
             let until = seam.now.plus_ms(seam.lease_ms);
             let mut renewed = c.clone();
@@ -257,17 +259,18 @@ fn rewrite(seam: &Seam, record: &AttemptRecord, writes: &mut Writes) {
         .copied()
         .unwrap_or(Recovery::Resume);
     let takeover = record.command.delivery_count >= 1;
-    let claim = matches!(seam.op, "claim" | "claim-and-begin");
+    let claim = seam.op.is_some_and(Op::is_claim);
+    let begins = seam.op == Some(Op::ClaimAndBegin);
     let succeeded = || record.receipts.iter().filter(|r| r.status == ReceiptStatus::Succeeded);
     if seam.planted(Bug::ReplayKeepsReceipts)
         && recovery == Recovery::Replay
         && takeover
-        && (claim || seam.op == "reconcile")
+        && (claim || seam.op == Some(Op::Reconcile))
     {
         for r in succeeded() {
             upsert(writes, r.clone());
         }
-        rebegin(record, writes, seam.op == "claim-and-begin");
+        rebegin(record, writes, begins);
     }
     if seam.planted(Bug::ResumeRedeliversSucceeded) && recovery == Recovery::Resume && takeover && claim {
         for r in succeeded() {
@@ -280,9 +283,9 @@ fn rewrite(seam: &Seam, record: &AttemptRecord, writes: &mut Writes) {
             r.finished_at = None;
             upsert(writes, r);
         }
-        rebegin(record, writes, seam.op == "claim-and-begin");
+        rebegin(record, writes, begins);
     }
-    if seam.planted(Bug::AbortRewritesSucceeded) && seam.op == "abort" {
+    if seam.planted(Bug::AbortRewritesSucceeded) && seam.op == Some(Op::Abort) {
         let error = writes.attempt.as_ref().and_then(|a| a.error.clone());
         for r in succeeded() {
             let mut r = r.clone();
@@ -292,7 +295,7 @@ fn rewrite(seam: &Seam, record: &AttemptRecord, writes: &mut Writes) {
         }
     }
     if seam.planted(Bug::ReconcileKeepsRunning)
-        && seam.op == "reconcile"
+        && seam.op == Some(Op::Reconcile)
         && writes
             .command
             .as_ref()
@@ -300,7 +303,7 @@ fn rewrite(seam: &Seam, record: &AttemptRecord, writes: &mut Writes) {
     {
         writes.receipts.clear();
     }
-    if seam.planted(Bug::FingerprintKeepsVolatile) && matches!(seam.op, "complete-step" | "complete-and-continue") {
+    if seam.planted(Bug::FingerprintKeepsVolatile) && seam.op.is_some_and(Op::completes_step) {
         for w in &mut writes.receipts {
             let Some(mut evidence) = w
                 .evidence
@@ -344,8 +347,8 @@ pub fn planted_instant(
 
 /// The token seam: whether a planted bug makes the ledger present the command's
 /// current token in place of the one a request of `op` carried.
-pub fn skips_token_check(bugs: &[Bug], op: &str) -> bool {
-    matches!(op, "complete-step" | "complete-and-continue") && bugs.contains(&Bug::CompleteSkipsTokenCheck)
+pub fn skips_token_check(bugs: &[Bug], op: Op) -> bool {
+    op.completes_step() && bugs.contains(&Bug::CompleteSkipsTokenCheck)
 }
 
 /// The decision and writes seams: the engine's decision of a request `op` on
@@ -353,13 +356,13 @@ pub fn skips_token_check(bugs: &[Bug], op: &str) -> bool {
 /// planted `bugs` rewrite it. Without planted bugs, the decision as it was.
 pub fn planted_decision(
     bugs: &[Bug],
-    (op, now, lease_ms): (&'static str, Timestamp, u64),
+    (op, now, lease_ms): (Op, Timestamp, u64),
     recovery: Recovery,
     record: &AttemptRecord,
     decided: Decision,
 ) -> Decision {
     let seam = Seam {
-        op,
+        op: Some(op),
         now,
         lease_ms,
         bugs: bugs.to_vec(),
@@ -540,7 +543,7 @@ impl DbState {
             }
             self.trace.line(
                 "db",
-                format!("{} from {}: committed, reply lost", env.request.op(), env.from),
+                format!("{} from {}: committed, reply lost", env.request.name(), env.from),
             );
         }
         (response, lost)
@@ -549,7 +552,7 @@ impl DbState {
     #[allow(clippy::too_many_arguments)]
     fn log(
         &mut self,
-        env: &DbEnvelope,
+        (env, op): (&DbEnvelope, Op),
         db_now: Timestamp,
         decided_at: Timestamp,
         attempt: Option<AttemptId>,
@@ -561,7 +564,7 @@ impl DbState {
         plan_attempts: Option<(usize, usize)>,
     ) {
         let seq = self.events.len() as u64;
-        let mut text = format!("#{seq} {} from {}", env.request.op(), env.from);
+        let mut text = format!("#{seq} {op} from {}", env.from);
         if let Some(a) = &attempt {
             text.push_str(&format!(" {a}"));
         }
@@ -596,7 +599,7 @@ impl DbState {
             db_now,
             decided_at,
             from: env.from.clone(),
-            op: env.request.op(),
+            op,
             attempt,
             ordinal,
             presented,
@@ -619,14 +622,14 @@ impl DbState {
     /// A worker transition: log it with the rows before and after.
     fn worker_op<T>(
         &mut self,
-        env: &DbEnvelope,
+        (env, op): (&DbEnvelope, Op),
         (db_now, decided_at): (Timestamp, Timestamp),
         lease: &Lease,
         ordinal: Option<u32>,
         run: impl FnOnce(&Backend, &Lease) -> Result<T, LedgerError>,
     ) -> Result<T, LedgerError> {
         let presented = self.known_ordinal(lease.token.expose());
-        let substituted = self.substitute_token(env.request.op(), lease);
+        let substituted = self.substitute_token(op, lease);
         let lease = substituted.as_ref().unwrap_or(lease);
         let before = self.latest.get(&lease.attempt_id).cloned();
         let result = run(&self.backend, lease);
@@ -636,7 +639,7 @@ impl DbState {
         }
         let outcome = Self::outcome(&result);
         self.log(
-            env,
+            (env, op),
             db_now,
             decided_at,
             Some(lease.attempt_id.clone()),
@@ -652,7 +655,7 @@ impl DbState {
 
     /// Planted: a stale token replaced by the command's current one, for the
     /// operations whose token check a planted bug skips.
-    fn substitute_token(&self, op: &str, lease: &Lease) -> Option<Lease> {
+    fn substitute_token(&self, op: Op, lease: &Lease) -> Option<Lease> {
         if !skips_token_check(&self.bugs, op) {
             return None;
         }
@@ -673,15 +676,17 @@ impl DbState {
             DbRequest::ListPlans => call!(&self.backend, list_plans()).map(DbReply::Plans),
             DbRequest::RetirePlan { id } => call!(&self.backend, retire_plan(id)).map(DbReply::Plan),
             DbRequest::Enqueue { plan, action } => self.enqueue(env, times, plan, *action),
-            DbRequest::Claim(request) => self.claim(env, times, |b| call!(b, claim_batch(request.clone()))),
+            DbRequest::Claim(request) => {
+                self.claim((env, request.op()), times, |b| call!(b, claim_batch(request.clone())))
+            }
             DbRequest::Worker { lease, request } => {
                 let lease = lease.to_lease();
-                self.worker_op(env, times, &lease, request.ordinal(), |b, l| {
+                self.worker_op((env, request.op()), times, &lease, request.ordinal(), |b, l| {
                     call!(b, worker(l, request.clone()))
                 })
                 .map(DbReply::Worker)
             }
-            DbRequest::Operator { attempt, request } => self.operator_op(env, times, attempt, |b| {
+            DbRequest::Operator { attempt, request } => self.operator_op((env, request.op()), times, attempt, |b| {
                 call!(b, operator(attempt, request.clone())).map(|(reply, record)| DbReply::Operator { reply, record })
             }),
             DbRequest::Attempt { attempt } => call!(&self.backend, attempt(attempt)).map(DbReply::Record),
@@ -729,7 +734,7 @@ impl DbState {
         };
         let outcome = Self::outcome(&result);
         self.log(
-            env,
+            (env, Op::Enqueue),
             db_now,
             decided_at,
             attempt,
@@ -745,7 +750,7 @@ impl DbState {
 
     fn claim(
         &mut self,
-        env: &DbEnvelope,
+        env: (&DbEnvelope, Op),
         (db_now, decided_at): (Timestamp, Timestamp),
         run: impl FnOnce(&Backend) -> Result<Vec<Claimed>, LedgerError>,
     ) -> Result<DbReply, LedgerError> {
@@ -783,7 +788,7 @@ impl DbState {
 
     fn operator_op(
         &mut self,
-        env: &DbEnvelope,
+        env: (&DbEnvelope, Op),
         (db_now, decided_at): (Timestamp, Timestamp),
         attempt: &AttemptId,
         run: impl FnOnce(&Backend) -> Result<DbReply, LedgerError>,

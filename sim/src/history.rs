@@ -25,12 +25,11 @@
 //!
 //! Messages name attempts, steps, deliveries and token ordinals, never token text.
 
-use crate::checker::is_claim;
 use crate::db::{DbEvent, EventOutcome, Snap};
 use crate::plans;
 use crate::target::CallRecord;
 use leasehold_engine::canonical::sha256_hex;
-use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
+use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Op, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a receipt's evidence must be after a transition.
@@ -163,10 +162,10 @@ fn require_processing(b: &Snap) -> Result<(), String> {
 }
 
 /// The transition table: what an applied `op` must leave, given the rows before it.
-fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -> Result<Expected, String> {
+fn model(op: Op, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -> Result<Expected, String> {
     let mut x = Expected::unchanged(b);
     match op {
-        "claim" | "claim-and-begin" => {
+        Op::Claim | Op::ClaimAndBegin => {
             if b.record.attempt.status.is_terminal() {
                 return Err(format!("a claim applied to a {} attempt", b.record.attempt.status));
             }
@@ -183,22 +182,22 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
             x.command = CommandStatus::Processing;
             x.token = Token::Fresh;
             x.delivery_count = b.record.command.delivery_count.saturating_add(1);
-            if op == "claim-and-begin" {
+            if op == Op::ClaimAndBegin {
                 if let Some(i) = x.next_step() {
                     x.begin(i)?;
                 }
             }
         }
-        "heartbeat" => require_processing(b)?,
-        "begin-step" => {
+        Op::Heartbeat => require_processing(b)?,
+        Op::BeginStep => {
             require_processing(b)?;
             x.begin(index_of(b, ordinal)?)?;
         }
-        "complete-step" => {
+        Op::CompleteStep => {
             require_processing(b)?;
             x.complete(index_of(b, ordinal)?)?;
         }
-        "complete-and-continue" => {
+        Op::CompleteAndContinue => {
             require_processing(b)?;
             x.complete(index_of(b, ordinal)?)?;
             match x.next_step() {
@@ -206,7 +205,7 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
                 None => x.finish()?,
             }
         }
-        "fail" => {
+        Op::Fail => {
             require_processing(b)?;
             if ordinal.is_some() {
                 index_of(b, ordinal)?;
@@ -224,11 +223,11 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
             x.command = CommandStatus::Failed;
             x.token = Token::Cleared;
         }
-        "finish" => {
+        Op::Finish => {
             require_processing(b)?;
             x.finish()?;
         }
-        "reconcile" => {
+        Op::Reconcile => {
             // An expired lease is requeued; anything else is answered unchanged (a
             // live lease is refused, which the caller checks as a refusal).
             if b.record.command.status == CommandStatus::Processing
@@ -240,7 +239,7 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
                 x.token = Token::Cleared;
             }
         }
-        "abort" => {
+        Op::Abort => {
             if b.record.attempt.status.is_terminal() {
                 return Err(format!("an abort applied to a {} attempt", b.record.attempt.status));
             }
@@ -253,7 +252,7 @@ fn model(op: &str, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap)
             x.command = CommandStatus::Aborted;
             x.token = Token::Cleared;
         }
-        other => return Err(format!("{other} is not a transition of the table")),
+        Op::Enqueue => return Err(format!("{op} is not a transition of the table")),
     }
     Ok(x)
 }
@@ -263,7 +262,33 @@ fn same_evidence(x: &Receipt, y: &Receipt) -> bool {
 }
 
 /// Compares the rows after an applied transition with the model's answer.
-fn compare(op: &str, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
+fn compare(op: Op, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
+    let mut out = compare_rows(b, a, x);
+    if a.record.receipts.len() != b.record.receipts.len() {
+        out.push(format!(
+            "the attempt had {} receipts and then {}",
+            b.record.receipts.len(),
+            a.record.receipts.len()
+        ));
+        return out;
+    }
+    let bc = &b.record.command;
+    let replay_takeover = recovery == Recovery::Replay
+        && bc.delivery_count >= 1
+        && (op.is_claim()
+            || (op == Op::Reconcile && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
+    let receipts = b.record.receipts.iter().zip(&a.record.receipts).zip(&x.receipts);
+    for ((br, ar), (status, evidence)) in receipts {
+        if let Err(m) = compare_receipt((op, recovery, replay_takeover), br, ar, (*status, *evidence)) {
+            out.push(m);
+        }
+    }
+    out
+}
+
+/// Compares the attempt's identity, the attempt's and the command's status, the
+/// delivery count and the token with the model's answer.
+fn compare_rows(b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
     let mut out = Vec::new();
     let (ba, aa) = (&b.record.attempt, &a.record.attempt);
     if (&ba.id, &ba.plan_id, ba.number, ba.action) != (&aa.id, &aa.plan_id, aa.number, aa.action)
@@ -290,78 +315,70 @@ fn compare(op: &str, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Ve
             bc.delivery_count, ac.delivery_count, x.delivery_count
         ));
     }
-    let token_ok = match x.token {
-        Token::Same => a.token == b.token,
-        Token::Fresh => a.token.is_some() && a.token != b.token,
-        Token::Cleared => a.token.is_none(),
+    out.extend(compare_token(b, a, x.token));
+    out
+}
+
+/// Compares the command's token after with what the model says it must be.
+fn compare_token(b: &Snap, a: &Snap, token: Token) -> Option<String> {
+    let (ok, want) = match token {
+        Token::Same => (a.token == b.token, "the same token"),
+        Token::Fresh => (a.token.is_some() && a.token != b.token, "a fresh token"),
+        Token::Cleared => (a.token.is_none(), "no token"),
     };
-    if !token_ok {
-        let want = match x.token {
-            Token::Same => "the same token",
-            Token::Fresh => "a fresh token",
-            Token::Cleared => "no token",
-        };
-        out.push(format!(
+    (!ok).then(|| {
+        format!(
             "the command's token went {} -> {}, the table says {want}",
             tok(b.token),
             tok(a.token)
+        )
+    })
+}
+
+/// Compares one receipt before (`br`) and after (`ar`) an applied `op` with the
+/// model's status and evidence for it; only a replay takeover may rewrite a
+/// SUCCEEDED receipt.
+fn compare_receipt(
+    (op, recovery, replay_takeover): (Op, Recovery, bool),
+    br: &Receipt,
+    ar: &Receipt,
+    (status, evidence): (ReceiptStatus, Evidence),
+) -> Result<(), String> {
+    let o = br.ordinal;
+    if (ar.ordinal, &ar.step_code, &ar.idempotency_key) != (o, &br.step_code, &br.idempotency_key) {
+        return Err(format!("step {o}'s ordinal, code or idempotency key changed"));
+    }
+    if br.status == ReceiptStatus::Succeeded && !replay_takeover && (ar.status != br.status || !same_evidence(br, ar)) {
+        return Err(format!(
+            "step {o} was SUCCEEDED and {op} rewrote it ({}, evidence {}), which only a replay takeover may",
+            ar.status,
+            if same_evidence(br, ar) { "kept" } else { "changed" }
         ));
     }
-    if a.record.receipts.len() != b.record.receipts.len() {
-        out.push(format!(
-            "the attempt had {} receipts and then {}",
-            b.record.receipts.len(),
-            a.record.receipts.len()
+    if ar.status != status {
+        return Err(format!(
+            "step {o} went {} -> {} under {recovery}, the table says {status}",
+            br.status, ar.status
         ));
-        return out;
     }
-    let replay_takeover = recovery == Recovery::Replay
-        && bc.delivery_count >= 1
-        && (is_claim(op)
-            || (op == "reconcile" && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
-    for ((br, ar), (status, evidence)) in b.record.receipts.iter().zip(&a.record.receipts).zip(&x.receipts) {
-        let o = br.ordinal;
-        if (ar.ordinal, &ar.step_code, &ar.idempotency_key) != (o, &br.step_code, &br.idempotency_key) {
-            out.push(format!("step {o}'s ordinal, code or idempotency key changed"));
-            continue;
-        }
-        if br.status == ReceiptStatus::Succeeded
-            && !replay_takeover
-            && (ar.status != br.status || !same_evidence(br, ar))
-        {
-            out.push(format!(
-                "step {o} was SUCCEEDED and {op} rewrote it ({}, evidence {}), which only a replay takeover may",
-                ar.status,
-                if same_evidence(br, ar) { "kept" } else { "changed" }
-            ));
-            continue;
-        }
-        if ar.status != *status {
-            out.push(format!(
-                "step {o} went {} -> {} under {recovery}, the table says {status}",
-                br.status, ar.status
-            ));
-            continue;
-        }
-        let evidence_ok = match evidence {
-            Evidence::Kept => same_evidence(br, ar),
-            Evidence::Recorded => {
-                ar.evidence.as_deref().map(|e| sha256_hex(e.as_bytes())) == ar.evidence_sha256
-                    && ar.evidence.is_some()
-                    && ar.target_receipt.is_some()
-            }
-            Evidence::Dropped => ar.evidence.is_none() && ar.evidence_sha256.is_none() && ar.target_receipt.is_none(),
-        };
-        if !evidence_ok {
-            let want = match evidence {
-                Evidence::Kept => "kept",
-                Evidence::Recorded => "recorded with its SHA-256 and target receipt",
-                Evidence::Dropped => "dropped",
-            };
-            out.push(format!("step {o}'s evidence after {op} is not {want}"));
-        }
+    let (ok, want) = match evidence {
+        Evidence::Kept => (same_evidence(br, ar), "kept"),
+        Evidence::Recorded => (
+            ar.evidence.as_deref().map(|e| sha256_hex(e.as_bytes())) == ar.evidence_sha256
+                && ar.evidence.is_some()
+                && ar.target_receipt.is_some(),
+            "recorded with its SHA-256 and target receipt",
+        ),
+        Evidence::Dropped => (
+            ar.evidence.is_none() && ar.evidence_sha256.is_none() && ar.target_receipt.is_none(),
+            "dropped",
+        ),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("step {o}'s evidence after {op} is not {want}"))
     }
-    out
 }
 
 fn tok(t: Option<u32>) -> String {
@@ -416,7 +433,7 @@ pub fn transitions(events: &[DbEvent], plans: &BTreeMap<PlanId, Plan>, push: &mu
             }
         }
         match (&e.outcome, &e.before, &e.after) {
-            (EventOutcome::Applied, None, Some(a)) if e.op == "enqueue" => {
+            (EventOutcome::Applied, None, Some(a)) if e.op == Op::Enqueue => {
                 if let Err(m) = enqueued_ok(a) {
                     problems.push(m);
                 }
@@ -464,6 +481,9 @@ struct Delivery<'a> {
     token: Option<u32>,
 }
 
+/// Every delivery an applied claim made, by attempt and delivery count.
+type Deliveries<'a> = BTreeMap<(&'a AttemptId, u32), Delivery<'a>>;
+
 /// Invariant 12 over the target's calls and the event log.
 pub fn recovery_promises(
     events: &[DbEvent],
@@ -471,22 +491,7 @@ pub fn recovery_promises(
     calls: &[CallRecord],
     push: &mut impl FnMut(u8, String),
 ) {
-    let mut deliveries: BTreeMap<(&AttemptId, u32), Delivery<'_>> = BTreeMap::new();
-    for e in events
-        .iter()
-        .filter(|e| is_claim(e.op) && e.outcome == EventOutcome::Applied)
-    {
-        if let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) {
-            deliveries.insert(
-                (id, a.record.command.delivery_count),
-                Delivery {
-                    before: b,
-                    after: a,
-                    token: a.token,
-                },
-            );
-        }
-    }
+    let deliveries = deliveries(events);
     let mut reported: BTreeSet<AttemptId> = BTreeSet::new();
     let mut report = |id: &AttemptId, message: String| {
         if reported.insert(id.clone()) {
@@ -505,62 +510,103 @@ pub fn recovery_promises(
             continue;
         };
         called.insert((&c.attempt, c.ordinal, c.delivery));
-        let recovery = recovery_of(plans, d.after);
         let Some(r) = d.after.record.receipt(c.ordinal) else {
             report(&c.attempt, format!("{what}: the attempt has no such step"));
             continue;
         };
-        if r.idempotency_key != c.key {
-            report(&c.attempt, format!("{what} carried a key that is not the step's"));
-        }
-        let succeeded_before = d
-            .before
-            .record
-            .receipt(c.ordinal)
-            .is_some_and(|r| r.status == ReceiptStatus::Succeeded);
-        if recovery == Recovery::Resume && succeeded_before {
-            report(
-                &c.attempt,
-                format!("{what}: the step had SUCCEEDED before the claim that made the delivery (resume redelivered finished work)"),
-            );
-        }
-        if recovery == Recovery::Replay {
-            let sandbox = plans::sandbox_id(&c.attempt, c.delivery);
-            if c.sandbox.as_deref() != Some(sandbox.as_str()) {
-                report(&c.attempt, format!("{what} is not in that delivery's fresh sandbox"));
-            }
-        }
-        if first_call.insert((&c.attempt, c.delivery)) {
-            let start = match recovery {
-                Recovery::Replay => Some(1),
-                Recovery::Resume => d
-                    .before
-                    .record
-                    .receipts
-                    .iter()
-                    .filter(|r| r.status != ReceiptStatus::Succeeded)
-                    .map(|r| r.ordinal)
-                    .min(),
-            };
-            if start != Some(c.ordinal) {
-                report(
-                    &c.attempt,
-                    format!(
-                        "{what} is the delivery's first call, but its claim left step {} next under {recovery}",
-                        start.map_or_else(|| "none".to_owned(), |s| s.to_string())
-                    ),
-                );
-            }
+        let first = first_call.insert((&c.attempt, c.delivery));
+        for m in call_problems(&what, c, (d, r), recovery_of(plans, d.after), first) {
+            report(&c.attempt, m);
         }
     }
-    // Every step a delivery completed was called by that delivery.
+    completed_uncalled(events, &deliveries, &called, &mut report);
+}
+
+fn deliveries(events: &[DbEvent]) -> Deliveries<'_> {
+    let mut deliveries = Deliveries::new();
+    for e in events
+        .iter()
+        .filter(|e| e.op.is_claim() && e.outcome == EventOutcome::Applied)
+    {
+        if let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) {
+            deliveries.insert(
+                (id, a.record.command.delivery_count),
+                Delivery {
+                    before: b,
+                    after: a,
+                    token: a.token,
+                },
+            );
+        }
+    }
+    deliveries
+}
+
+/// What breaks the recovery promises in the target's call `c` (described as `what`)
+/// of step `r` from delivery `d`, the `first` call of that delivery.
+fn call_problems(
+    what: &str,
+    c: &CallRecord,
+    (d, r): (&Delivery<'_>, &Receipt),
+    recovery: Recovery,
+    first: bool,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if r.idempotency_key != c.key {
+        out.push(format!("{what} carried a key that is not the step's"));
+    }
+    let succeeded_before = d
+        .before
+        .record
+        .receipt(c.ordinal)
+        .is_some_and(|r| r.status == ReceiptStatus::Succeeded);
+    if recovery == Recovery::Resume && succeeded_before {
+        out.push(format!(
+            "{what}: the step had SUCCEEDED before the claim that made the delivery (resume redelivered finished work)"
+        ));
+    }
+    if recovery == Recovery::Replay {
+        let sandbox = plans::sandbox_id(&c.attempt, c.delivery);
+        if c.sandbox.as_deref() != Some(sandbox.as_str()) {
+            out.push(format!("{what} is not in that delivery's fresh sandbox"));
+        }
+    }
+    if first {
+        let start = match recovery {
+            Recovery::Replay => Some(1),
+            Recovery::Resume => d
+                .before
+                .record
+                .receipts
+                .iter()
+                .filter(|r| r.status != ReceiptStatus::Succeeded)
+                .map(|r| r.ordinal)
+                .min(),
+        };
+        if start != Some(c.ordinal) {
+            out.push(format!(
+                "{what} is the delivery's first call, but its claim left step {} next under {recovery}",
+                start.map_or_else(|| "none".to_owned(), |s| s.to_string())
+            ));
+        }
+    }
+    out
+}
+
+/// Reports every step a delivery completed that the delivery never `called`.
+fn completed_uncalled(
+    events: &[DbEvent],
+    deliveries: &Deliveries<'_>,
+    called: &BTreeSet<(&AttemptId, u32, u32)>,
+    report: &mut impl FnMut(&AttemptId, String),
+) {
     let token_delivery: BTreeMap<(&AttemptId, u32), u32> = deliveries
         .iter()
         .filter_map(|((id, n), d)| d.token.map(|t| ((*id, t), *n)))
         .collect();
     for e in events
         .iter()
-        .filter(|e| matches!(e.op, "complete-step" | "complete-and-continue") && e.outcome == EventOutcome::Applied)
+        .filter(|e| e.op.completes_step() && e.outcome == EventOutcome::Applied)
     {
         let (Some(id), Some(o), Some(b), Some(a)) = (&e.attempt, e.ordinal, &e.before, &e.after) else {
             continue;
@@ -640,7 +686,7 @@ mod tests {
                 now: 0,
             };
             let after = h.snap(&record);
-            h.push("enqueue", None, None, None, Some(after), EventOutcome::Applied);
+            h.push(Op::Enqueue, None, None, None, Some(after), EventOutcome::Applied);
             h
         }
 
@@ -657,7 +703,7 @@ mod tests {
 
         fn push(
             &mut self,
-            op: &'static str,
+            op: Op,
             ordinal: Option<u32>,
             presented: Option<u32>,
             before: Option<Snap>,
@@ -684,19 +730,13 @@ mod tests {
         }
 
         /// Applies the engine's writes, then lets `tamper` rewrite the rows after.
-        fn apply(
-            &mut self,
-            op: &'static str,
-            ordinal: Option<u32>,
-            writes: Writes,
-            tamper: impl FnOnce(&mut AttemptRecord),
-        ) {
+        fn apply(&mut self, op: Op, ordinal: Option<u32>, writes: Writes, tamper: impl FnOnce(&mut AttemptRecord)) {
             let before = self.snap(&self.record);
             let presented = before.token;
             writes.apply_to(&mut self.record);
             tamper(&mut self.record);
             let after = self.snap(&self.record);
-            let presented = if is_claim(op) { after.token } else { presented };
+            let presented = if op.is_claim() { after.token } else { presented };
             self.push(op, ordinal, presented, Some(before), Some(after), EventOutcome::Applied);
         }
 
@@ -717,13 +757,13 @@ mod tests {
                 Timestamp::from_millis(self.now),
             )
             .expect("claim");
-            self.apply("claim", None, w, tamper);
+            self.apply(Op::Claim, None, w, tamper);
         }
 
         fn begin(&mut self, o: u32) {
             let w = transition::begin_step(&self.record, o, &self.token(), 60_000, Timestamp::from_millis(self.now))
                 .expect("begin");
-            self.apply("begin-step", Some(o), w, |_| {});
+            self.apply(Op::BeginStep, Some(o), w, |_| {});
         }
 
         fn complete(&mut self, o: u32) {
@@ -737,7 +777,7 @@ mod tests {
                 Timestamp::from_millis(self.now),
             )
             .expect("complete");
-            self.apply("complete-step", Some(o), w, |_| {});
+            self.apply(Op::CompleteStep, Some(o), w, |_| {});
         }
 
         fn call(&self, o: u32, delivery: u32) -> CallRecord {
@@ -898,7 +938,7 @@ mod tests {
     fn an_abort_that_rewrites_a_succeeded_step_fires() {
         let mut h = interrupted("resume", |_| {});
         let w = transition::abort(&h.record, "stop", Timestamp::from_millis(h.now)).expect("abort");
-        h.apply("abort", None, w, |r| r.receipts[0].status = ReceiptStatus::Aborted);
+        h.apply(Op::Abort, None, w, |r| r.receipts[0].status = ReceiptStatus::Aborted);
         let v = h.violations(&[]);
         assert!(
             v.iter()
@@ -915,7 +955,9 @@ mod tests {
         h.now += 100_000;
         let (_, w) =
             transition::reconcile(&h.record, Recovery::Resume, Timestamp::from_millis(h.now)).expect("reconcile");
-        h.apply("reconcile", None, w, |r| r.receipts[0].status = ReceiptStatus::Running);
+        h.apply(Op::Reconcile, None, w, |r| {
+            r.receipts[0].status = ReceiptStatus::Running
+        });
         let v = h.violations(&[]);
         assert!(
             v.iter()
@@ -932,7 +974,7 @@ mod tests {
         let mut after = before.clone();
         after.record.receipts[0].status = ReceiptStatus::Running;
         h.push(
-            "begin-step",
+            Op::BeginStep,
             Some(1),
             Some(9),
             Some(before),
@@ -952,7 +994,7 @@ mod tests {
         let mut h = History::new("resume");
         h.claim(|_| {});
         let w = transition::begin_step(&h.record, 1, &h.token(), 60_000, Timestamp::from_millis(h.now)).expect("begin");
-        h.apply("begin-step", Some(1), w, |r| {
+        h.apply(Op::BeginStep, Some(1), w, |r| {
             r.receipts[1].status = ReceiptStatus::Running
         });
         let v = h.violations(&[]);
@@ -973,7 +1015,7 @@ mod tests {
         }
         let token = h.token();
         let w = transition::finish(&h.record, &token, Timestamp::from_millis(h.now)).expect("finish");
-        h.apply("finish", None, w, |r| r.command.lease_token = Some(token));
+        h.apply(Op::Finish, None, w, |r| r.command.lease_token = Some(token));
         let v = h.violations(&[h.call(1, 1), h.call(2, 1), h.call(3, 1)]);
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].1.contains("the table says no token"), "{v:?}");

@@ -6,7 +6,7 @@ use leasehold_sim::bugs::Bug;
 use leasehold_sim::db::BackendKind;
 use leasehold_sim::profile::{Profile, BUILTIN};
 use leasehold_sim::runner::{self, Batch};
-use leasehold_sim::world::{self, RunConfig};
+use leasehold_sim::world::{self, RunConfig, RunReport};
 use std::io::{IsTerminal, Write};
 use std::ops::Range;
 use std::process::ExitCode;
@@ -64,30 +64,9 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<bool, String> {
-    let backends = match args.backend.as_str() {
-        "memory" => vec![BackendKind::Memory],
-        "sqlite" => vec![BackendKind::Sqlite],
-        "both" => BackendKind::ALL.to_vec(),
-        other => return Err(format!("unknown backend {other:?} (expected memory, sqlite or both)")),
-    };
-    let bugs = args
-        .bugs
-        .iter()
-        .map(|b| {
-            Bug::from_name(b).ok_or_else(|| {
-                let known: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
-                format!("unknown bug {b:?} (known: {})", known.join(", "))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let profiles = if args.profile == "all" {
-        BUILTIN
-            .iter()
-            .map(|(n, _)| Profile::load(n))
-            .collect::<Result<Vec<_>, _>>()?
-    } else {
-        vec![Profile::load(&args.profile)?]
-    };
+    let backends = backends_of(&args.backend)?;
+    let bugs = bugs_of(&args.bugs)?;
+    let profiles = profiles_of(&args.profile)?;
     if let Some(seed) = args.seed {
         let mut ok = true;
         for profile in &profiles {
@@ -99,39 +78,12 @@ fn run(args: Args) -> Result<bool, String> {
                     bugs: bugs.clone(),
                     keep_trace: args.trace,
                 };
-                let report = world::run(&config);
-                let mut out = std::io::stdout().lock();
-                for line in &report.trace {
-                    let _ = writeln!(out, "{line}");
-                }
-                let s = report.stats;
-                let _ = writeln!(
-                    out,
-                    "seed {seed} profile {} backend {}: {} · trace {} · faults {} takeovers {} stale refused {} duplicates {} · attempts {} (succeeded {}, failed {}, aborted {}) · {:.1} s simulated",
-                    profile.name,
-                    backend.name(),
-                    if report.violations.is_empty() { "PASS" } else { "FAIL" },
-                    report.trace_hash,
-                    s.faults,
-                    s.takeovers,
-                    s.stale_refused,
-                    s.duplicates,
-                    s.attempts,
-                    s.succeeded,
-                    s.failed,
-                    s.aborted,
-                    s.sim_ms as f64 / 1000.0
-                );
-                for v in &report.violations {
-                    let _ = writeln!(out, "violation {v}");
-                }
-                ok &= report.violations.is_empty();
+                ok &= print_run(&config, &world::run(&config));
             }
         }
         return Ok(ok);
     }
     let threads = args.threads.unwrap_or_else(runner::default_threads);
-    let tty = std::io::stderr().is_terminal();
     let mut ok = true;
     for profile in profiles {
         let batch = Batch {
@@ -141,25 +93,94 @@ fn run(args: Args) -> Result<bool, String> {
             bugs: bugs.clone(),
             threads,
         };
-        let started = runner::wall_clock();
-        let summary = runner::run_batch(&batch, |done, total, failed| {
-            if tty || done == total || done % 50 == 0 {
-                let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                let end = if done == total {
-                    "\n"
-                } else if tty {
-                    "\r"
-                } else {
-                    "\n"
-                };
-                eprint!(
-                    "[{done:>6}/{total}] {:>3}%  {rate:.1} sims/s  failed {failed}{end}",
-                    done * 100 / total.max(1)
-                );
-            }
-        });
-        print!("{}", summary.render());
-        ok &= summary.failures().next().is_none();
+        ok &= run_batch(&batch);
     }
     Ok(ok)
+}
+
+fn backends_of(name: &str) -> Result<Vec<BackendKind>, String> {
+    match name {
+        "memory" => Ok(vec![BackendKind::Memory]),
+        "sqlite" => Ok(vec![BackendKind::Sqlite]),
+        "both" => Ok(BackendKind::ALL.to_vec()),
+        other => Err(format!("unknown backend {other:?} (expected memory, sqlite or both)")),
+    }
+}
+
+fn bugs_of(names: &[String]) -> Result<Vec<Bug>, String> {
+    names
+        .iter()
+        .map(|b| {
+            Bug::from_name(b).ok_or_else(|| {
+                let known: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+                format!("unknown bug {b:?} (known: {})", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+fn profiles_of(name: &str) -> Result<Vec<Profile>, String> {
+    if name == "all" {
+        BUILTIN.iter().map(|(n, _)| Profile::load(n)).collect()
+    } else {
+        Ok(vec![Profile::load(name)?])
+    }
+}
+
+/// Prints one run: its trace (if kept), its summary line and its violations; answers
+/// whether it passed.
+fn print_run(config: &RunConfig, report: &RunReport) -> bool {
+    let mut out = std::io::stdout().lock();
+    for line in &report.trace {
+        let _ = writeln!(out, "{line}");
+    }
+    let s = report.stats;
+    let _ = writeln!(
+        out,
+        "seed {} profile {} backend {}: {} · trace {} · faults {} takeovers {} stale refused {} duplicates {} · attempts {} (succeeded {}, failed {}, aborted {}) · {:.1} s simulated",
+        config.seed,
+        config.profile.name,
+        config.backend.name(),
+        if report.violations.is_empty() { "PASS" } else { "FAIL" },
+        report.trace_hash,
+        s.faults,
+        s.takeovers,
+        s.stale_refused,
+        s.duplicates,
+        s.attempts,
+        s.succeeded,
+        s.failed,
+        s.aborted,
+        s.sim_ms as f64 / 1000.0
+    );
+    for v in &report.violations {
+        let _ = writeln!(out, "violation {v}");
+    }
+    report.violations.is_empty()
+}
+
+/// Runs a batch with a progress line on stderr, prints its summary and answers
+/// whether every run passed.
+fn run_batch(batch: &Batch) -> bool {
+    let tty = std::io::stderr().is_terminal();
+    let started = runner::wall_clock();
+    let summary = runner::run_batch(batch, |done, total, failed| {
+        if tty || done == total || done % 50 == 0 {
+            let rate = done as f64 / started.elapsed().as_secs_f64().max(1e-9);
+            let end = if done == total {
+                "\n"
+            } else if tty {
+                "\r"
+            } else {
+                "\n"
+            };
+            eprint!(
+                "[{done:>6}/{total}] {:>3}%  {rate:.1} sims/s  failed {failed}{end}",
+                done * 100 / total.max(1)
+            );
+        }
+    });
+    print!("{}", summary.render());
+    let passed = summary.failures().next().is_none();
+    passed
 }

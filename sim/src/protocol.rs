@@ -13,7 +13,7 @@
 
 use leasehold::ledger::{Claimed, LedgerError};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, LeaseToken, OperatorRequest, Plan, PlanId,
+    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, LeaseToken, Op, OperatorRequest, Plan, PlanId,
     PlanSpec, Refusal, Reply, Timestamp, WorkerRequest,
 };
 use serde::de::DeserializeOwned;
@@ -245,22 +245,38 @@ pub enum DbRequest {
 }
 
 impl DbRequest {
-    /// The operation's short name, for traces (a transition's is its request's).
-    pub fn op(&self) -> &'static str {
+    /// The transition the request is, if it is one (the engine's operation).
+    pub fn op(&self) -> Option<Op> {
+        match self {
+            DbRequest::Enqueue { .. } => Some(Op::Enqueue),
+            DbRequest::Claim(c) => Some(c.op()),
+            DbRequest::Worker { request, .. } => Some(request.op()),
+            DbRequest::Operator { request, .. } => Some(request.op()),
+            DbRequest::Migrate
+            | DbRequest::RegisterPlan { .. }
+            | DbRequest::Plan { .. }
+            | DbRequest::ListPlans
+            | DbRequest::RetirePlan { .. }
+            | DbRequest::Attempt { .. }
+            | DbRequest::History { .. }
+            | DbRequest::OpenAttempts => None,
+        }
+    }
+
+    /// The request's short name, for traces: a transition's is its operation's.
+    pub fn name(&self) -> &'static str {
         match self {
             DbRequest::Migrate => "migrate",
             DbRequest::RegisterPlan { .. } => "register-plan",
             DbRequest::Plan { .. } => "plan",
             DbRequest::ListPlans => "list-plans",
             DbRequest::RetirePlan { .. } => "retire-plan",
-            DbRequest::Enqueue { .. } => "enqueue",
-            DbRequest::Claim(c) if c.begin => "claim-and-begin",
-            DbRequest::Claim(_) => "claim",
-            DbRequest::Worker { request, .. } => request.op(),
-            DbRequest::Operator { request, .. } => request.op(),
             DbRequest::Attempt { .. } => "attempt",
             DbRequest::History { .. } => "history",
             DbRequest::OpenAttempts => "open-attempts",
+            DbRequest::Enqueue { .. } | DbRequest::Claim(_) | DbRequest::Worker { .. } | DbRequest::Operator { .. } => {
+                self.op().map_or("transition", Op::as_str)
+            }
         }
     }
 }

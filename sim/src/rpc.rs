@@ -44,7 +44,7 @@ impl RpcLedger {
 
     /// Sends one request and waits for its reply, within the deadline.
     pub async fn call(&self, request: DbRequest) -> Result<DbReply, LedgerError> {
-        let op = request.op();
+        let op = request.name();
         let envelope = DbEnvelope {
             from: self.from.clone(),
             sent_at: self.clock.now(),
@@ -80,7 +80,7 @@ fn reply_kind(reply: &DbReply) -> &'static str {
 macro_rules! expect {
     ($self:ident, $req:expr, $pat:pat => $out:expr) => {{
         let request = $req;
-        let op = request.op();
+        let op = request.name();
         match $self.call(request).await? {
             $pat => Ok($out),
             other => Err(unexpected(op, &other)),

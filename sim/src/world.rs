@@ -15,16 +15,18 @@ use crate::checker::{self, CheckInput, FaultLog, Violation};
 use crate::clients::{self, ClientCtx, ClientLog};
 use crate::clock::{ClockParams, DbClock, SimClock, EPOCH_MS};
 use crate::db::{self, BackendKind, DbState};
-use crate::profile::Profile;
+use crate::profile::{FaultParams, Profile, WorldParams};
 use crate::rng::Rng;
 use crate::rpc::RpcLedger;
 use crate::target::{self, FailureLog, TargetExecutor, TargetState};
 use crate::trace::{trace_hash, Trace};
 use leasehold::entropy::SeededEntropy;
+use leasehold::ledger::LedgerError;
 use leasehold::worker::{RunOptions, Worker};
 use leasehold_engine::lease::WorkerConfig;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -157,102 +159,102 @@ fn skewed_clock(rng: &mut Rng, p: &Profile) -> ClockParams {
 
 fn plan_run(seed: u64, p: &Profile) -> Schedule {
     let mut rng = Rng::new(seed, "faults");
-    let safety = p.world.safety_ms;
-    let f = &p.faults;
-    let mut faults = Vec::new();
-    for i in 0..p.world.workers {
-        let worker = format!("w{}", i + 1);
-        let mut t = rng.range(f.episode_gap_ms[0], f.episode_gap_ms[1]);
-        let total = f.weights.total();
-        while total > 0 && t < safety {
-            let w = &f.weights;
-            let mut roll = rng.range(0, u64::from(total) - 1);
-            let mut pick = |weight: u32| {
-                let hit = roll < u64::from(weight);
-                roll = roll.saturating_sub(u64::from(weight));
-                hit
-            };
-            let (start, end, range) = if pick(w.crash) {
-                (
-                    Fault::Crash {
-                        worker: worker.clone(),
-                        silent: false,
-                    },
-                    Fault::Restart {
-                        worker: worker.clone(),
-                        silent: false,
-                    },
-                    f.crash_ms,
-                )
-            } else if pick(w.silent_crash) {
-                (
-                    Fault::Crash {
-                        worker: worker.clone(),
-                        silent: true,
-                    },
-                    Fault::Restart {
-                        worker: worker.clone(),
-                        silent: true,
-                    },
-                    f.crash_ms,
-                )
-            } else if pick(w.partition_db) {
-                (
-                    Fault::Partition {
-                        worker: worker.clone(),
-                        peer: "db",
-                    },
-                    Fault::Repair {
-                        worker: worker.clone(),
-                        peer: "db",
-                    },
-                    f.partition_ms,
-                )
-            } else if pick(w.partition_target) {
-                (
-                    Fault::Partition {
-                        worker: worker.clone(),
-                        peer: "target",
-                    },
-                    Fault::Repair {
-                        worker: worker.clone(),
-                        peer: "target",
-                    },
-                    f.partition_ms,
-                )
-            } else if pick(w.hold_db) {
-                (
-                    Fault::Hold {
-                        worker: worker.clone(),
-                        peer: "db",
-                    },
-                    Fault::Release {
-                        worker: worker.clone(),
-                        peer: "db",
-                    },
-                    f.hold_ms,
-                )
-            } else {
-                (
-                    Fault::Hold {
-                        worker: worker.clone(),
-                        peer: "target",
-                    },
-                    Fault::Release {
-                        worker: worker.clone(),
-                        peer: "target",
-                    },
-                    f.hold_ms,
-                )
-            };
-            let duration = rng.range(range[0], range[1]);
-            faults.push((t, start));
-            if t + duration < safety {
-                faults.push((t + duration, end));
-            }
-            t += duration + rng.range(f.episode_gap_ms[0], f.episode_gap_ms[1]);
-        }
+    let mut faults: Vec<(u64, Fault)> = (0..p.world.workers)
+        .flat_map(|i| worker_episodes(&mut rng, &format!("w{}", i + 1), p))
+        .collect();
+    faults.extend(db_restarts(&mut rng, p));
+    // A stable sort keeps each worker's episode order for equal instants.
+    faults.sort_by_key(|(at, _)| *at);
+    let (worker_clocks, db_clock) = clocks(seed, p);
+    Schedule {
+        faults,
+        worker_clocks,
+        db_clock,
+        operator: operator_schedule(seed, p),
     }
+}
+
+/// One worker's fault episodes during the safety phase, each a start and (if it
+/// comes before the heal) an end, separated by drawn gaps.
+fn worker_episodes(rng: &mut Rng, worker: &str, p: &Profile) -> Vec<(u64, Fault)> {
+    let (safety, f) = (p.world.safety_ms, &p.faults);
+    let mut faults = Vec::new();
+    let mut t = rng.range(f.episode_gap_ms[0], f.episode_gap_ms[1]);
+    while f.weights.total() > 0 && t < safety {
+        let ((start, end), range) = draw_episode(rng, worker, f);
+        let duration = rng.range(range[0], range[1]);
+        faults.push((t, start));
+        if t + duration < safety {
+            faults.push((t + duration, end));
+        }
+        t += duration + rng.range(f.episode_gap_ms[0], f.episode_gap_ms[1]);
+    }
+    faults
+}
+
+/// An episode of `worker` drawn by the profile's weights: its start and end fault,
+/// and the range its duration is drawn from.
+fn draw_episode(rng: &mut Rng, worker: &str, f: &FaultParams) -> ((Fault, Fault), [u64; 2]) {
+    let w = &f.weights;
+    let mut roll = rng.range(0, u64::from(w.total()) - 1);
+    let mut pick = |weight: u32| {
+        let hit = roll < u64::from(weight);
+        roll = roll.saturating_sub(u64::from(weight));
+        hit
+    };
+    if pick(w.crash) {
+        (crash_episode(worker, false), f.crash_ms)
+    } else if pick(w.silent_crash) {
+        (crash_episode(worker, true), f.crash_ms)
+    } else if pick(w.partition_db) {
+        (partition_episode(worker, "db"), f.partition_ms)
+    } else if pick(w.partition_target) {
+        (partition_episode(worker, "target"), f.partition_ms)
+    } else if pick(w.hold_db) {
+        (hold_episode(worker, "db"), f.hold_ms)
+    } else {
+        (hold_episode(worker, "target"), f.hold_ms)
+    }
+}
+
+fn crash_episode(worker: &str, silent: bool) -> (Fault, Fault) {
+    let worker = worker.to_owned();
+    (
+        Fault::Crash {
+            worker: worker.clone(),
+            silent,
+        },
+        Fault::Restart { worker, silent },
+    )
+}
+
+fn partition_episode(worker: &str, peer: &'static str) -> (Fault, Fault) {
+    let worker = worker.to_owned();
+    (
+        Fault::Partition {
+            worker: worker.clone(),
+            peer,
+        },
+        Fault::Repair { worker, peer },
+    )
+}
+
+fn hold_episode(worker: &str, peer: &'static str) -> (Fault, Fault) {
+    let worker = worker.to_owned();
+    (
+        Fault::Hold {
+            worker: worker.clone(),
+            peer,
+        },
+        Fault::Release { worker, peer },
+    )
+}
+
+/// The db host's crashes and restarts, each wholly inside the safety phase and after
+/// the previous one.
+fn db_restarts(rng: &mut Rng, p: &Profile) -> Vec<(u64, Fault)> {
+    let (safety, f) = (p.world.safety_ms, &p.faults);
+    let mut faults = Vec::new();
     let mut db_free_from = safety / 10;
     for _ in 0..rng.range(f.db_restarts[0], f.db_restarts[1]) {
         let at = rng.range(db_free_from, safety * 9 / 10);
@@ -264,8 +266,11 @@ fn plan_run(seed: u64, p: &Profile) -> Schedule {
         faults.push((at + down, Fault::RestartDb));
         db_free_from = at + down + 1;
     }
-    // A stable sort keeps each worker's episode order for equal instants.
-    faults.sort_by_key(|(at, _)| *at);
+    faults
+}
+
+/// Every worker's clock, then the db host's: skewed if the profile skews clocks.
+fn clocks(seed: u64, p: &Profile) -> (Vec<ClockParams>, ClockParams) {
     let mut clocks = Rng::new(seed, "clocks");
     let skewed = p.clocks.offset_ms_max + p.clocks.drift_ppm_max + p.clocks.jumps[1] > 0;
     let worker_clocks = (0..p.world.workers)
@@ -282,18 +287,18 @@ fn plan_run(seed: u64, p: &Profile) -> Schedule {
     } else {
         ClockParams::default()
     };
+    (worker_clocks, db_clock)
+}
+
+/// The operator's actions: when, and whether each is an abort (else a reconcile).
+fn operator_schedule(seed: u64, p: &Profile) -> Vec<(u64, bool)> {
+    let (safety, c) = (p.world.safety_ms, &p.clients);
     let mut ops = Rng::new(seed, "operator-schedule");
-    let c = &p.clients;
     let mut operator: Vec<(u64, bool)> = (0..ops.range(c.operator_actions[0], c.operator_actions[1]))
         .map(|_| (ops.range(safety / 10, safety * 95 / 100), ops.chance(c.abort_share)))
         .collect();
     operator.sort_by_key(|(at, _)| *at);
-    Schedule {
-        faults,
-        worker_clocks,
-        db_clock,
-        operator,
-    }
+    operator
 }
 
 fn apply_fault(sim: &mut turmoil::Sim<'_>, fault: &Fault) {
@@ -378,19 +383,54 @@ fn elapsed_ms(sim: &turmoil::Sim<'_>) -> u64 {
     u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The hosts' shared state: what the driver switches and the checker reads.
+struct Hosts {
+    db: Rc<RefCell<DbState>>,
+    target: Rc<RefCell<TargetState>>,
+    clients: Rc<RefCell<ClientLog>>,
+    failures: FailureLog,
+}
+
+/// How a driven run ended.
+#[derive(Default)]
+struct Ending {
+    /// A simulation error, as invariant 0.
+    violations: Vec<Violation>,
+    /// Fault episodes started.
+    faults_applied: u64,
+    /// Why the world did not converge after the heal, if it did not.
+    liveness: Option<String>,
+    /// Simulated time at the end.
+    sim_ms: u64,
+}
+
 /// Runs one seed and checks it.
 pub fn run(config: &RunConfig) -> RunReport {
-    let p = &config.profile;
-    let w = &p.world;
-    let seed = config.seed;
-    let plan = plan_run(seed, p);
+    let plan = plan_run(config.seed, &config.profile);
     let trace = Trace::new();
+    trace_header(config, &plan, &trace);
+    let w = &config.profile.world;
+    let mut sim = build_sim(config.seed, w);
+    let hosts = match open_hosts(config, &plan, &trace) {
+        Ok(hosts) => hosts,
+        Err(e) => return unopened(config, &e),
+    };
+    start_hosts(&mut sim, config, &plan, &trace, &hosts);
+    let ending = drive(&mut sim, &plan, w, &hosts, &trace);
+    trace.line_at(ending.sim_ms, "sim", "end");
+    drop(sim);
+    report(config, &plan, &hosts, &trace, ending)
+}
+
+/// The trace's first lines: what runs, and every clock that is not true.
+fn trace_header(config: &RunConfig, plan: &Schedule, trace: &Trace) {
     trace.line_at(
         0,
         "sim",
         format!(
-            "seed {seed} profile {} backend {} bugs [{}]",
-            p.name,
+            "seed {} profile {} backend {} bugs [{}]",
+            config.seed,
+            config.profile.name,
             config.backend.name(),
             config.bugs.iter().map(|b| b.name()).collect::<Vec<_>>().join(", ")
         ),
@@ -401,19 +441,27 @@ pub fn run(config: &RunConfig) -> RunReport {
     if !plan.db_clock.is_true() {
         trace.line_at(0, "sim", format!("db clock: {:?}", plan.db_clock));
     }
+}
 
-    let mut sim = turmoil::Builder::new()
+/// The turmoil world: seeded, its epoch pinned, long enough for both phases.
+fn build_sim<'a>(seed: u64, w: &WorldParams) -> turmoil::Sim<'a> {
+    turmoil::Builder::new()
         .rng_seed(seed)
         .epoch(UNIX_EPOCH + Duration::from_millis(u64::try_from(EPOCH_MS).unwrap_or(0)))
         .tick_duration(Duration::from_millis(w.tick_ms.max(1)))
         .simulation_duration(Duration::from_millis(w.safety_ms + w.liveness_ms + 60_000))
         .min_message_latency(Duration::from_millis(w.latency_ms[0]))
         .max_message_latency(Duration::from_millis(w.latency_ms[1].max(w.latency_ms[0])))
-        .build();
+        .build()
+}
 
+/// The db host's ledger (with the planted bugs), the target's state and the
+/// clients' log.
+fn open_hosts(config: &RunConfig, plan: &Schedule, trace: &Trace) -> Result<Hosts, LedgerError> {
+    let (seed, p) = (config.seed, &config.profile);
     let db_clock = Arc::new(DbClock::new(plan.db_clock.clone()));
     let entropy = Arc::new(SeededEntropy::new(seed ^ 0x6c65_6173_6568_6f6c));
-    let db_state = match DbState::new(
+    let db = DbState::new(
         config.backend,
         db_clock,
         entropy,
@@ -421,93 +469,120 @@ pub fn run(config: &RunConfig) -> RunReport {
         seed,
         p.faults.db_reply_loss,
         &config.bugs,
-    ) {
-        Ok(s) => Rc::new(RefCell::new(s)),
-        Err(e) => {
-            return RunReport {
-                seed,
-                backend: config.backend,
-                trace_hash: String::new(),
-                violations: vec![Violation {
-                    invariant: 0,
-                    message: format!("cannot open the ledger: {e}"),
-                }],
-                stats: Stats::default(),
-                trace: Vec::new(),
-            }
-        }
-    };
-    let target_state = Rc::new(RefCell::new(TargetState::new(
-        seed,
-        p.faults.target_reply_loss,
-        w.target_slowdown,
-        trace.clone(),
-    )));
-    let log = Rc::new(RefCell::new(ClientLog::default()));
+    )?;
+    let target = TargetState::new(seed, p.faults.target_reply_loss, p.world.target_slowdown, trace.clone());
+    Ok(Hosts {
+        db: Rc::new(RefCell::new(db)),
+        target: Rc::new(RefCell::new(target)),
+        clients: Rc::new(RefCell::new(ClientLog::default())),
+        failures: FailureLog::default(),
+    })
+}
 
+/// The report of a run whose ledger could not be opened.
+fn unopened(config: &RunConfig, e: &LedgerError) -> RunReport {
+    RunReport {
+        seed: config.seed,
+        backend: config.backend,
+        trace_hash: String::new(),
+        violations: vec![Violation {
+            invariant: 0,
+            message: format!("cannot open the ledger: {e}"),
+        }],
+        stats: Stats::default(),
+        trace: Vec::new(),
+    }
+}
+
+/// Puts the db and target hosts, the workers and the clients into the world.
+fn start_hosts(sim: &mut turmoil::Sim<'_>, config: &RunConfig, plan: &Schedule, trace: &Trace, hosts: &Hosts) {
     {
-        let (state, trace) = (Rc::clone(&db_state), trace.clone());
+        let (state, trace) = (Rc::clone(&hosts.db), trace.clone());
         sim.host("db", move || db::serve(Rc::clone(&state), trace.clone()));
     }
     {
-        let state = Rc::clone(&target_state);
+        let state = Rc::clone(&hosts.target);
         sim.host("target", move || target::serve(Rc::clone(&state)));
     }
-    let config_w = WorkerConfig::clamped(true, w.poll_interval_ms, w.batch_size, w.lease_ms);
-    let failures = FailureLog::default();
     for (i, params) in plan.worker_clocks.iter().enumerate() {
-        let name = format!("w{}", i + 1);
-        let (trace, params) = (trace.clone(), timer_clock(params, &config.bugs));
-        let failures = failures.clone();
-        let (rpc_timeout_ms, target_timeout_ms) = (w.rpc_timeout_ms, w.target_timeout_ms);
-        sim.host(name.clone(), move || {
-            let (name, trace, params) = (name.clone(), trace.clone(), params.clone());
-            let failures = failures.clone();
-            async move {
-                let clock = Arc::new(SimClock::new(params));
-                let ledger = Arc::new(RpcLedger::new(name.clone(), Arc::clone(&clock), rpc_timeout_ms));
-                let executor = Arc::new(TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures));
-                trace.line(&name, "worker up");
-                let (t, n) = (trace.clone(), name.clone());
-                let worker = Worker::new(name, ledger, executor, clock, config_w).on_event(move |e| t.line(&n, e));
-                worker.run(std::future::pending::<()>(), RunOptions::default()).await;
-                Ok(())
-            }
-        });
+        let params = timer_clock(params, &config.bugs);
+        start_worker(
+            sim,
+            format!("w{}", i + 1),
+            params,
+            &config.profile.world,
+            trace,
+            &hosts.failures,
+        );
     }
+    let w = &config.profile.world;
     let ctx = ClientCtx {
-        log: Rc::clone(&log),
+        log: Rc::clone(&hosts.clients),
         trace: trace.clone(),
-        seed,
+        seed: config.seed,
         safety_ms: w.safety_ms,
         rpc_timeout_ms: w.rpc_timeout_ms,
     };
-    sim.client("enqueuer", clients::enqueuer(ctx.clone(), p.clients.enqueue_every_ms));
+    sim.client(
+        "enqueuer",
+        clients::enqueuer(ctx.clone(), config.profile.clients.enqueue_every_ms),
+    );
     sim.client("operator", clients::operator(ctx, plan.operator.clone()));
+}
 
-    let mut violations = Vec::new();
-    let mut faults_applied = 0u64;
+/// A worker host running the production [`Worker`] on its own clock, over the RPC
+/// ledger and the target executor.
+fn start_worker(
+    sim: &mut turmoil::Sim<'_>,
+    name: String,
+    params: ClockParams,
+    w: &WorldParams,
+    trace: &Trace,
+    failures: &FailureLog,
+) {
+    let config_w = WorkerConfig::clamped(true, w.poll_interval_ms, w.batch_size, w.lease_ms);
+    let (trace, failures) = (trace.clone(), failures.clone());
+    let (rpc_timeout_ms, target_timeout_ms) = (w.rpc_timeout_ms, w.target_timeout_ms);
+    sim.host(name.clone(), move || {
+        let (name, trace, params) = (name.clone(), trace.clone(), params.clone());
+        let failures = failures.clone();
+        async move {
+            let clock = Arc::new(SimClock::new(params));
+            let ledger = Arc::new(RpcLedger::new(name.clone(), Arc::clone(&clock), rpc_timeout_ms));
+            let executor = Arc::new(TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures));
+            trace.line(&name, "worker up");
+            let (t, n) = (trace.clone(), name.clone());
+            let worker = Worker::new(name, ledger, executor, clock, config_w).on_event(move |e| t.line(&n, e));
+            worker.run(std::future::pending::<()>(), RunOptions::default()).await;
+            Ok(())
+        }
+    });
+}
+
+/// Steps the world tick by tick: applies each fault at its instant, heals at the end
+/// of the safety phase, and then ends at the first tick where the world converged
+/// or at the liveness bound.
+fn drive(sim: &mut turmoil::Sim<'_>, plan: &Schedule, w: &WorldParams, hosts: &Hosts, trace: &Trace) -> Ending {
+    let mut ending = Ending::default();
     let mut next = 0usize;
     let mut healed = false;
-    let mut liveness: Option<String> = None;
-    let bound_ms = w.safety_ms + w.liveness_ms;
     loop {
-        let now = elapsed_ms(&sim);
+        let now = elapsed_ms(sim);
         while next < plan.faults.len() && plan.faults[next].0 <= now {
             let fault = &plan.faults[next].1;
             trace.line_at(now, "sim", fault.describe());
-            apply_fault(&mut sim, fault);
-            faults_applied += u64::from(fault.is_start());
+            apply_fault(sim, fault);
+            ending.faults_applied += u64::from(fault.is_start());
             next += 1;
         }
         if !healed && now >= w.safety_ms {
-            heal(&mut sim, w.workers, &trace, now);
-            db_state.borrow_mut().faults_on = false;
-            target_state.borrow_mut().faults_on = false;
+            heal(sim, w.workers, trace, now);
+            hosts.db.borrow_mut().faults_on = false;
+            hosts.target.borrow_mut().faults_on = false;
             healed = true;
         }
         if let Err(e) = sim.step() {
-            violations.push(Violation {
+            ending.violations.push(Violation {
                 invariant: 0,
                 message: format!("simulation error: {e}"),
             });
@@ -516,53 +591,58 @@ pub fn run(config: &RunConfig) -> RunReport {
         // Liveness is checked after every tick: the run ends at the first tick where
         // the clients are done and every attempt is terminal, or fails at the bound.
         if healed {
-            let clients_done = {
-                let l = log.borrow();
-                l.enqueuer_done && l.operator_done
-            };
-            let any_open = db_state
-                .borrow()
-                .latest
-                .values()
-                .any(|s| !s.record.attempt.status.is_terminal());
-            if clients_done && !any_open {
-                break;
-            }
-            if now >= bound_ms {
-                let open: Vec<String> = db_state
-                    .borrow()
-                    .latest
-                    .values()
-                    .filter(|s| !s.record.attempt.status.is_terminal())
-                    .map(|s| format!("{} ({})", s.record.attempt.id, s.record.attempt.status))
-                    .collect();
-                liveness = Some(if clients_done {
-                    format!(
-                        "{} attempts not terminal {} ms after healing: {}",
-                        open.len(),
-                        w.liveness_ms,
-                        open.join(", ")
-                    )
-                } else {
-                    format!("the clients did not finish within {} ms after healing", w.liveness_ms)
-                });
+            if let ControlFlow::Break(liveness) = converged(hosts, now, w) {
+                ending.liveness = liveness;
                 break;
             }
         }
     }
-    let sim_ms = elapsed_ms(&sim);
-    trace.line_at(sim_ms, "sim", "end");
-    drop(sim);
+    ending.sim_ms = elapsed_ms(sim);
+    ending
+}
 
-    let db = db_state.borrow();
-    let tgt = target_state.borrow();
-    let clients = log.borrow();
-    let jumps: u64 = plan
-        .worker_clocks
-        .iter()
-        .chain(std::iter::once(&plan.db_clock))
-        .map(|c| c.jumps.iter().filter(|(at, _)| *at < w.safety_ms).count() as u64)
-        .sum();
+/// Whether a healed world is done at `now`: `Break(None)` once the clients are done
+/// and every attempt is terminal, `Break(why)` at the liveness bound, else
+/// `Continue`.
+fn converged(hosts: &Hosts, now: u64, w: &WorldParams) -> ControlFlow<Option<String>> {
+    let clients_done = {
+        let l = hosts.clients.borrow();
+        l.enqueuer_done && l.operator_done
+    };
+    let db = hosts.db.borrow();
+    let any_open = db.latest.values().any(|s| !s.record.attempt.status.is_terminal());
+    if clients_done && !any_open {
+        return ControlFlow::Break(None);
+    }
+    if now < w.safety_ms + w.liveness_ms {
+        return ControlFlow::Continue(());
+    }
+    let open: Vec<String> = db
+        .latest
+        .values()
+        .filter(|s| !s.record.attempt.status.is_terminal())
+        .map(|s| format!("{} ({})", s.record.attempt.id, s.record.attempt.status))
+        .collect();
+    ControlFlow::Break(Some(if clients_done {
+        format!(
+            "{} attempts not terminal {} ms after healing: {}",
+            open.len(),
+            w.liveness_ms,
+            open.join(", ")
+        )
+    } else {
+        format!("the clients did not finish within {} ms after healing", w.liveness_ms)
+    }))
+}
+
+/// Checks what the hosts recorded and reports: the violations (each also a trace
+/// line), the counts and the trace's hash.
+fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, ending: Ending) -> RunReport {
+    let w = &config.profile.world;
+    let db = hosts.db.borrow();
+    let tgt = hosts.target.borrow();
+    let clients = hosts.clients.borrow();
+    let stats = stats(plan, w.safety_ms, &db, &tgt, &ending);
     let mut lines = trace.take();
     let input = CheckInput {
         events: &db.events,
@@ -570,23 +650,46 @@ pub fn run(config: &RunConfig) -> RunReport {
         plans: &db.plans,
         target: &tgt,
         clients: &clients,
-        liveness: liveness.as_deref(),
-        faults: Some(&fault_log(&plan, w.safety_ms + w.lease_ms, w.lease_ms, &failures)),
+        liveness: ending.liveness.as_deref(),
+        faults: Some(&fault_log(plan, w.safety_ms + w.lease_ms, w.lease_ms, &hosts.failures)),
     };
+    let mut violations = ending.violations;
     violations.extend(checker::check(&input));
+    for v in &violations {
+        lines.push(format!("violation [{}] {}", v.invariant, v.message));
+    }
+    // Invariant 10 scans the whole trace, violations included, for token text.
+    violations.extend(checker::scan_for_tokens(&lines, &db.token_texts()));
+    RunReport {
+        seed: config.seed,
+        backend: config.backend,
+        trace_hash: trace_hash(&lines),
+        violations,
+        stats,
+        trace: if config.keep_trace { lines } else { Vec::new() },
+    }
+}
+
+/// What the run counted: faults (episodes, lost replies and clock jumps during the
+/// safety phase), takeovers, stale refusals, duplicates and attempts by outcome.
+fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, ending: &Ending) -> Stats {
+    let jumps: u64 = plan
+        .worker_clocks
+        .iter()
+        .chain(std::iter::once(&plan.db_clock))
+        .map(|c| c.jumps.iter().filter(|(at, _)| *at < safety_ms).count() as u64)
+        .sum();
     let mut stats = Stats {
-        faults: faults_applied + db.replies_lost + tgt.replies_lost + jumps,
+        faults: ending.faults_applied + db.replies_lost + tgt.replies_lost + jumps,
         takeovers: db
             .events
             .iter()
-            .filter(|e| {
-                checker::is_claim(e.op) && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2)
-            })
+            .filter(|e| e.op.is_claim() && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2))
             .count() as u64,
         stale_refused: db.events.iter().filter(|e| e.is_stale_refusal()).count() as u64,
         duplicates: tgt.duplicates,
         attempts: db.latest.len() as u64,
-        sim_ms,
+        sim_ms: ending.sim_ms,
         ..Stats::default()
     };
     for s in db.latest.values() {
@@ -597,20 +700,7 @@ pub fn run(config: &RunConfig) -> RunReport {
             _ => {}
         }
     }
-    for v in &violations {
-        lines.push(format!("violation [{}] {}", v.invariant, v.message));
-    }
-    // Invariant 10 scans the whole trace, violations included, for token text.
-    violations.extend(checker::scan_for_tokens(&lines, &db.token_texts()));
-    let hash = trace_hash(&lines);
-    RunReport {
-        seed,
-        backend: config.backend,
-        trace_hash: hash,
-        violations,
-        stats,
-        trace: if config.keep_trace { lines } else { Vec::new() },
-    }
+    stats
 }
 
 fn heal(sim: &mut turmoil::Sim<'_>, workers: u32, trace: &Trace, now: u64) {

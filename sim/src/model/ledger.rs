@@ -8,7 +8,7 @@ use crate::bugs::Bug;
 use crate::db::{planted_decision, planted_instant, skips_token_check, DbEvent, EventOutcome, Snap};
 use leasehold_engine::transition::is_claimable;
 use leasehold_engine::{
-    decide, AttemptRecord, ClaimRequest, OperatorRequest, Plan, Refusal, Reply, Request, Timestamp, WorkerRequest,
+    decide, AttemptRecord, ClaimRequest, Op, OperatorRequest, Plan, Refusal, Reply, Request, Timestamp, WorkerRequest,
 };
 
 /// The token text minted for ordinal `n`.
@@ -47,9 +47,9 @@ pub(super) enum Req<'a> {
 }
 
 impl Req<'_> {
-    fn op(&self) -> &'static str {
+    fn op(&self) -> Op {
         match self {
-            Req::Claim(..) => "claim-and-begin",
+            Req::Claim(..) => Op::ClaimAndBegin,
             Req::Worker(w, ..) => w.op(),
             Req::Operator(o) => o.op(),
         }

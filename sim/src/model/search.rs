@@ -12,7 +12,7 @@ use crate::plans::{DURABLE, KNOWN, SANDBOX};
 use crate::target::TargetState;
 use crate::trace::Trace;
 use leasehold_engine::transition::{enqueue, NewIds};
-use leasehold_engine::{Action, AttemptId, CommandId, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
+use leasehold_engine::{Action, AttemptId, CommandId, Op, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::{self, Write as _};
@@ -132,7 +132,7 @@ fn initial(config: &Config, plan: &Plan) -> State {
         db_now: t0,
         decided_at: t0,
         from: "enqueuer".into(),
-        op: "enqueue",
+        op: Op::Enqueue,
         attempt: Some(rows.record.attempt.id.clone()),
         ordinal: None,
         presented: None,
@@ -160,7 +160,7 @@ fn initial(config: &Config, plan: &Plan) -> State {
 /// The simulator's invariants on one transition, plus 13.
 fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Violation> {
     let mut events = s.past.clone();
-    let claimed = |e: &&DbEvent| checker::is_claim(e.op) && e.outcome == EventOutcome::Applied;
+    let claimed = |e: &&DbEvent| e.op.is_claim() && e.outcome == EventOutcome::Applied;
     events.extend(done.events.iter().filter(|e| !claimed(e)).cloned());
     let mut target = TargetState::new(0, 0.0, 1, Trace::new());
     target.keys = s.keys.clone();

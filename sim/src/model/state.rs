@@ -334,7 +334,7 @@ fn request_name(r: Option<&WorkerRequest>) -> String {
             format!("{} {o}", op.op())
         }
         Some(WorkerOp::Fail(ordinal)) => format!("fail (step {ordinal:?})"),
-        Some(op) => op.op().into(),
+        Some(op) => op.op().to_string(),
         None => "a read of the attempt".into(),
     }
 }
@@ -355,7 +355,7 @@ fn log(s: &mut State, mut e: DbEvent, done: &mut Done) {
     if let Some(msg) = healthy_takeover(s, &e) {
         done.healthy_takeover = Some(msg);
     }
-    if crate::checker::is_claim(e.op) && e.outcome == crate::db::EventOutcome::Applied {
+    if e.op.is_claim() && e.outcome == crate::db::EventOutcome::Applied {
         s.past.push(timeless(&e));
     }
     done.events.push(e);
@@ -390,7 +390,7 @@ fn timeless(e: &DbEvent) -> DbEvent {
 /// fault had touched.
 fn healthy_takeover(s: &State, e: &DbEvent) -> Option<String> {
     let (b, a) = (e.before.as_ref()?, e.after.as_ref()?);
-    let ends = (crate::checker::is_claim(e.op) || e.op == "reconcile") && a.token != b.token;
+    let ends = (e.op.is_claim() || e.op == leasehold_engine::Op::Reconcile) && a.token != b.token;
     if e.outcome != crate::db::EventOutcome::Applied || !ends || b.record.command.status != CommandStatus::Processing {
         return None;
     }
