@@ -24,17 +24,12 @@ pub mod listing;
 pub mod memory;
 pub mod migrate;
 #[cfg(feature = "mysql")]
-// Its pooled connections and server status serve the API tokens and `leasehold bench`
-// (the `cli` feature).
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub mod mysql;
 #[cfg(any(feature = "sqlite", feature = "mysql", feature = "postgres"))]
 pub(crate) mod outbox;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod percent;
 #[cfg(feature = "postgres")]
-// Its sessions for the API tokens and the reference receiver are the `cli` feature's.
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub mod postgres;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod scratch;
@@ -47,11 +42,10 @@ mod scratch;
 )]
 pub(crate) mod sql;
 #[cfg(feature = "sqlite")]
-// Its store hook for the API tokens (`SqliteLedger::write_with`) is the `cli` feature's.
-#[cfg_attr(not(feature = "cli"), allow(dead_code))]
 pub mod sqlite;
 mod url;
 
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub use sql::SqlLedger;
 pub use url::DbUrl;
 

@@ -29,6 +29,7 @@ pub enum DbUrl {
 
 /// Refuses a `scheme` URL parameter that is not in `known`, naming only the
 /// parameter: its value could be a secret put in the wrong place.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(super) fn known_parameter(scheme: &str, name: &str, known: &[&str]) -> Result<(), LedgerError> {
     if known.contains(&name) {
         return Ok(());
@@ -40,6 +41,7 @@ pub(super) fn known_parameter(scheme: &str, name: &str, known: &[&str]) -> Resul
 }
 
 /// A `scheme` URL parameter's whole number.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub(super) fn whole_number(scheme: &str, name: &str, value: &str) -> Result<u64, LedgerError> {
     value
         .parse()

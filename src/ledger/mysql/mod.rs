@@ -90,7 +90,6 @@ use crate::clock::Clock;
 use crate::entropy::Entropy;
 use error::{classify, DbResult, Phase, TxError};
 use leasehold_engine::ClaimRequest;
-use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, IsolationLevel, OptsBuilder, Pool, PoolConstraints, PoolOpts, TxOpts};
 use session::{MyConn, MySession};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -133,6 +132,7 @@ const SKIP_LOCKED_YES: u8 = 1;
 const SKIP_LOCKED_NO: u8 = 2;
 
 /// What [`SqlLedger::server_status`] read.
+#[cfg(feature = "cli")]
 #[derive(Debug, Clone)]
 pub(crate) struct ServerStatus {
     /// `@@version`.
@@ -353,6 +353,7 @@ impl SqlLedger<MysqlBackend> {
 
     /// A pooled connection for stores kept beside the ledger's tables (the API
     /// tokens of [`crate::tokens`]), its errors classified like the ledger's.
+    #[cfg(any(test, feature = "cli"))]
     pub(crate) async fn pooled_connection(&self) -> Result<Conn, LedgerError> {
         self.retry(|| self.backend.connect()).await
     }
@@ -361,7 +362,9 @@ impl SqlLedger<MysqlBackend> {
     /// as the server prints them), its `@@version` and its `@@pid_file`, on one of
     /// the pool's connections: what `leasehold bench` reads around its deliveries
     /// ([`crate::bench::server`]).
+    #[cfg(feature = "cli")]
     pub(crate) async fn server_status(&self, names: &[&str]) -> Result<ServerStatus, LedgerError> {
+        use mysql_async::prelude::Queryable;
         let list = names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ");
         self.retry(|| async {
             let mut conn = self.backend.connect().await?;

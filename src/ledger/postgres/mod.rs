@@ -212,6 +212,7 @@ impl SqlLedger<PgBackend> {
 
     /// A pooled session, for stores kept beside the ledger's tables
     /// ([`crate::tokens`]) and the raw baselines.
+    #[cfg(any(test, feature = "cli"))]
     pub(crate) async fn session(&self) -> Result<deadpool_postgres::Client, LedgerError> {
         self.backend.connect().await.map_err(LedgerError::from)
     }

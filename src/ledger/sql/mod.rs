@@ -32,6 +32,7 @@ pub(crate) mod session;
 pub(crate) mod table;
 pub(crate) mod write;
 
+#[cfg(any(feature = "mysql", feature = "postgres"))]
 pub use ledger::SqlLedger;
 
 #[cfg(test)]

@@ -242,6 +242,7 @@ impl SqliteLedger {
     /// for stores kept beside the ledger's tables ([`crate::tokens`]). `f` must not
     /// write the attempt, command or receipt tables: the writer keeps the records of
     /// the attempts it wrote and trusts them while no other connection commits.
+    #[cfg(feature = "cli")]
     pub(crate) async fn write_with<T: Send + 'static>(
         &self,
         f: impl FnOnce(&rusqlite::Connection) -> Result<T, LedgerError> + Send + 'static,
