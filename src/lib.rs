@@ -10,7 +10,7 @@
 //! `report`, `listener`; every backend). An application that embeds the library with
 //! the default features builds none of the server's crates (`docs/library.md`).
 //!
-//! There are three ways in. All three share one database (SQLite or MySQL /
+//! There are three ways in. All three share one database (SQLite, PostgreSQL or MySQL /
 //! MariaDB) and its guarantees: an enqueue writes the attempt, its receipts and its
 //! outbox command together; workers on any number of processes claim commands under
 //! a fenced lease and call executors outside every transaction; a crashed worker's
