@@ -506,24 +506,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         let attempt = &record.attempt.id;
         let steps = record.receipts.len() as u32;
         let delivery = record.command.delivery_count;
-        emit(&self.observer, || WorkerEvent::Claimed {
-            attempt: attempt.clone(),
-            plan: self.claimed.plan.name.clone(),
-            command: record.command.id.clone(),
-            delivery,
-            steps,
-            skipped: record
-                .receipts
-                .iter()
-                .filter(|r| r.status == leasehold_engine::ReceiptStatus::Succeeded)
-                .count() as u32,
-            queued_ms: (delivery == 1).then(|| self.claimed_at.millis_since(record.attempt.created_at)),
-        });
-        for r in &record.receipts {
-            if r.status == leasehold_engine::ReceiptStatus::Running {
-                self.step_event(true, r.ordinal, steps);
-            }
-        }
+        self.claimed_events();
         // Boxed, like the claim: it keeps the delivery's task small.
         let mut driver = Box::new(
             Driver::fused(record, self.lease_ms, self.claimed_at).with_max_evidence_bytes(self.max_evidence_bytes),
@@ -606,6 +589,31 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             outcome: outcome.clone(),
         });
         Ended { outcome, next }
+    }
+
+    /// Emits the claim's event, and a begun event for each step the claim found (or
+    /// made) RUNNING.
+    fn claimed_events(&self) {
+        let record = &self.claimed.record;
+        let (steps, delivery) = (record.receipts.len() as u32, record.command.delivery_count);
+        emit(&self.observer, || WorkerEvent::Claimed {
+            attempt: record.attempt.id.clone(),
+            plan: self.claimed.plan.name.clone(),
+            command: record.command.id.clone(),
+            delivery,
+            steps,
+            skipped: record
+                .receipts
+                .iter()
+                .filter(|r| r.status == leasehold_engine::ReceiptStatus::Succeeded)
+                .count() as u32,
+            queued_ms: (delivery == 1).then(|| self.claimed_at.millis_since(record.attempt.created_at)),
+        });
+        for r in &record.receipts {
+            if r.status == leasehold_engine::ReceiptStatus::Running {
+                self.step_event(true, r.ordinal, steps);
+            }
+        }
     }
 
     /// Emits a step's begun (or succeeded) event.

@@ -480,12 +480,7 @@ fn pool_opts(url: &MysqlUrl) -> OptsBuilder {
          NO_ENGINE_SUBSTITUTION'"
             .to_owned(),
     ];
-    OptsBuilder::default()
-        .ip_or_hostname(url.host.clone())
-        .tcp_port(url.port)
-        .user(url.user.clone())
-        .pass(url.expose_password().map(str::to_owned))
-        .db_name(Some(url.database.clone()))
+    url.connection_opts()
         .client_found_rows(true)
         .tcp_nodelay(true)
         .tcp_keepalive(Some(Duration::from_secs(30)))

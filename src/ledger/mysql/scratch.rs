@@ -10,7 +10,7 @@ use super::MysqlUrl;
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ledger::LedgerError;
 use mysql_async::prelude::Queryable;
-use mysql_async::{Conn, OptsBuilder};
+use mysql_async::Conn;
 
 /// A database created for one test or benchmark, dropped when this is dropped.
 #[derive(Debug)]
@@ -19,18 +19,9 @@ pub struct ScratchDatabase {
     url: MysqlUrl,
 }
 
-fn opts(url: &MysqlUrl) -> OptsBuilder {
-    OptsBuilder::default()
-        .ip_or_hostname(url.host.clone())
-        .tcp_port(url.port)
-        .user(url.user.clone())
-        .pass(url.expose_password().map(str::to_owned))
-        .db_name(Some(url.database.clone()))
-}
-
 async fn admin_statement(admin: &MysqlUrl, sql: String) -> Result<(), LedgerError> {
     let unavailable = |e: mysql_async::Error| LedgerError::Unavailable(format!("mysql at {admin}: {e}"));
-    let mut conn = Conn::new(opts(admin)).await.map_err(unavailable)?;
+    let mut conn = Conn::new(admin.connection_opts()).await.map_err(unavailable)?;
     // A transaction left open on the database (a test that failed while a claim held
     // its rows) would make DROP DATABASE wait for its metadata lock for as long as
     // the server's default allows (a year): give up after a while instead.

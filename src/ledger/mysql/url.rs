@@ -154,6 +154,17 @@ fn bad(what: &str) -> LedgerError {
 }
 
 impl MysqlUrl {
+    /// The driver's options for this URL's server, user and database (the pool's
+    /// settings come on top).
+    pub(super) fn connection_opts(&self) -> mysql_async::OptsBuilder {
+        mysql_async::OptsBuilder::default()
+            .ip_or_hostname(self.host.clone())
+            .tcp_port(self.port)
+            .user(self.user.clone())
+            .pass(self.expose_password().map(str::to_owned))
+            .db_name(Some(self.database.clone()))
+    }
+
     /// Parses a `mysql://` URL. Errors name the part at fault, never the password.
     pub fn parse(url: &str) -> Result<Self, LedgerError> {
         let rest = url
