@@ -483,7 +483,9 @@ async fn candidates_claim_once(
         }
     }
     .await;
-    // A claim that took nothing wrote nothing: it only releases its locks.
+    // A claim that took nothing wrote nothing: it only releases its locks. (The shared
+    // `end_claim`, spelled with MySQL's own transaction type: through the backend's
+    // generic one rustc cannot yet prove this future `Send`, rust-lang/rust#100013.)
     match result {
         Ok(claimed) if !claimed.is_empty() => super::commit_tx(tx, TxKind::Write).await.map(|()| claimed),
         other => {
