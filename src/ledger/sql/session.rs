@@ -33,7 +33,7 @@ impl<T, F: Fn(&mut dyn ColumnReader) -> Result<T, LedgerError> + Send + Sync> Pa
 
 /// A connection inside a transaction (or, for a one-statement read, outside one).
 pub(crate) trait Session {
-    /// The dialect of the statements this session runs.
+    /// The dialect of the statements it runs.
     fn dialect(&self) -> &'static Dialect;
 
     /// Runs a query; answers every row as `parse` reads it.
