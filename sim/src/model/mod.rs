@@ -83,6 +83,10 @@ pub struct Budget {
     pub reconciles: u8,
     /// Operator aborts.
     pub aborts: u8,
+    /// Operator retries and compensates: a new attempt of a plan whose attempts
+    /// are all terminal, enqueued with `retry` or `compensate` under the engine's
+    /// action guard.
+    pub enqueues: u8,
 }
 
 /// One bounded configuration.
@@ -92,8 +96,10 @@ pub struct Config {
     pub name: String,
     /// Each worker's clock offset from the database's, in milliseconds.
     pub skews_ms: Vec<i64>,
-    /// The plan's recovery mode.
+    /// The plans' recovery mode.
     pub recovery: Recovery,
+    /// How many plans, each with a first attempt enqueued at the start.
+    pub plans: u32,
     /// The plan's steps.
     pub steps: u32,
     /// The lease, in ticks.
@@ -124,6 +130,7 @@ impl Config {
             name: format!("small-{recovery}"),
             skews_ms: vec![0, TICK_MS as i64],
             recovery,
+            plans: 1,
             steps: 2,
             lease_ticks: 3,
             horizon: 5,
@@ -137,6 +144,7 @@ impl Config {
                 permanents: 0,
                 reconciles: 1,
                 aborts: 1,
+                enqueues: 1,
             },
             liveness_ticks: 24,
             bugs: Vec::new(),
