@@ -27,6 +27,9 @@ pub struct Report {
     pub states: usize,
     /// Transitions performed.
     pub transitions: u64,
+    /// Of those, the writes that ended an attempt and claimed another command in
+    /// the same transaction.
+    pub fused_claims: u64,
     /// Wall time.
     pub elapsed: Duration,
     /// The first violation found, if any.
@@ -55,11 +58,12 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{}: {} states{}, {} transitions in {:.1} s",
+            "{}: {} states{}, {} transitions ({} fused claims) in {:.1} s",
             self.config,
             self.states,
             if self.truncated { " (stopped at the limit)" } else { "" },
             self.transitions,
+            self.fused_claims,
             self.elapsed.as_secs_f64()
         )?;
         let Some(c) = &self.counterexample else {
@@ -240,7 +244,7 @@ pub fn check(config: &Config) -> Report {
     let mut parents: BTreeMap<u64, (u64, String)> = BTreeMap::new();
     let mut live = BTreeSet::new();
     let mut queue = VecDeque::from([(root, init)]);
-    let mut transitions = 0u64;
+    let (mut transitions, mut fused_claims) = (0u64, 0u64);
     let mut found = None;
     let mut truncated = false;
     'search: while let Some((h, s)) = queue.pop_front() {
@@ -265,6 +269,7 @@ pub fn check(config: &Config) -> Report {
             let mut next = s.clone();
             let done = perform(&ledger, &mut next, act);
             transitions += 1;
+            fused_claims += u64::from(done.fused_claim);
             let n = fingerprint(&next);
             if n == root || parents.contains_key(&n) {
                 continue;
@@ -282,6 +287,7 @@ pub fn check(config: &Config) -> Report {
         config: config.name.clone(),
         states: parents.len() + 1,
         transitions,
+        fused_claims,
         elapsed: started.elapsed(),
         truncated,
         counterexample: found.map(|(h, violations)| Counterexample {

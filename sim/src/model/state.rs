@@ -66,6 +66,8 @@ pub(super) struct Worker {
     /// Whether a fault (crash, pause, lost or delayed reply, lost executor reply)
     /// touched the lease it holds or last held.
     pub faulted: bool,
+    /// The token ordinal of the lease it holds or last held.
+    pub lease: Option<u32>,
 }
 
 /// The whole model state.
@@ -116,6 +118,8 @@ pub(super) struct Done {
     pub label: String,
     pub events: Vec<DbEvent>,
     pub healthy_takeover: Option<String>,
+    /// Whether a write that ended an attempt claimed a command in the same transaction.
+    pub fused_claim: bool,
 }
 
 pub(super) fn name(i: usize) -> String {
@@ -350,6 +354,7 @@ pub(super) fn perform(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
             s.budget.crashes -= 1;
             s.workers[i] = Worker {
                 faulted: true,
+                lease: s.workers[i].lease,
                 ..Worker::default()
             };
             simple(format!("{} crashes and restarts idle", who(i)))
@@ -506,7 +511,10 @@ fn healthy_takeover(s: &State, e: &DbEvent) -> Option<String> {
     }
     let owner = b.record.command.lease_owner.as_deref()?;
     let i = s.workers.iter().enumerate().position(|(i, _)| name(i) == owner)?;
-    (!s.workers[i].faulted).then(|| {
+    // A holder that has since claimed another lease left this one unended: only a
+    // crash or a lost reply does that.
+    let w = &s.workers[i];
+    (!w.faulted && w.lease == b.token).then(|| {
         format!(
             "{} by {} at t={} took over the lease of {owner}, which no fault had touched",
             e.op, e.from, s.tick
@@ -528,6 +536,7 @@ fn claim(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
         done.label.push_str(", reply lost");
     } else {
         s.workers[i] = Worker {
+            lease: Some(held.token),
             held: Some(held),
             ..Worker::default()
         };
@@ -618,10 +627,11 @@ fn apply_sending(
     let claimed = claim_next(ledger, s, i, sending.sent_at, done).map(|(held, claimed)| {
         if !lost {
             let w = &mut s.workers[i];
-            (w.held, w.faulted) = (Some(held), false);
+            (w.lease, w.held, w.faulted) = (Some(held.token), Some(held), false);
         }
         claimed
     });
+    done.fused_claim = claimed.is_some();
     let claimed = claimed.unwrap_or_else(|| "nothing".into());
     (verdict, format!(" and, in the same write, claims {claimed}"))
 }
