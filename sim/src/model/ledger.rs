@@ -1,4 +1,4 @@
-//! The model's ledger: one attempt's rows, and every request applied to them as the
+//! The model's ledger: the attempts' rows, and every request applied to them as the
 //! memory ledger applies it (the engine decides, the planted bugs' seams of the
 //! simulator's db host rewrite, the guard admits, the writes apply), each recorded
 //! as the db host records it ([`DbEvent`]).
@@ -74,12 +74,22 @@ pub(super) struct Answer {
 /// The ledger of one configuration.
 pub(super) struct Ledger<'c> {
     pub config: &'c Config,
-    pub plan: &'c Plan,
+    /// The configuration's plans, `plan-1` first.
+    pub plans: &'c [Plan],
 }
 
 impl Ledger<'_> {
     fn bugs(&self) -> &[Bug] {
         &self.config.bugs
+    }
+
+    /// The plan an attempt belongs to.
+    pub fn plan_of(&self, record: &AttemptRecord) -> &Plan {
+        let id = &record.attempt.plan_id;
+        self.plans
+            .iter()
+            .find(|p| p.id == *id)
+            .expect("every attempt is of a plan of the configuration")
     }
 
     /// The instant the ledger decides `req` at, given its own clock `db_now`.
@@ -88,10 +98,17 @@ impl Ledger<'_> {
         planted_instant(self.bugs(), req.sent_at(), reconciled, db_now).unwrap_or(db_now)
     }
 
-    /// Whether a claim sent at `sent_at` (worker clock) finds the command claimable.
-    pub fn claimable(&self, rows: &Snap, sent_at: Timestamp, db_now: Timestamp) -> bool {
-        let now = self.decided_at(rows, &Req::Claim("", 0, sent_at), db_now);
-        !rows.record.attempt.status.is_terminal() && is_claimable(&rows.record.command, now)
+    /// The attempt (its index in `attempts`) a claim sent at `sent_at` (worker
+    /// clock) takes, as the memory ledger picks it: the first claimable command in
+    /// claim order, oldest `available_at` first, then command id.
+    pub fn claim_candidate(&self, attempts: &[Snap], sent_at: Timestamp, db_now: Timestamp) -> Option<usize> {
+        let now = planted_instant(self.bugs(), Some(sent_at), None, db_now).unwrap_or(db_now);
+        attempts
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.record.attempt.status.is_terminal() && is_claimable(&s.record.command, now))
+            .min_by_key(|(_, s)| (s.record.command.available_at, s.record.command.id.clone()))
+            .map(|(k, _)| k)
     }
 
     /// Applies `req` from `from` to `rows` at `db_now`; answers the reply and the event.
@@ -151,7 +168,7 @@ impl Ledger<'_> {
         req: &Req<'_>,
         now: Timestamp,
     ) -> Result<(leasehold_engine::Writes, Reply), Refusal> {
-        let recovery = self.plan.recovery;
+        let recovery = self.plan_of(record).recovery;
         let lease_ms = self.config.lease_ms();
         let decided = match req {
             Req::Claim(owner, n, _) => {

@@ -1,8 +1,8 @@
 //! Exhaustive model checking of the lease protocol with the engine's own code.
 //!
 //! Contract: [`check`] explores every interleaving of a small [`Config`] (workers,
-//! one attempt of a `resume` or `replay` plan, a lease of a few ticks, bounded
-//! faults) breadth first and answers a [`Report`]: the states explored, and the first
+//! an attempt of each of its `resume` or `replay` plans and the operator's retry or
+//! compensate, a lease of a few ticks, bounded faults) breadth first and answers a [`Report`]: the states explored, and the first
 //! state that breaks an invariant with the shortest path to it, as a numbered step
 //! list. The model is the code: every ledger transition goes through
 //! [`leasehold_engine::request::decide`] and [`leasehold_engine::Writes::apply_to`]
@@ -21,26 +21,33 @@
 //! violation found is one with the fewest steps. No dependency is added.
 //!
 //! # State
-//! The attempt's rows (as [`crate::db::Snap`]: the memory ledger's record, the token
-//! as an ordinal), each worker's driver with its lease, its request in flight and its
-//! executor call (or none when idle or crashed), whether it is paused and whether a
+//! Every attempt's rows (as [`crate::db::Snap`]: the memory ledger's record, the
+//! token as an ordinal), in the order they were enqueued; each worker's driver with
+//! its lease (naming its attempt), its request in flight and its executor call (or
+//! none when idle or crashed), whether it is paused and whether a
 //! fault touched its current lease; requests delayed in the network; the database
 //! clock (ticks) and each worker's fixed skew; the target's effects per idempotency
 //! key and sandbox; the fault and operator budgets left. History is kept small: only
-//! what the invariants need from the past, the enqueue and the applied claims (for
-//! invariants 6 and 12) and each delivery's first call of each step (invariant 12;
+//! what the invariants need from the past, the enqueues and the applied claims (for
+//! invariants 6, 7 and 12) and each delivery's first call of each step (invariant 12;
 //! a repeated call checks nothing new). Every other invariant is checked on each
 //! transition's own events, so two paths that reach the same rows, drivers and
 //! effects by different histories are one state.
 //!
 //! # Actions
 //! A worker acts (fires its due timers and performs what `poll_action` answers:
-//! a ledger request or an executor call), or claims when idle; its request is
-//! delivered and answered, delivered with the reply lost, or delayed in the network
-//! (the worker sees an ambiguous reply, the request lands later); its executor call
-//! answers (done, reply lost after the effect, permanent failure); it crashes or
-//! pauses and resumes; the operator reconciles or aborts; the clock advances one
-//! tick. Time advances only when no worker that is up has work due at the current
+//! a ledger request or an executor call), or claims when idle (the first claimable
+//! command, oldest `available_at` first, as the memory ledger claims); its request
+//! is delivered and answered, delivered with the reply lost, or delayed in the
+//! network (the worker sees an ambiguous reply, the request lands later); a request
+//! that ends its attempt ([`leasehold_engine::driver::Driver::ends_attempt`]) is
+//! delivered either alone or with the worker's next claim in the same write, as
+//! `Ledger::worker_then_claim` does; its executor call answers (done, reply lost
+//! after the effect, permanent failure); it crashes or pauses and resumes; the
+//! operator reconciles or aborts an attempt, or, once every attempt of a plan has
+//! ended and the workers are quiet, retries or compensates it: a new attempt
+//! enqueued through the engine's `enqueue` under its action guard, which then runs
+//! without faults (a bound on the search); the clock advances one tick. Time advances only when no worker that is up has work due at the current
 //! tick (maximal progress: a healthy worker is never late by the scheduler's
 //! choice), and an executor call answers within `exec_ticks`.
 //!
@@ -49,8 +56,8 @@
 //! checker's own functions, [`crate::checker::check_transition`]) and 13 (a lease
 //! taken over only from a holder a fault touched). Liveness (invariant 8): from every
 //! state, the fault-free fair schedule (paused workers resume, requests and calls
-//! answer at once, the clock advances when nothing is due) ends every attempt within
-//! `liveness_ticks`.
+//! answer at once, the clock advances when nothing is due, no operator) ends every
+//! attempt within `liveness_ticks`.
 
 mod ledger;
 mod search;
@@ -83,6 +90,10 @@ pub struct Budget {
     pub reconciles: u8,
     /// Operator aborts.
     pub aborts: u8,
+    /// Operator retries and compensates: a new attempt of a plan whose attempts
+    /// are all terminal, enqueued with `retry` or `compensate` under the engine's
+    /// action guard.
+    pub enqueues: u8,
 }
 
 /// One bounded configuration.
@@ -92,8 +103,10 @@ pub struct Config {
     pub name: String,
     /// Each worker's clock offset from the database's, in milliseconds.
     pub skews_ms: Vec<i64>,
-    /// The plan's recovery mode.
+    /// The plans' recovery mode.
     pub recovery: Recovery,
+    /// How many plans, each with a first attempt enqueued at the start.
+    pub plans: u32,
     /// The plan's steps.
     pub steps: u32,
     /// The lease, in ticks.
@@ -115,15 +128,16 @@ pub struct Config {
 
 impl Config {
     /// The CI configuration for `recovery`: two workers (the second one's clock a
-    /// tick ahead), one attempt of two steps, a lease of three ticks, the clock up
+    /// tick ahead), one plan of two steps, a lease of three ticks, the clock up
     /// to tick 5, executor calls of up to three ticks, one crash, one pause (whose
-    /// request in flight lands late: the stale-token case), one reconcile and one
-    /// abort.
+    /// request in flight lands late: the stale-token case), one reconcile, one
+    /// abort, and one retry or compensate (a second attempt).
     pub fn small(recovery: Recovery) -> Self {
         Self {
             name: format!("small-{recovery}"),
             skews_ms: vec![0, TICK_MS as i64],
             recovery,
+            plans: 1,
             steps: 2,
             lease_ticks: 3,
             horizon: 5,
@@ -137,6 +151,7 @@ impl Config {
                 permanents: 0,
                 reconciles: 1,
                 aborts: 1,
+                enqueues: 1,
             },
             liveness_ticks: 24,
             bugs: Vec::new(),
@@ -154,11 +169,29 @@ impl Config {
         c
     }
 
-    /// The named configurations (`small` or `large`), one per recovery mode.
+    /// Two plans of one step each, their first attempts open together: the one
+    /// configuration where a write that ends an attempt can claim another (with a
+    /// single plan, the engine's enqueue guard leaves no other attempt open), with
+    /// one crash and one reconcile.
+    pub fn pair(recovery: Recovery) -> Self {
+        let mut c = Self::small(recovery);
+        c.name = format!("pair-{recovery}");
+        c.plans = 2;
+        c.steps = 1;
+        c.budget = Budget {
+            crashes: 1,
+            reconciles: 1,
+            ..Budget::default()
+        };
+        c
+    }
+
+    /// The named configurations (`small`, `large` or `pair`), one per recovery mode.
     pub fn named(name: &str) -> Option<Vec<Config>> {
         let make = match name {
             "small" => Config::small,
             "large" => Config::large,
+            "pair" => Config::pair,
             _ => return None,
         };
         Some(vec![make(Recovery::Resume), make(Recovery::Replay)])

@@ -1,8 +1,8 @@
 //! Breadth-first search over the model's states, with the invariants checked on
 //! every transition and liveness from every state.
 
-use super::ledger::{snap_of, Ledger};
-use super::state::{enabled, perform, Done, State, Worker};
+use super::ledger::Ledger;
+use super::state::{enabled, enqueue_attempt, perform, Done, State, Worker};
 use super::Config;
 use crate::checker::{self, CheckInput, Violation};
 use crate::clients::ClientLog;
@@ -11,8 +11,7 @@ use crate::db::{DbEvent, EventOutcome};
 use crate::plans::{DURABLE, KNOWN, SANDBOX};
 use crate::target::TargetState;
 use crate::trace::Trace;
-use leasehold_engine::transition::{enqueue, NewIds};
-use leasehold_engine::{Action, AttemptId, CommandId, Op, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
+use leasehold_engine::{Action, Op, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::{self, Write as _};
@@ -28,6 +27,9 @@ pub struct Report {
     pub states: usize,
     /// Transitions performed.
     pub transitions: u64,
+    /// Of those, the writes that ended an attempt and claimed another command in
+    /// the same transaction.
+    pub fused_claims: u64,
     /// Wall time.
     pub elapsed: Duration,
     /// The first violation found, if any.
@@ -56,11 +58,12 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{}: {} states{}, {} transitions in {:.1} s",
+            "{}: {} states{}, {} transitions ({} fused claims) in {:.1} s",
             self.config,
             self.states,
             if self.truncated { " (stopped at the limit)" } else { "" },
             self.transitions,
+            self.fused_claims,
             self.elapsed.as_secs_f64()
         )?;
         let Some(c) = &self.counterexample else {
@@ -93,9 +96,9 @@ fn fingerprint(s: &State) -> u64 {
     w.0.finish()
 }
 
-/// The plan of `config`: `steps` steps on the durable target (`resume`) or in a
+/// Plan `n` of `config`: `steps` steps on the durable target (`resume`) or in a
 /// sandbox (`replay`).
-fn model_plan(config: &Config) -> Plan {
+fn model_plan(config: &Config, n: u32) -> Plan {
     let executor = match config.recovery {
         Recovery::Resume => DURABLE,
         Recovery::Replay => SANDBOX,
@@ -108,64 +111,51 @@ fn model_plan(config: &Config) -> Plan {
         })
         .collect();
     let spec = PlanSpec {
-        name: format!("model-{}", config.recovery),
+        name: format!("model-{}-{n}", config.recovery),
         recovery: config.recovery.to_string(),
         volatile_fields: vec!["worker".into()],
         steps,
     };
     let t0 = Timestamp::from_millis(EPOCH_MS);
-    spec.into_plan(KNOWN, PlanId::new("plan-1"), t0)
+    spec.into_plan(KNOWN, PlanId::new(format!("plan-{n}")), t0)
         .expect("the model's plan is valid")
 }
 
-fn initial(config: &Config, plan: &Plan) -> State {
-    let t0 = Timestamp::from_millis(EPOCH_MS);
-    let ids = NewIds {
-        attempt: AttemptId::new("att-1"),
-        command: CommandId::new("cmd-1"),
-    };
-    let record = enqueue(plan, &[], Action::Execute, ids, t0).expect("the first attempt is enqueued");
-    let rows = snap_of(record);
-    let enqueued = DbEvent {
-        seq: 0,
-        at_ms: 0,
-        db_now: t0,
-        decided_at: t0,
-        from: "enqueuer".into(),
-        op: Op::Enqueue,
-        attempt: Some(rows.record.attempt.id.clone()),
-        ordinal: None,
-        presented: None,
-        before: None,
-        after: Some(rows.clone()),
-        outcome: EventOutcome::Applied,
-        plan_attempts: Some((0, 1)),
-        reply_lost: false,
-    };
-    State {
+/// The state before any step: each plan's first attempt enqueued (`execute`).
+fn initial(ledger: &Ledger<'_>) -> State {
+    let config = ledger.config;
+    let mut s = State {
         tick: 0,
-        rows,
+        attempts: Vec::new(),
         workers: vec![Worker::default(); config.skews_ms.len()],
         strays: Vec::new(),
         keys: BTreeMap::new(),
         applied: BTreeMap::new(),
         calls: Vec::new(),
-        past: vec![enqueued],
+        past: Vec::new(),
         budget: config.budget,
         minted: 0,
         receipts_given: 0,
+    };
+    for p in 0..ledger.plans.len() {
+        enqueue_attempt(ledger, &mut s, p, Action::Execute);
     }
+    s
 }
 
 /// The simulator's invariants on one transition, plus 13.
 fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Violation> {
     let mut events = s.past.clone();
-    let claimed = |e: &&DbEvent| e.op.is_claim() && e.outcome == EventOutcome::Applied;
-    events.extend(done.events.iter().filter(|e| !claimed(e)).cloned());
+    let kept = |e: &&DbEvent| (e.op.is_claim() || e.op == Op::Enqueue) && e.outcome == EventOutcome::Applied;
+    events.extend(done.events.iter().filter(|e| !kept(e)).cloned());
     let mut target = TargetState::new(0, 0.0, 1, Trace::new());
     target.keys = s.keys.clone();
     target.calls = s.calls.clone();
-    let latest = BTreeMap::from([(s.rows.record.attempt.id.clone(), s.rows.clone())]);
+    let latest: BTreeMap<_, _> = s
+        .attempts
+        .iter()
+        .map(|a| (a.record.attempt.id.clone(), a.clone()))
+        .collect();
     let clients = ClientLog::default();
     let input = CheckInput {
         events: &events,
@@ -186,15 +176,16 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
     v
 }
 
-/// Runs the fault-free fair schedule from `s`; answers why it did not end every
-/// attempt within the bound. States proven to end are remembered in `live`.
+/// Runs the fault-free fair schedule from `s` (no operator either); answers why it
+/// did not end every attempt within the bound. States proven to end are
+/// remembered in `live`.
 fn liveness(ledger: &Ledger<'_>, s: &State, live: &mut BTreeSet<u64>) -> Option<String> {
     let mut cur = s.clone();
     let mut seen = Vec::new();
     let bound = cur.tick + ledger.config.liveness_ticks;
     for _ in 0..10_000 {
         let h = fingerprint(&cur);
-        if live.contains(&h) || cur.rows.record.attempt.status.is_terminal() {
+        if live.contains(&h) || cur.all_terminal() {
             live.extend(seen);
             return None;
         }
@@ -207,9 +198,22 @@ fn liveness(ledger: &Ledger<'_>, s: &State, live: &mut BTreeSet<u64>) -> Option<
         };
         perform(ledger, &mut cur, act);
     }
+    let open: Vec<String> = cur
+        .attempts
+        .iter()
+        .filter(|a| !a.record.attempt.status.is_terminal())
+        .map(|a| {
+            format!(
+                "{} {} / {}",
+                a.record.attempt.id, a.record.attempt.status, a.record.command.status
+            )
+        })
+        .collect();
     Some(format!(
-        "the fault-free fair schedule did not end the attempt within {} ticks (at t={} it is {} / {})",
-        ledger.config.liveness_ticks, cur.tick, cur.rows.record.attempt.status, cur.rows.record.command.status
+        "the fault-free fair schedule did not end every attempt within {} ticks (at t={}: {})",
+        ledger.config.liveness_ticks,
+        cur.tick,
+        open.join(", ")
     ))
 }
 
@@ -229,15 +233,18 @@ pub fn check(config: &Config) -> Report {
     // Wall time only for the report; nothing the search decides reads it.
     #[allow(clippy::disallowed_methods)]
     let started = Instant::now();
-    let plan = model_plan(config);
-    let ledger = Ledger { config, plan: &plan };
-    let plans = BTreeMap::from([(plan.id.clone(), plan.clone())]);
-    let init = initial(config, &plan);
+    let model_plans: Vec<Plan> = (1..=config.plans.max(1)).map(|n| model_plan(config, n)).collect();
+    let ledger = Ledger {
+        config,
+        plans: &model_plans,
+    };
+    let plans: BTreeMap<PlanId, Plan> = model_plans.iter().map(|p| (p.id.clone(), p.clone())).collect();
+    let init = initial(&ledger);
     let root = fingerprint(&init);
     let mut parents: BTreeMap<u64, (u64, String)> = BTreeMap::new();
     let mut live = BTreeSet::new();
     let mut queue = VecDeque::from([(root, init)]);
-    let mut transitions = 0u64;
+    let (mut transitions, mut fused_claims) = (0u64, 0u64);
     let mut found = None;
     let mut truncated = false;
     'search: while let Some((h, s)) = queue.pop_front() {
@@ -262,6 +269,7 @@ pub fn check(config: &Config) -> Report {
             let mut next = s.clone();
             let done = perform(&ledger, &mut next, act);
             transitions += 1;
+            fused_claims += u64::from(done.fused_claim);
             let n = fingerprint(&next);
             if n == root || parents.contains_key(&n) {
                 continue;
@@ -279,6 +287,7 @@ pub fn check(config: &Config) -> Report {
         config: config.name.clone(),
         states: parents.len() + 1,
         transitions,
+        fused_claims,
         elapsed: started.elapsed(),
         truncated,
         counterexample: found.map(|(h, violations)| Counterexample {

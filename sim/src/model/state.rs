@@ -4,18 +4,23 @@ use super::ledger::{Ledger, Req};
 use super::{Budget, Config, TICK_MS};
 use crate::bugs::Bug;
 use crate::clock::EPOCH_MS;
-use crate::db::{DbEvent, Snap};
+use crate::db::{DbEvent, EventOutcome, Snap};
 use crate::plans::{self, SANDBOX};
 use crate::protocol::TargetReply;
 use crate::target::{CallRecord, KeyRecord};
 use leasehold_engine::driver::{DeadlineReason, Driver, DriverAction, ExecutorResult, Outcome};
-use leasehold_engine::{CommandStatus, Failure, OperatorRequest, Timestamp, WorkerOp, WorkerRequest};
+use leasehold_engine::transition::{enqueue, NewIds};
+use leasehold_engine::{
+    Action, AttemptId, AttemptRecord, CommandId, CommandStatus, Failure, OperatorRequest, Timestamp, WorkerOp,
+    WorkerRequest,
+};
 use serde_json::json;
 use std::collections::BTreeMap;
 
 /// A worker's lease and the driver delivering it.
 #[derive(Debug, Clone)]
 pub(super) struct Held {
+    pub attempt: usize,
     pub driver: Driver,
     pub token: u32,
     pub delivery: u32,
@@ -25,6 +30,7 @@ pub(super) struct Held {
 /// request as the driver asked for it, or (`None`) the read-back of the attempt.
 #[derive(Debug, Clone)]
 pub(super) struct Sending {
+    pub attempt: usize,
     pub request: Option<WorkerRequest>,
     pub token: u32,
     pub sent_at: Timestamp,
@@ -33,6 +39,7 @@ pub(super) struct Sending {
 /// An executor call in flight since tick `since`.
 #[derive(Debug, Clone)]
 pub(super) struct Exec {
+    pub attempt: usize,
     pub ordinal: u32,
     pub token: u32,
     pub delivery: u32,
@@ -43,6 +50,7 @@ pub(super) struct Exec {
 #[derive(Debug, Clone)]
 pub(super) struct Stray {
     pub from: usize,
+    pub attempt: usize,
     pub request: WorkerRequest,
     pub token: u32,
     pub sent_at: Timestamp,
@@ -58,19 +66,22 @@ pub(super) struct Worker {
     /// Whether a fault (crash, pause, lost or delayed reply, lost executor reply)
     /// touched the lease it holds or last held.
     pub faulted: bool,
+    /// The token ordinal of the lease it holds or last held.
+    pub lease: Option<u32>,
 }
 
 /// The whole model state.
 #[derive(Debug, Clone)]
 pub(super) struct State {
     pub tick: u32,
-    pub rows: Snap,
+    /// Every attempt's rows, in the order they were enqueued (`att-1` first).
+    pub attempts: Vec<Snap>,
     pub workers: Vec<Worker>,
     pub strays: Vec<Stray>,
     pub keys: BTreeMap<(String, Option<String>), KeyRecord>,
     pub applied: BTreeMap<String, Vec<String>>,
     pub calls: Vec<CallRecord>,
-    /// The enqueue and the applied claims: what invariants 6 and 12 read of the past.
+    /// The enqueues and the applied claims: what invariants 6 and 12 read of the past.
     pub past: Vec<DbEvent>,
     pub budget: Budget,
     pub minted: u32,
@@ -82,7 +93,9 @@ pub(super) struct State {
 pub(super) enum Act {
     Work(usize),
     Claim(usize, bool),
-    Deliver(usize, bool),
+    /// The request in flight lands: its reply `lost` or not, and `fused` with a
+    /// claim in the same transaction (a request that ends its attempt).
+    Deliver(usize, bool, bool),
     Delay(usize),
     ExecDone(usize),
     ExecLost(usize),
@@ -91,8 +104,10 @@ pub(super) enum Act {
     Pause(usize),
     Resume(usize),
     Stray(usize),
-    Reconcile,
-    Abort,
+    Reconcile(usize),
+    Abort(usize),
+    /// The operator enqueues a new attempt of plan `.0` with `.1` (retry or compensate).
+    Enqueue(usize, Action),
     Tick,
 }
 
@@ -103,6 +118,8 @@ pub(super) struct Done {
     pub label: String,
     pub events: Vec<DbEvent>,
     pub healthy_takeover: Option<String>,
+    /// Whether a write that ended an attempt claimed a command in the same transaction.
+    pub fused_claim: bool,
 }
 
 pub(super) fn name(i: usize) -> String {
@@ -122,11 +139,32 @@ impl State {
         at(self.tick, config.skews_ms.get(i).copied().unwrap_or(0))
     }
 
+    /// Whether every attempt is terminal.
+    pub fn all_terminal(&self) -> bool {
+        self.attempts.iter().all(|a| a.record.attempt.status.is_terminal())
+    }
+
     /// Whether every attempt is terminal and nothing is in flight.
-    pub fn settled(&self) -> bool {
-        self.rows.record.attempt.status.is_terminal()
+    pub fn ended(&self) -> bool {
+        self.all_terminal()
             && self.strays.is_empty()
             && self.workers.iter().all(|w| w.sending.is_none() && w.exec.is_none())
+    }
+
+    /// Whether every attempt is terminal, nothing is in flight and the operator
+    /// may enqueue no more.
+    pub fn settled(&self) -> bool {
+        self.ended() && self.budget.enqueues == 0
+    }
+
+    /// Whether no worker holds a lease, sends, calls the executor or is paused, and
+    /// no request is in the network.
+    pub fn quiet(&self) -> bool {
+        self.strays.is_empty()
+            && self
+                .workers
+                .iter()
+                .all(|w| w.held.is_none() && w.sending.is_none() && w.exec.is_none() && !w.paused)
     }
 }
 
@@ -152,7 +190,11 @@ pub(super) fn work_due(config: &Config, s: &State, i: usize) -> bool {
 
 fn can_claim(ledger: &Ledger<'_>, s: &State, i: usize) -> bool {
     let w = &s.workers[i];
-    w.held.is_none() && w.sending.is_none() && ledger.claimable(&s.rows, s.worker_now(ledger.config, i), s.db_now())
+    w.held.is_none()
+        && w.sending.is_none()
+        && ledger
+            .claim_candidate(&s.attempts, s.worker_now(ledger.config, i), s.db_now())
+            .is_some()
 }
 
 /// Whether the clock may advance: no worker that is up has work due now, and no
@@ -173,6 +215,9 @@ fn may_tick(ledger: &Ledger<'_>, s: &State, faults: bool) -> bool {
 /// (no fault, no operator, the clock past the horizon).
 pub(super) fn enabled(ledger: &Ledger<'_>, s: &State, faults: bool) -> Vec<Act> {
     let b = if faults { s.budget } else { Budget::default() };
+    if faults && s.ended() {
+        return operator_waits(ledger, s, &b);
+    }
     let mut acts = Vec::new();
     for (i, w) in s.workers.iter().enumerate() {
         if w.paused {
@@ -182,25 +227,72 @@ pub(super) fn enabled(ledger: &Ledger<'_>, s: &State, faults: bool) -> Vec<Act> 
         worker_acts(ledger, s, i, &b, &mut acts);
     }
     acts.extend((0..s.strays.len()).map(Act::Stray));
-    let status = s.rows.record.command.status;
-    if b.reconciles > 0 && status == CommandStatus::Processing {
-        acts.push(Act::Reconcile);
-    }
-    if b.aborts > 0 && !s.rows.record.attempt.status.is_terminal() {
-        acts.push(Act::Abort);
-    }
+    operator_acts(ledger, s, &b, &mut acts);
     if may_tick(ledger, s, faults) {
         acts.push(Act::Tick);
     }
     acts
 }
 
+/// Once every attempt has ended and nothing is in flight, only the operator's
+/// enqueue is left to explore: the workers resume and act, one at a time (what
+/// they do with an ended attempt, they do in any order), and once they are quiet
+/// the operator enqueues, at once (waiting would only leave the new attempt less
+/// time before the horizon).
+fn operator_waits(ledger: &Ledger<'_>, s: &State, b: &Budget) -> Vec<Act> {
+    let mut acts = Vec::new();
+    for (i, w) in s.workers.iter().enumerate() {
+        if w.paused {
+            acts.push(Act::Resume(i));
+        } else if work_due(ledger.config, s, i) {
+            acts.push(Act::Work(i));
+        }
+    }
+    acts.truncate(1);
+    if acts.is_empty() {
+        operator_acts(ledger, s, b, &mut acts);
+    }
+    acts
+}
+
+/// The operator's: reconcile a PROCESSING command, abort an open attempt, retry or
+/// compensate a plan whose attempts are all terminal once the workers are quiet
+/// (the engine's action guard decides whether it may; a refused enqueue changes
+/// nothing).
+fn operator_acts(ledger: &Ledger<'_>, s: &State, b: &Budget, acts: &mut Vec<Act>) {
+    for (k, a) in s.attempts.iter().enumerate() {
+        if b.reconciles > 0 && a.record.command.status == CommandStatus::Processing {
+            acts.push(Act::Reconcile(k));
+        }
+        if b.aborts > 0 && !a.record.attempt.status.is_terminal() {
+            acts.push(Act::Abort(k));
+        }
+    }
+    if b.enqueues == 0 || !s.quiet() {
+        return;
+    }
+    for (p, plan) in ledger.plans.iter().enumerate() {
+        let mut of_plan = s.attempts.iter().filter(|a| a.record.attempt.plan_id == plan.id);
+        if of_plan.all(|a| a.record.attempt.status.is_terminal()) {
+            acts.push(Act::Enqueue(p, Action::Retry));
+            acts.push(Act::Enqueue(p, Action::Compensate));
+        }
+    }
+}
+
 fn worker_acts(ledger: &Ledger<'_>, s: &State, i: usize, b: &Budget, acts: &mut Vec<Act>) {
     let w = &s.workers[i];
     if w.sending.is_some() {
-        acts.push(Act::Deliver(i, false));
+        let fused = ends_attempt(w);
+        acts.push(Act::Deliver(i, false, false));
+        if fused {
+            acts.push(Act::Deliver(i, false, true));
+        }
         if b.lost_replies > 0 {
-            acts.push(Act::Deliver(i, true));
+            acts.push(Act::Deliver(i, true, false));
+            if fused {
+                acts.push(Act::Deliver(i, true, true));
+            }
         }
         if b.delays > 0 {
             acts.push(Act::Delay(i));
@@ -233,19 +325,36 @@ fn worker_acts(ledger: &Ledger<'_>, s: &State, i: usize, b: &Budget, acts: &mut 
     }
 }
 
+/// Whether the worker's request in flight ends its attempt, once applied: the write
+/// its driver may claim the next command with ([`Driver::ends_attempt`]).
+fn ends_attempt(w: &Worker) -> bool {
+    let Some(Sending {
+        request: Some(request),
+        token,
+        ..
+    }) = &w.sending
+    else {
+        return false;
+    };
+    w.held
+        .as_ref()
+        .is_some_and(|h| h.token == *token && h.driver.ends_attempt(request))
+}
+
 /// Performs `act` on `s`.
 pub(super) fn perform(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
     let who = |i: usize| format!("worker {}", name(i));
     match act {
         Act::Work(i) => simple(format!("{} {}", who(i), work(ledger.config, s, i))),
         Act::Claim(i, lost) => claim(ledger, s, i, lost),
-        Act::Deliver(i, lost) => deliver(ledger, s, i, lost),
+        Act::Deliver(i, lost, fused) => deliver(ledger, s, i, lost, fused),
         Act::Delay(i) => delay(ledger.config, s, i),
         Act::ExecDone(i) | Act::ExecLost(i) | Act::ExecPermanent(i) => executed(ledger, s, i, act),
         Act::Crash(i) => {
             s.budget.crashes -= 1;
             s.workers[i] = Worker {
                 faulted: true,
+                lease: s.workers[i].lease,
                 ..Worker::default()
             };
             simple(format!("{} crashes and restarts idle", who(i)))
@@ -261,14 +370,16 @@ pub(super) fn perform(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
             simple(format!("{} resumes", who(i)))
         }
         Act::Stray(j) => stray(ledger, s, j),
-        Act::Reconcile => operator(ledger, s, OperatorRequest::Reconcile),
-        Act::Abort => operator(
+        Act::Reconcile(k) => operator(ledger, s, k, OperatorRequest::Reconcile),
+        Act::Abort(k) => operator(
             ledger,
             s,
+            k,
             OperatorRequest::Abort {
                 reason: "operator".into(),
             },
         ),
+        Act::Enqueue(p, action) => enqueue_attempt(ledger, s, p, action),
         Act::Tick => {
             s.tick += 1;
             simple(format!("clock → t={}", s.tick))
@@ -300,6 +411,7 @@ fn work(config: &Config, s: &mut State, i: usize) -> String {
             DriverAction::Execute { ordinal } => {
                 did.push(format!("calls the executor for step {ordinal}"));
                 w.exec = Some(Exec {
+                    attempt: h.attempt,
                     ordinal,
                     token: h.token,
                     delivery: h.delivery,
@@ -313,6 +425,7 @@ fn work(config: &Config, s: &mut State, i: usize) -> String {
                 };
                 did.push(format!("sends {}", request_name(request.as_ref())));
                 w.sending = Some(Sending {
+                    attempt: h.attempt,
                     request,
                     token: h.token,
                     sent_at: now,
@@ -348,21 +461,23 @@ fn outcome_text(o: &Outcome) -> String {
     }
 }
 
-/// Records a db event at the current tick; claims join the kept past. Answers the
+/// Records a db event at the current tick; applied enqueues and claims join the kept past. Answers the
 /// takeover of a healthy holder, if the event is one.
 fn log(s: &mut State, mut e: DbEvent, done: &mut Done) {
     e.at_ms = u64::from(s.tick) * TICK_MS;
     if let Some(msg) = healthy_takeover(s, &e) {
         done.healthy_takeover = Some(msg);
     }
-    if e.op.is_claim() && e.outcome == crate::db::EventOutcome::Applied {
+    let kept = e.op.is_claim() || e.op == leasehold_engine::Op::Enqueue;
+    if kept && e.outcome == EventOutcome::Applied {
         s.past.push(timeless(&e));
     }
     done.events.push(e);
 }
 
-/// A claim as the kept past holds it: without the instants, which invariants 6
-/// and 12 do not read, so that paths differing only in when they claimed meet.
+/// A claim or enqueue as the kept past holds it: without the instants, which
+/// invariants 6, 7 and 12 do not read, so that paths differing only in when they
+/// claimed meet.
 fn timeless(e: &DbEvent) -> DbEvent {
     let strip = |snap: &Option<Snap>| {
         snap.clone().map(|mut s| {
@@ -391,12 +506,15 @@ fn timeless(e: &DbEvent) -> DbEvent {
 fn healthy_takeover(s: &State, e: &DbEvent) -> Option<String> {
     let (b, a) = (e.before.as_ref()?, e.after.as_ref()?);
     let ends = (e.op.is_claim() || e.op == leasehold_engine::Op::Reconcile) && a.token != b.token;
-    if e.outcome != crate::db::EventOutcome::Applied || !ends || b.record.command.status != CommandStatus::Processing {
+    if e.outcome != EventOutcome::Applied || !ends || b.record.command.status != CommandStatus::Processing {
         return None;
     }
     let owner = b.record.command.lease_owner.as_deref()?;
     let i = s.workers.iter().enumerate().position(|(i, _)| name(i) == owner)?;
-    (!s.workers[i].faulted).then(|| {
+    // A holder that has since claimed another lease left this one unended: only a
+    // crash or a lost reply does that.
+    let w = &s.workers[i];
+    (!w.faulted && w.lease == b.token).then(|| {
         format!(
             "{} by {} at t={} took over the lease of {owner}, which no fault had touched",
             e.op, e.from, s.tick
@@ -405,40 +523,60 @@ fn healthy_takeover(s: &State, e: &DbEvent) -> Option<String> {
 }
 
 fn claim(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
-    let token = s.minted + 1;
     let now = s.worker_now(ledger.config, i);
-    let db_now = s.db_now();
-    let who = name(i);
-    let answer = ledger.apply(&mut s.rows, &who, &Req::Claim(&who, token, now), db_now);
     let mut done = Done::default();
-    if let Some(e) = answer.event {
-        log(s, e, &mut done);
-    }
-    if answer.reply.is_ok() {
-        s.minted = token;
-        let until = s.rows.record.command.lease_until.map_or(0, ticks);
-        done.label = format!("worker {who} claims (token#{token}, lease until t={until})");
-        if lost {
-            s.budget.lost_replies -= 1;
-            s.workers[i].faulted = true;
-            done.label.push_str(", reply lost");
-        } else {
-            let record = super::ledger::record_of(&s.rows);
-            let driver = Driver::fused(&record, ledger.config.lease_ms(), now);
-            let delivery = record.command.delivery_count;
-            s.workers[i] = Worker {
-                held: Some(Held {
-                    driver,
-                    token,
-                    delivery,
-                }),
-                ..Worker::default()
-            };
-        }
+    let Some((held, claimed)) = claim_next(ledger, s, i, now, &mut done) else {
+        done.label = format!("worker {} finds nothing to claim", name(i));
+        return done;
+    };
+    done.label = format!("worker {} claims {claimed}", name(i));
+    if lost {
+        s.budget.lost_replies -= 1;
+        s.workers[i].faulted = true;
+        done.label.push_str(", reply lost");
     } else {
-        done.label = format!("worker {who} finds nothing to claim");
+        s.workers[i] = Worker {
+            lease: Some(held.token),
+            held: Some(held),
+            ..Worker::default()
+        };
     }
     done
+}
+
+/// The ledger's claim for worker `i` of the first claimable command, sent at
+/// `sent_at` (worker clock); answers the lease for the worker to hold (unless its
+/// reply is lost) and what it claimed, for the trace.
+fn claim_next(
+    ledger: &Ledger<'_>,
+    s: &mut State,
+    i: usize,
+    sent_at: Timestamp,
+    done: &mut Done,
+) -> Option<(Held, String)> {
+    let db_now = s.db_now();
+    let k = ledger.claim_candidate(&s.attempts, sent_at, db_now)?;
+    let token = s.minted + 1;
+    let who = name(i);
+    let answer = ledger.apply(&mut s.attempts[k], &who, &Req::Claim(&who, token, sent_at), db_now);
+    if let Some(e) = answer.event {
+        log(s, e, done);
+    }
+    answer.reply.ok()?;
+    s.minted = token;
+    let record = super::ledger::record_of(&s.attempts[k]);
+    let until = record.command.lease_until.map_or(0, ticks);
+    let driver = Driver::fused(&record, ledger.config.lease_ms(), sent_at);
+    let held = Held {
+        attempt: k,
+        driver,
+        token,
+        delivery: record.command.delivery_count,
+    };
+    Some((
+        held,
+        format!("{} (token#{token}, lease until t={until})", record.attempt.id),
+    ))
 }
 
 /// A db-clock instant in ticks.
@@ -447,49 +585,65 @@ pub(super) fn ticks(t: Timestamp) -> i64 {
 }
 
 /// The ledger performs the call in flight and, unless its reply is `lost`, the
-/// worker hands how it ended to its driver; answers the ledger's verdict.
+/// worker hands how it ended to its driver; a `fused` request that the ledger
+/// applies claims the next command in the same transaction, and the worker holds
+/// what it claimed unless the reply is lost. Answers the ledger's verdict.
 fn apply_sending(
     ledger: &Ledger<'_>,
     s: &mut State,
     i: usize,
     sending: &Sending,
-    lost: bool,
+    (lost, fused): (bool, bool),
     done: &mut Done,
-) -> &'static str {
+) -> (&'static str, String) {
     let now = s.worker_now(ledger.config, i);
     let token = sending.token;
+    let k = sending.attempt;
     let Some(request) = &sending.request else {
-        let mut record = super::ledger::record_of(&s.rows);
+        let mut record = super::ledger::record_of(&s.attempts[k]);
         record.command.lease_token = None;
         if !lost {
             answer_driver(s, i, token, |d| d.handle_read(now, &record));
         }
-        return "read";
+        return ("read", String::new());
     };
     let db_now = s.db_now();
     let req = Req::Worker(request, token, sending.sent_at);
-    let answer = ledger.apply(&mut s.rows, &name(i), &req, db_now);
+    let answer = ledger.apply(&mut s.attempts[k], &name(i), &req, db_now);
     if let Some(e) = answer.event {
         log(s, e, done);
     }
-    let verdict = if answer.reply.is_ok() { "applied" } else { "refused" };
+    let applied = answer.reply.is_ok();
+    let verdict = if applied { "applied" } else { "refused" };
     if !lost {
         answer_driver(s, i, token, |d| match answer.reply {
             Ok(reply) => d.handle_reply(now, reply),
             Err(refusal) => d.handle_failure(now, Failure::Refused(refusal)),
         });
     }
-    verdict
+    if !(fused && applied) {
+        return (verdict, String::new());
+    }
+    let claimed = claim_next(ledger, s, i, sending.sent_at, done).map(|(held, claimed)| {
+        if !lost {
+            let w = &mut s.workers[i];
+            (w.lease, w.held, w.faulted) = (Some(held.token), Some(held), false);
+        }
+        claimed
+    });
+    done.fused_claim = claimed.is_some();
+    let claimed = claimed.unwrap_or_else(|| "nothing".into());
+    (verdict, format!(" and, in the same write, claims {claimed}"))
 }
 
-fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
+fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool, fused: bool) -> Done {
     let Some(sending) = s.workers[i].sending.take() else {
         return simple("nothing in flight".into());
     };
     let mut done = Done::default();
-    let verdict = apply_sending(ledger, s, i, &sending, lost, &mut done);
+    let (verdict, claimed) = apply_sending(ledger, s, i, &sending, (lost, fused), &mut done);
     done.label = format!(
-        "ledger {} {}'s {} (token#{})",
+        "ledger {} {}'s {} (token#{}){claimed}",
         verdict,
         name(i),
         request_name(sending.request.as_ref()),
@@ -522,6 +676,7 @@ fn delay(config: &Config, s: &mut State, i: usize) -> Done {
     if let Some(request) = sending.request.clone() {
         s.strays.push(Stray {
             from: i,
+            attempt: sending.attempt,
             request,
             token: sending.token,
             sent_at: sending.sent_at,
@@ -541,7 +696,7 @@ fn stray(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
     let st = s.strays.remove(j);
     let db_now = s.db_now();
     let req = Req::Worker(&st.request, st.token, st.sent_at);
-    let answer = ledger.apply(&mut s.rows, &name(st.from), &req, db_now);
+    let answer = ledger.apply(&mut s.attempts[st.attempt], &name(st.from), &req, db_now);
     let verdict = if answer.reply.is_ok() { "applies" } else { "refuses" };
     let mut done = simple(format!(
         "ledger {verdict} {}'s delayed {} (token#{})",
@@ -555,11 +710,11 @@ fn stray(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
     done
 }
 
-/// An operator request. A refused one changes nothing and spends nothing, so the
-/// search meets its state again and prunes it.
-fn operator(ledger: &Ledger<'_>, s: &mut State, request: OperatorRequest) -> Done {
+/// An operator request on attempt `k`. A refused one changes nothing and spends
+/// nothing, so the search meets its state again and prunes it.
+fn operator(ledger: &Ledger<'_>, s: &mut State, k: usize, request: OperatorRequest) -> Done {
     let db_now = s.db_now();
-    let answer = ledger.apply(&mut s.rows, "operator", &Req::Operator(&request), db_now);
+    let answer = ledger.apply(&mut s.attempts[k], "operator", &Req::Operator(&request), db_now);
     match (&request, answer.reply.is_ok()) {
         (OperatorRequest::Reconcile, true) => s.budget.reconciles -= 1,
         (OperatorRequest::Abort { .. }, true) => s.budget.aborts -= 1,
@@ -569,10 +724,79 @@ fn operator(ledger: &Ledger<'_>, s: &mut State, request: OperatorRequest) -> Don
         Ok(_) => "applied",
         Err(_) => "refused",
     };
-    let mut done = simple(format!("operator {} ({verdict})", request.op()));
+    let attempt = &s.attempts[k].record.attempt.id;
+    let mut done = simple(format!("operator {} {attempt} ({verdict})", request.op()));
     if let Some(e) = answer.event {
         log(s, e, &mut done);
     }
+    done
+}
+
+/// The enqueue of a new attempt of plan `p` with `action`, through the engine's
+/// [`enqueue`] on the plan's history as the memory ledger makes it: the first
+/// attempts (`execute`) and the operator's retries and compensates, which spend the
+/// budget when applied. A refused one changes nothing.
+pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, action: Action) -> Done {
+    let plan = &ledger.plans[p];
+    let history: Vec<AttemptRecord> = s
+        .attempts
+        .iter()
+        .filter(|a| a.record.attempt.plan_id == plan.id)
+        .map(super::ledger::record_of)
+        .collect();
+    let n = s.attempts.len() + 1;
+    let ids = NewIds {
+        attempt: AttemptId::new(format!("att-{n}")),
+        command: CommandId::new(format!("cmd-{n}")),
+    };
+    let t = s.db_now();
+    let (outcome, after, label) = match enqueue(plan, &history, action, ids, t) {
+        Ok(record) => {
+            let rows = super::ledger::snap_of(record);
+            let label = format!("operator enqueues {} of {} ({action})", rows.record.attempt.id, plan.id);
+            (EventOutcome::Applied, Some(rows), label)
+        }
+        Err(refusal) => (
+            EventOutcome::Refused(refusal.to_string()),
+            None,
+            format!("operator {action} of {} (refused)", plan.id),
+        ),
+    };
+    let count = history.len() + usize::from(after.is_some());
+    let event = DbEvent {
+        seq: 0,
+        at_ms: 0,
+        db_now: t,
+        decided_at: t,
+        from: if action == Action::Execute {
+            "enqueuer"
+        } else {
+            "operator"
+        }
+        .into(),
+        op: leasehold_engine::Op::Enqueue,
+        attempt: after.as_ref().map(|a| a.record.attempt.id.clone()),
+        ordinal: None,
+        presented: None,
+        before: None,
+        after: after.clone(),
+        outcome,
+        plan_attempts: Some((history.len(), count)),
+        reply_lost: false,
+    };
+    let mut done = simple(label);
+    if let Some(rows) = after {
+        if action != Action::Execute {
+            // The new attempt runs without faults (so that the search stays within
+            // the CI's time); every lease so far has ended, so which worker a
+            // fault touched matters no more.
+            let ended = s.all_terminal();
+            s.workers.iter_mut().for_each(|w| w.faulted &= !ended);
+            s.budget = Budget::default();
+        }
+        s.attempts.push(rows);
+    }
+    log(s, event, &mut done);
     done
 }
 
@@ -614,12 +838,15 @@ fn executed(ledger: &Ledger<'_>, s: &mut State, i: usize, act: Act) -> Done {
 /// The target applies (or recognises) one call, as the simulator's target does, and
 /// answers the executor's result.
 fn call_target(ledger: &Ledger<'_>, s: &mut State, i: usize, exec: &Exec) -> ExecutorResult {
-    let record = &s.rows.record;
+    let record = &s.attempts[exec.attempt].record;
     let receipt = record.receipt(exec.ordinal).cloned();
-    let Some(r) = receipt else {
+    let step = receipt
+        .as_ref()
+        .and_then(|r| ledger.plan_of(record).step(&r.step_code))
+        .cloned();
+    let (Some(r), Some(step)) = (receipt, step) else {
         return ExecutorResult::Permanent("no such step".into());
     };
-    let step = ledger.plan.steps[(exec.ordinal - 1) as usize].clone();
     let sandbox = (step.executor == SANDBOX).then(|| plans::sandbox_id(&record.attempt.id, exec.delivery));
     let id = (r.idempotency_key.clone(), sandbox.clone());
     let call = CallRecord {
@@ -632,25 +859,23 @@ fn call_target(ledger: &Ledger<'_>, s: &mut State, i: usize, exec: &Exec) -> Exe
         worker: name(i),
         duplicate: s.keys.contains_key(&id),
     };
-    let seen = s
-        .calls
-        .iter()
-        .any(|c| (c.ordinal, c.delivery, &c.sandbox) == (call.ordinal, call.delivery, &call.sandbox));
+    let seen = s.calls.iter().any(|c| {
+        (&c.attempt, c.ordinal, c.delivery, &c.sandbox) == (&call.attempt, call.ordinal, call.delivery, &call.sandbox)
+    });
     if !seen {
         s.calls.push(call);
     }
     let reply = match s.keys.get_mut(&id) {
         Some(k) => k.reply.clone(),
-        None => new_effect(s, &step.code, exec, id, sandbox.as_deref(), &record_id(s)),
+        None => {
+            let attempt = s.attempts[exec.attempt].record.attempt.id.clone();
+            new_effect(s, &step.code, exec, id, sandbox.as_deref(), &attempt)
+        }
     };
     ExecutorResult::Done {
         evidence: plans::evidence(&step, &r.idempotency_key, sandbox.as_deref(), &name(i), &reply.applied),
         target_receipt: reply.target_receipt,
     }
-}
-
-fn record_id(s: &State) -> leasehold_engine::AttemptId {
-    s.rows.record.attempt.id.clone()
 }
 
 fn new_effect(
