@@ -13,9 +13,9 @@ use super::super::migrate::{Migration, MigrationTarget};
 use super::super::LedgerError;
 use crate::ledger::sql::decode::{self, ColumnReader};
 use crate::ledger::sql::ready;
-use crate::ledger::sql::session::{Parse, Session};
+use crate::ledger::sql::session::{self, Parse, Session};
 use crate::ledger::sql::table::{ATTEMPT, COMMAND, PLAN, RECEIPT};
-use crate::ledger::sql::write::{self, Expect, Statement};
+use crate::ledger::sql::write::{self, Statement};
 use crate::ledger::sql::{poll_now, Dialect, TxError, Value, SQLITE, SQLITE_WITHOUT_ROOM};
 use leasehold_engine::{AttemptId, AttemptRecord, Guard, Plan, Timestamp, Writes};
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -107,21 +107,6 @@ fn query_all<T>(
         out.push(parse(&mut SqliteRow(row))?);
     }
     Ok(out)
-}
-
-/// Runs a query and parses its first row, if any.
-fn query_one<T>(
-    conn: &Connection,
-    sql: &str,
-    values: &[Value<'_>],
-    parse: impl Fn(&mut SqliteRow<'_, '_>) -> Result<T, LedgerError>,
-) -> Result<Option<T>, LedgerError> {
-    let mut stmt = conn.prepare_cached(sql).sql()?;
-    let mut rows = stmt.query(params_from_iter(values.iter().map(bind))).sql()?;
-    match rows.next().sql()? {
-        Some(row) => parse(&mut SqliteRow(row)).map(Some),
-        None => Ok(None),
-    }
 }
 
 fn execute(conn: &Connection, sql: &str, values: &[Value<'_>]) -> Result<usize, LedgerError> {
@@ -360,16 +345,11 @@ pub(super) fn in_claim_order(mut found: Vec<Candidate>, batch: u32) -> Vec<Candi
 
 /// Runs the statements of a transition in order, checking each.
 fn run(conn: &Connection, statements: &[Statement<'_>]) -> Result<(), LedgerError> {
-    for s in statements {
-        match s.expect {
-            Expect::GuardHolds(attempt) => {
-                let row = query_one(conn, &s.sql, &s.values, |r| decode::guard_check(r))?;
-                write::guard_answer(attempt, row)?;
-            }
-            expect => expect.check(execute(conn, &s.sql, &s.values)? as u64)?,
-        }
-    }
-    Ok(())
+    // The dialect does not matter to the checks: the statements are spelled already.
+    let mut s = SqliteSession::new(conn, &SQLITE);
+    statements
+        .iter()
+        .try_for_each(|statement| sync(session::check(&mut s, statement)))
 }
 
 /// The first schema version whose attempt, command and receipt tables have their
