@@ -27,6 +27,7 @@ use crate::executor::Executors;
 use crate::ledger::sqlite::{SqliteLedger, WriterStats};
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
+use leasehold_engine::transition::Start;
 use leasehold_engine::driver::Outcome;
 use leasehold_engine::lease::WorkerConfig;
 use leasehold_engine::{
@@ -180,6 +181,11 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         self.inner.register_plan(spec, known_executors).await
     }
 
+    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.enqueue_at(plan, action, start).await
+    }
+
     async fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         Counts::bump(&self.counts.reads);
         self.inner.plan(id).await
@@ -203,11 +209,6 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
     async fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         Counts::bump(&self.counts.other_writes);
         self.inner.retire_plan(id).await
-    }
-
-    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
-        Counts::bump(&self.counts.other_writes);
-        self.inner.enqueue(plan, action).await
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
@@ -301,8 +302,10 @@ pub fn plan_spec(name: String, steps: u32) -> PlanSpec {
                 code: format!("step-{i}"),
                 executor: crate::executor::dry_run::NAME.to_owned(),
                 payload: serde_json::json!({}),
+                retry: None,
             })
             .collect(),
+        retry: None,
     }
 }
 

@@ -93,6 +93,7 @@ use crate::ledger::postgres::outbox as postgres;
 #[cfg(feature = "sqlite")]
 use crate::ledger::sqlite::outbox as sqlite;
 use crate::ledger::LedgerError;
+use leasehold_engine::transition::Start;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
 use std::fmt;
 use std::sync::Arc;
@@ -190,7 +191,20 @@ impl Outbox {
         plan: &PlanId,
         action: Action,
     ) -> Result<AttemptRecord, LedgerError> {
-        sqlite::enqueue(tx, plan, action, &*self.entropy, self.sqlite_now())
+        self.enqueue_sqlite_at(tx, plan, action, Start::Now)
+    }
+
+    /// [`Outbox::enqueue_sqlite`] with the command claimable from `start` (an
+    /// instant already past means at once).
+    #[cfg(feature = "sqlite")]
+    pub fn enqueue_sqlite_at(
+        &self,
+        tx: &rusqlite::Connection,
+        plan: &PlanId,
+        action: Action,
+        start: Start,
+    ) -> Result<AttemptRecord, LedgerError> {
+        sqlite::enqueue(tx, plan, (action, start), &*self.entropy, self.sqlite_now())
     }
 
     /// [`Outbox::register_plan_sqlite`] inside the caller's MySQL / MariaDB
@@ -214,7 +228,20 @@ impl Outbox {
         plan: &PlanId,
         action: Action,
     ) -> Result<AttemptRecord, LedgerError> {
-        mysql::enqueue(tx, plan, action, &*self.entropy, self.clock.as_deref()).await
+        self.enqueue_mysql_at(tx, plan, action, Start::Now).await
+    }
+
+    /// [`Outbox::enqueue_mysql`] with the command claimable from `start` (by the
+    /// database's clock; an instant already past means at once).
+    #[cfg(feature = "mysql")]
+    pub async fn enqueue_mysql_at(
+        &self,
+        tx: &mut mysql_async::Transaction<'_>,
+        plan: &PlanId,
+        action: Action,
+        start: Start,
+    ) -> Result<AttemptRecord, LedgerError> {
+        mysql::enqueue(tx, plan, (action, start), &*self.entropy, self.clock.as_deref()).await
     }
 
     /// [`Outbox::register_plan_sqlite`] inside the caller's PostgreSQL transaction
@@ -240,6 +267,19 @@ impl Outbox {
         plan: &PlanId,
         action: Action,
     ) -> Result<AttemptRecord, LedgerError> {
-        postgres::enqueue(tx, plan, action, &*self.entropy, self.clock.as_deref()).await
+        self.enqueue_postgres_at(tx, plan, action, Start::Now).await
+    }
+
+    /// [`Outbox::enqueue_postgres`] with the command claimable from `start` (by the
+    /// database's clock; an instant already past means at once).
+    #[cfg(feature = "postgres")]
+    pub async fn enqueue_postgres_at(
+        &self,
+        tx: &mut tokio_postgres::Transaction<'_>,
+        plan: &PlanId,
+        action: Action,
+        start: Start,
+    ) -> Result<AttemptRecord, LedgerError> {
+        postgres::enqueue(tx, plan, (action, start), &*self.entropy, self.clock.as_deref()).await
     }
 }

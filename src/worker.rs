@@ -43,7 +43,9 @@ use crate::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::driver::{Driver, DriverAction, Outcome};
 use leasehold_engine::lease::WorkerConfig;
 use leasehold_engine::transition::Continued;
-use leasehold_engine::{AttemptId, AttemptRecord, ClaimRequest, Failure, Reply, Timestamp, WorkerOp, WorkerRequest};
+use leasehold_engine::{
+    AttemptId, AttemptRecord, ClaimRequest, Failure, LeaseToken, Reply, Timestamp, WorkerOp, WorkerRequest,
+};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -174,6 +176,10 @@ impl fmt::Display for WorkerEvent {
                 Outcome::Failed(e) => write!(f, "attempt {attempt}: failed: {e}"),
                 Outcome::Refused(r) => write!(f, "attempt {attempt}: write refused ({r}); stopped work on it"),
                 Outcome::Abandoned(r) => write!(f, "attempt {attempt}: abandoned: {r}"),
+                Outcome::GaveBack { until, error } => {
+                    write!(f, "attempt {attempt}: gave back ({error}); next delivery at {until}")
+                }
+                Outcome::Exhausted { why, error } => write!(f, "attempt {attempt}: failed, {} ({error})", why.as_str()),
             },
             WorkerEvent::HeartbeatFailed { attempt, error } => {
                 write!(
@@ -222,6 +228,9 @@ pub struct WorkerReport {
     pub refused: u64,
     /// Deliveries abandoned (or dropped at the end of the grace period).
     pub abandoned: u64,
+    /// Deliveries that gave their command back after a transient failure, to be
+    /// delivered again after its backoff.
+    pub gave_back: u64,
 }
 
 /// The time budget of one executor call unless the worker is given another.
@@ -428,12 +437,21 @@ fn tally(report: &mut WorkerReport, done: Result<Ended, tokio::task::JoinError>)
     };
     match outcome {
         Outcome::Delivered => report.delivered += 1,
-        Outcome::Failed(_) => report.failed += 1,
+        Outcome::Failed(_) | Outcome::Exhausted { .. } => report.failed += 1,
+        Outcome::GaveBack { .. } => report.gave_back += 1,
         Outcome::Refused(_) => report.refused += 1,
         Outcome::Abandoned(_) => report.abandoned += 1,
     }
     report.claimed += next.len() as u64;
     next
+}
+
+/// A give-back's jitter for the delivery under `token`: drawn from the lease token
+/// (itself from the ledger's entropy), so deliveries spread apart and a simulation
+/// stays a function of its seed.
+fn jitter(token: &LeaseToken) -> u64 {
+    let digest = leasehold_engine::canonical::sha256_hex(token.expose().as_bytes());
+    u64::from_str_radix(&digest[..16], 16).unwrap_or(0)
 }
 
 /// Resolves when the ledger's wake-up receiver changes; never, without one (or once
@@ -509,7 +527,9 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         self.claimed_events();
         // Boxed, like the claim: it keeps the delivery's task small.
         let mut driver = Box::new(
-            Driver::fused(record, self.lease_ms, self.claimed_at).with_max_evidence_bytes(self.max_evidence_bytes),
+            Driver::fused(record, self.lease_ms, self.claimed_at)
+                .with_max_evidence_bytes(self.max_evidence_bytes)
+                .with_policy(&self.claimed.plan, jitter(&self.claimed.lease.token)),
         );
         // The worker request in flight (what it was, when it was sent, its call), or
         // the read-back; the driver sends one at a time.
@@ -758,8 +778,10 @@ mod tests {
                     code: code.into(),
                     executor: crate::executor::dry_run::NAME.into(),
                     payload: serde_json::json!({}),
+                    retry: None,
                 })
                 .collect(),
+                retry: None,
         };
         let plan = ledger.register_plan(spec, &Executors::new().names()).await.unwrap();
         let attempt = ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id;
@@ -839,7 +861,9 @@ mod tests {
                 code: "dump".into(),
                 executor: "huge:v1".into(),
                 payload: serde_json::json!({}),
+                retry: None,
             }],
+            retry: None,
         };
         let plan = ledger.register_plan(spec, &["huge:v1"]).await.unwrap();
         let attempt = ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id;

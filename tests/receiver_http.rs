@@ -66,6 +66,7 @@ impl Receiver {
                     "timeout_ms": 5_000,
                     "budget_ms": budget_ms,
                 }),
+                retry: None,
             },
             idempotency_key: key.into(),
         }

@@ -55,6 +55,7 @@ fn request(attempt: &str, code: &str, payload: Value) -> ExecRequest {
             code: code.into(),
             executor: NAME.into(),
             payload,
+            retry: None,
         },
         idempotency_key: format!("ik-{attempt}-{code}"),
     }

@@ -55,9 +55,13 @@
 //!   past its lease (paused, suspended) sends nothing more, whatever order the
 //!   runtime reports its wake-ups in.
 //! - **Executor answers.** A permanent failure fails the attempt; a transient one is
-//!   retried with a growing backoff, [`EXECUTOR_ATTEMPTS_MAX`] calls per step at most,
-//!   and then the command is abandoned. An answer for a step that is not being
-//!   executed (late, after a refusal) is dropped.
+//!   retried with a growing backoff, the step's `step_max_tries` calls per delivery
+//!   at most ([`Driver::with_policy`]; [`EXECUTOR_ATTEMPTS_MAX`] by default), and then
+//!   the command is given back ([`WorkerRequest::GiveBack`]) with the policy's
+//!   jittered backoff; a throttled answer (`Retry-After`) gives it back at once,
+//!   after at least what the target asked. The ledger answers the give-back with
+//!   the command's next `available_at`, or ends the attempt exhausted. An answer
+//!   for a step that is not being executed (late, after a refusal) is dropped.
 //! - **The evidence cap.** Whatever the executor, a step whose evidence and target
 //!   receipt take more than the cap together (canonical JSON bytes; default
 //!   [`MAX_EVIDENCE_BYTES`], set with [`Driver::with_max_evidence_bytes`]) fails the
@@ -68,13 +72,15 @@ use crate::canonical::canonical_json;
 use crate::ids::{CommandId, Timestamp};
 use crate::lease::heartbeat_ms;
 use crate::lease::MAX_EVIDENCE_BYTES;
-use crate::model::{AttemptRecord, CommandStatus, ReceiptStatus};
+use crate::model::{AttemptRecord, CommandStatus, Plan, ReceiptStatus};
+use crate::policy::{Exhaustion, RetryPolicy};
 use crate::request::{Failure, Reply, WorkerOp, WorkerRequest};
 use crate::transition::{Continued, Refusal};
 use serde_json::Value;
 
-/// Transient executor failures tolerated per step before the driver gives up.
-pub const EXECUTOR_ATTEMPTS_MAX: u32 = 3;
+/// Calls of one step per delivery when the plan sets no `step_max_tries`
+/// ([`crate::policy`]).
+pub const EXECUTOR_ATTEMPTS_MAX: u32 = crate::policy::STEP_MAX_TRIES_DEFAULT;
 
 /// Something the runtime must do for the driver.
 #[derive(Debug, Clone, PartialEq)]
@@ -109,6 +115,15 @@ pub enum ExecutorResult {
     Permanent(String),
     /// The outcome is unknown or the target was unreachable: retry with the same key.
     Transient(String),
+    /// The target asked to be called again no sooner than `retry_after_ms` from now
+    /// (an HTTP `Retry-After`): the command is given back at once, claimable again
+    /// after at least that long (at most the policy's `backoff_max_ms`).
+    Throttled {
+        /// What the target answered.
+        error: String,
+        /// How long the target asked to wait.
+        retry_after_ms: u64,
+    },
 }
 
 /// Why the driver wants to be woken.
@@ -142,8 +157,32 @@ pub enum Outcome {
     Failed(String),
     /// The ledger refused a write: this worker no longer holds the command.
     Refused(Refusal),
+    /// A step failed transiently past its tries: the command was given back,
+    /// claimable again from `until` (ledger clock).
+    GaveBack {
+        /// Its new `available_at`.
+        until: Timestamp,
+        /// Why.
+        error: String,
+    },
+    /// The policy allowed no further delivery: the attempt ended FAILED, exhausted.
+    Exhausted {
+        /// The cap or the deadline.
+        why: Exhaustion,
+        /// The last step error.
+        error: String,
+    },
     /// The worker gave up and leaves the lease to expire.
     Abandoned(String),
+}
+
+/// What an ending write ends the attempt (or the delivery) with: what a read-back
+/// after a lost reply looks for.
+#[derive(Debug, Clone, PartialEq)]
+enum Ending {
+    Delivered,
+    Failed(String),
+    GaveBack(String),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -154,11 +193,13 @@ enum Phase {
     Complete(u32, Value, Value),
     Fail(Option<u32>, String),
     Finish,
+    /// Give the command back after `error`, claimable again after `delay_ms`.
+    GiveBack(String, u64),
     /// A repeated ending write was refused after an uncertain reply: read the
-    /// attempt back. `failed` is the error a fail would have ended it with.
+    /// attempt back for what that write would have left.
     Verify {
         refusal: Refusal,
-        failed: Option<String>,
+        ending: Ending,
     },
 }
 
@@ -184,6 +225,10 @@ pub struct Driver {
     ledger_backoff_ms: u64,
     executor_retry_at: Option<Timestamp>,
     executor_failures: u32,
+    /// Each step's delivery policy, by ordinal (the default for a step not listed).
+    policies: Vec<(u32, RetryPolicy)>,
+    /// Picks the point in a give-back's backoff window (full jitter).
+    jitter: u64,
     outcome: Option<Outcome>,
 }
 
@@ -228,8 +273,33 @@ impl Driver {
             ledger_backoff_ms: 0,
             executor_retry_at: None,
             executor_failures: 0,
+            policies: Vec::new(),
+            jitter: 0,
             outcome: None,
         }
+    }
+
+    /// The same driver ruled by `plan`'s delivery policy (each step's tries, the
+    /// give-back's backoff), `jitter` (from the runtime's entropy) picking the
+    /// point in each backoff window. Without it every step has the default policy
+    /// and no jitter.
+    #[must_use]
+    pub fn with_policy(mut self, plan: &Plan, jitter: u64) -> Self {
+        self.policies = self
+            .steps
+            .iter()
+            .map(|(ordinal, code)| (*ordinal, plan.policy(code)))
+            .collect();
+        self.jitter = jitter;
+        self
+    }
+
+    fn policy(&self, ordinal: u32) -> RetryPolicy {
+        self.policies
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .map(|(_, p)| *p)
+            .unwrap_or_default()
     }
 
     /// The same driver with its evidence cap set to `bytes` (see the module docs);
@@ -314,6 +384,10 @@ impl Driver {
                 error: error.clone(),
             },
             Phase::Finish => WorkerRequest::Finish,
+            Phase::GiveBack(error, delay_ms) => WorkerRequest::GiveBack {
+                error: error.clone(),
+                delay_ms: *delay_ms,
+            },
             Phase::Execute(_) | Phase::Executing(_) | Phase::Verify { .. } => return None,
         })
     }
@@ -438,19 +512,28 @@ impl Driver {
             ExecutorResult::Permanent(error) => {
                 self.phase = Phase::Fail(Some(ordinal), format!("step {ordinal}: {error}"));
             }
-            ExecutorResult::Transient(error) => {
-                self.executor_failures += 1;
-                if self.executor_failures >= EXECUTOR_ATTEMPTS_MAX {
-                    self.outcome = Some(Outcome::Abandoned(format!(
-                        "step {ordinal}: executor failed {} times ({error}); leaving the lease to expire",
-                        self.executor_failures
-                    )));
-                } else {
-                    let backoff = (heartbeat_ms(self.lease_ms) / 4).max(1) << (self.executor_failures - 1);
-                    self.executor_retry_at = Some(now.plus_ms(backoff));
-                    self.phase = Phase::Execute(ordinal);
-                }
+            ExecutorResult::Transient(error) => self.transient(now, ordinal, error),
+            ExecutorResult::Throttled { error, retry_after_ms } => {
+                let delay = self.policy(ordinal).backoff_ms(self.delivery, self.jitter, Some(retry_after_ms));
+                self.phase = Phase::GiveBack(format!("step {ordinal}: {error}"), delay);
             }
+        }
+    }
+
+    /// A transient failure of step `ordinal`: call it again after a growing backoff
+    /// while its tries last, then give the command back.
+    fn transient(&mut self, now: Timestamp, ordinal: u32, error: String) {
+        self.executor_failures += 1;
+        let policy = self.policy(ordinal);
+        if self.executor_failures >= policy.step_max_tries {
+            let delay = policy.backoff_ms(self.delivery, self.jitter, None);
+            let tries = self.executor_failures;
+            let error = format!("step {ordinal}: {error} ({tries} {})", if tries == 1 { "try" } else { "tries" });
+            self.phase = Phase::GiveBack(error, delay);
+        } else {
+            let backoff = (heartbeat_ms(self.lease_ms) / 4).max(1) << (self.executor_failures - 1).min(20);
+            self.executor_retry_at = Some(now.plus_ms(backoff));
+            self.phase = Phase::Execute(ordinal);
         }
     }
 
@@ -489,6 +572,14 @@ impl Driver {
             (WorkerOp::CompleteAndContinue(o), Reply::Continued(continued)) => self.continued(o, continued),
             (WorkerOp::Fail(_), _) => self.outcome = Some(Outcome::Failed(self.failing_error())),
             (WorkerOp::Finish, _) => self.outcome = Some(Outcome::Delivered),
+            (WorkerOp::GiveBack, Reply::GaveBack { until }) => {
+                let error = self.failing_error();
+                self.outcome = Some(Outcome::GaveBack { until, error });
+            }
+            (WorkerOp::GiveBack, Reply::Exhausted(why)) => {
+                let error = self.failing_error();
+                self.outcome = Some(Outcome::Exhausted { why, error });
+            }
             // A heartbeat only renews; the driver sends no other write.
             _ => {}
         }
@@ -513,30 +604,44 @@ impl Driver {
 
     fn refused(&mut self, sent: Option<WorkerOp>, refusal: Refusal) {
         if self.uncertain && sent.is_some_and(|op| self.ends(op)) {
-            let failed = matches!(sent, Some(WorkerOp::Fail(_))).then(|| self.failing_error());
-            self.phase = Phase::Verify { refusal, failed };
+            let ending = match sent {
+                Some(WorkerOp::Fail(_)) => Ending::Failed(self.failing_error()),
+                Some(WorkerOp::GiveBack) => Ending::GaveBack(self.failing_error()),
+                _ => Ending::Delivered,
+            };
+            self.phase = Phase::Verify { refusal, ending };
             return;
         }
         self.outcome = Some(Outcome::Refused(refusal));
     }
 
     /// After a refused repeat of an ending write: whether the first try had ended the
-    /// attempt under this very lease.
+    /// attempt (or, for a give-back, the delivery) under this very lease.
     fn verify(&mut self, record: &AttemptRecord) {
-        let Phase::Verify { refusal, failed } = &self.phase else {
+        let Phase::Verify { refusal, ending } = &self.phase else {
             return;
         };
-        let expected = match failed {
-            Some(_) => CommandStatus::Failed,
-            None => CommandStatus::Delivered,
-        };
         let c = &record.command;
-        let ours = c.status == expected && c.lease_owner == self.owner && c.delivery_count == self.delivery;
-        self.outcome = Some(match (ours, failed) {
-            (true, Some(error)) => Outcome::Failed(error.clone()),
-            (true, None) => Outcome::Delivered,
-            (false, _) => Outcome::Refused(refusal.clone()),
-        });
+        let ours = c.lease_owner == self.owner && c.delivery_count == self.delivery;
+        let exhausted = || {
+            let error = record.attempt.error.as_deref().unwrap_or_default();
+            Exhaustion::ALL.iter().copied().find(|w| error.starts_with(w.as_str()))
+        };
+        let outcome = match (ending, c.status) {
+            _ if !ours => None,
+            (Ending::Delivered, CommandStatus::Delivered) => Some(Outcome::Delivered),
+            (Ending::Failed(error), CommandStatus::Failed) => Some(Outcome::Failed(error.clone())),
+            (Ending::GaveBack(error), CommandStatus::Pending) => Some(Outcome::GaveBack {
+                until: c.available_at,
+                error: error.clone(),
+            }),
+            (Ending::GaveBack(error), CommandStatus::Failed) => exhausted().map(|why| Outcome::Exhausted {
+                why,
+                error: error.clone(),
+            }),
+            _ => None,
+        };
+        self.outcome = Some(outcome.unwrap_or_else(|| Outcome::Refused(refusal.clone())));
     }
 
     /// Whether `request`, once committed, ends the attempt: a finish, a fail, or the
@@ -548,7 +653,7 @@ impl Driver {
 
     fn ends(&self, op: WorkerOp) -> bool {
         match op {
-            WorkerOp::Fail(_) | WorkerOp::Finish => true,
+            WorkerOp::Fail(_) | WorkerOp::Finish | WorkerOp::GiveBack => true,
             WorkerOp::CompleteAndContinue(o) => self.steps.last().is_some_and(|(last, _)| *last <= o),
             WorkerOp::BeginStep(_) | WorkerOp::CompleteStep(_) | WorkerOp::Heartbeat => false,
         }
@@ -556,7 +661,7 @@ impl Driver {
 
     fn failing_error(&self) -> String {
         match &self.phase {
-            Phase::Fail(_, error) => error.clone(),
+            Phase::Fail(_, error) | Phase::GiveBack(error, _) => error.clone(),
             _ => String::new(),
         }
     }

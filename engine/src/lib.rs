@@ -17,6 +17,7 @@ pub mod lease;
 pub mod model;
 pub mod names;
 pub mod plan;
+pub mod policy;
 pub mod request;
 pub mod transition;
 
@@ -26,6 +27,7 @@ pub use model::{
     ReceiptStatus, Recovery, Step,
 };
 pub use plan::{PlanError, PlanSpec};
+pub use policy::{Exhaustion, RetryPolicy, RetrySpec};
 pub use request::{
     decide, ClaimRequest, Decision, Failure, Op, OperatorRequest, Reply, Request, WorkerOp, WorkerRequest,
 };

@@ -3,6 +3,7 @@
 //! These are plain rows. Every change to them is computed by [`crate::transition`].
 
 use crate::ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
+use crate::policy::{RetryPolicy, RetrySpec};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
@@ -168,6 +169,9 @@ pub struct Step {
     /// Executor input, any JSON.
     #[serde(default = "empty_object")]
     pub payload: Value,
+    /// This step's delivery policy, over the plan's ([`crate::policy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
 }
 
 fn empty_object() -> Value {
@@ -189,6 +193,9 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// Extra keys the semantic fingerprint strips.
     pub volatile_fields: Vec<String>,
+    /// The plan's delivery policy, for every step that does not set its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
     /// SHA-256 of the canonical JSON of everything but `id` and `status`.
     pub fingerprint: String,
     /// When it was registered (ledger clock).
@@ -199,6 +206,25 @@ impl Plan {
     /// The step with this code.
     pub fn step(&self, code: &str) -> Option<&Step> {
         self.steps.iter().find(|s| s.code == code)
+    }
+
+    /// The delivery policy of the step with this code (the plan's for an unknown
+    /// code).
+    pub fn policy(&self, code: &str) -> RetryPolicy {
+        let step = self.step(code).and_then(|s| s.retry.as_ref());
+        crate::policy::resolve(self.retry.as_ref(), step)
+    }
+
+    /// The delivery policy that rules `record` now: its next unfinished step's, or
+    /// its last step's once every step SUCCEEDED.
+    pub fn policy_of(&self, record: &AttemptRecord) -> RetryPolicy {
+        let next = record
+            .receipts
+            .iter()
+            .filter(|r| r.status != ReceiptStatus::Succeeded)
+            .min_by_key(|r| r.ordinal)
+            .or_else(|| record.receipts.last());
+        self.policy(next.map_or("", |r| r.step_code.as_str()))
     }
 }
 

@@ -7,6 +7,7 @@ use crate::canonical::fingerprint;
 use crate::ids::{AttemptId, PlanId, Timestamp};
 use crate::model::{Plan, PlanStatus, Recovery, Step};
 use crate::names::Forbidden;
+use crate::policy::{PolicyError, RetrySpec};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -36,6 +37,10 @@ pub struct PlanSpec {
     /// Ordered steps.
     #[serde(default)]
     pub steps: Vec<Step>,
+    /// The delivery policy of every step that sets none of its own
+    /// ([`crate::policy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
 }
 
 /// Why a plan is invalid. Each names the field at fault.
@@ -126,6 +131,9 @@ pub enum PlanError {
         /// The limit.
         max: usize,
     },
+    /// A delivery policy value is zero, negative or inconsistent.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
     /// The stored fingerprint does not match the plan's content.
     #[error("fingerprint: stored {stored} but the content hashes to {computed}")]
     FingerprintMismatch {
@@ -194,17 +202,32 @@ impl PlanSpec {
                 return Err(PlanError::PayloadTooLarge { index, bytes });
             }
         }
-        let fingerprint = plan_fingerprint(&self.name, recovery, &self.steps, &self.volatile_fields);
+        let retry = checked_policy(self.retry.as_ref(), "retry")?;
+        let mut steps = self.steps;
+        for (index, step) in steps.iter_mut().enumerate() {
+            step.retry = checked_policy(step.retry.as_ref(), &format!("steps[{index}].retry"))?;
+        }
+        let fingerprint = plan_fingerprint(&self.name, recovery, &steps, &self.volatile_fields, retry.as_ref());
         Ok(Plan {
             id,
             name: self.name,
             status: PlanStatus::Ready,
             recovery,
-            steps: self.steps,
+            steps,
             volatile_fields: self.volatile_fields,
+            retry,
             fingerprint,
             created_at: now,
         })
+    }
+}
+
+/// A policy table checked and clamped ([`RetrySpec::checked`]); an empty one is
+/// stored as none, so that it fingerprints like a plan without it.
+fn checked_policy(spec: Option<&RetrySpec>, at: &str) -> Result<Option<RetrySpec>, PlanError> {
+    match spec {
+        Some(spec) if !spec.is_empty() => Ok(Some(spec.checked(at)?)),
+        _ => Ok(None),
     }
 }
 
@@ -232,18 +255,43 @@ fn check_text(field: &str, text: &str) -> Result<(), PlanError> {
 }
 
 /// SHA-256 of the canonical JSON of a plan's content (everything but id and status).
-pub fn plan_fingerprint(name: &str, recovery: Recovery, steps: &[Step], volatile_fields: &[String]) -> String {
-    fingerprint(&json!({
+/// A delivery policy counts where one is set; a plan without any hashes as it did
+/// before policies existed.
+pub fn plan_fingerprint(
+    name: &str,
+    recovery: Recovery,
+    steps: &[Step],
+    volatile_fields: &[String],
+    retry: Option<&RetrySpec>,
+) -> String {
+    let step = |s: &Step| {
+        let mut v = json!({"code": s.code, "executor": s.executor, "payload": s.payload});
+        if let Some(r) = &s.retry {
+            v["retry"] = json!(r);
+        }
+        v
+    };
+    let mut content = json!({
         "name": name,
         "recovery": recovery.as_str(),
-        "steps": steps.iter().map(|s| json!({"code": s.code, "executor": s.executor, "payload": s.payload})).collect::<Vec<Value>>(),
+        "steps": steps.iter().map(step).collect::<Vec<Value>>(),
         "volatile_fields": volatile_fields,
-    }))
+    });
+    if let Some(r) = retry {
+        content["retry"] = json!(r);
+    }
+    fingerprint(&content)
 }
 
 /// Checks that a stored plan's fingerprint still matches its content.
 pub fn verify_fingerprint(plan: &Plan) -> Result<(), PlanError> {
-    let computed = plan_fingerprint(&plan.name, plan.recovery, &plan.steps, &plan.volatile_fields);
+    let computed = plan_fingerprint(
+        &plan.name,
+        plan.recovery,
+        &plan.steps,
+        &plan.volatile_fields,
+        plan.retry.as_ref(),
+    );
     if computed == plan.fingerprint {
         Ok(())
     } else {

@@ -18,8 +18,9 @@
 //! transition function); the ledgers apply every request through the same path.
 
 use crate::ids::{LeaseToken, Timestamp};
-use crate::model::{AttemptRecord, Recovery};
-use crate::transition::{self, Continued, ReconcileOutcome, Refusal, Writes};
+use crate::model::{AttemptRecord, Plan, Recovery};
+use crate::policy::Exhaustion;
+use crate::transition::{self, Continued, GaveBack, ReconcileOutcome, Refusal, Writes};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::fmt;
@@ -62,6 +63,8 @@ pub enum Op {
     Fail,
     /// [`WorkerRequest::Finish`].
     Finish,
+    /// [`WorkerRequest::GiveBack`].
+    GiveBack,
     /// [`OperatorRequest::Reconcile`].
     Reconcile,
     /// [`OperatorRequest::Abort`].
@@ -70,7 +73,7 @@ pub enum Op {
 
 impl Op {
     /// Every operation.
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 12] = [
         Op::Enqueue,
         Op::Claim,
         Op::ClaimAndBegin,
@@ -80,6 +83,7 @@ impl Op {
         Op::CompleteAndContinue,
         Op::Fail,
         Op::Finish,
+        Op::GiveBack,
         Op::Reconcile,
         Op::Abort,
     ];
@@ -96,6 +100,7 @@ impl Op {
             Op::CompleteAndContinue => "complete-and-continue",
             Op::Fail => "fail",
             Op::Finish => "finish",
+            Op::GiveBack => "give-back",
             Op::Reconcile => "reconcile",
             Op::Abort => "abort",
         }
@@ -110,7 +115,13 @@ impl Op {
     pub const fn is_worker(self) -> bool {
         matches!(
             self,
-            Op::Heartbeat | Op::BeginStep | Op::CompleteStep | Op::CompleteAndContinue | Op::Fail | Op::Finish
+            Op::Heartbeat
+                | Op::BeginStep
+                | Op::CompleteStep
+                | Op::CompleteAndContinue
+                | Op::Fail
+                | Op::Finish
+                | Op::GiveBack
         )
     }
 
@@ -185,6 +196,16 @@ pub enum WorkerRequest {
     },
     /// Finish the attempt: SUCCEEDED and DELIVERED ([`transition::finish`]).
     Finish,
+    /// Hand the command back after a transient failure, claimable again after
+    /// `delay_ms`, or end the attempt exhausted if its policy allows no further
+    /// delivery ([`transition::give_back`]). Decided with the attempt's plan.
+    GiveBack {
+        /// Why (kept as the command's `last_error`).
+        error: String,
+        /// How long until the command is claimable again (at most the policy's
+        /// `backoff_max_ms`).
+        delay_ms: u64,
+    },
 }
 
 impl WorkerRequest {
@@ -198,6 +219,7 @@ impl WorkerRequest {
             WorkerRequest::CompleteAndContinue { ordinal, .. } => WorkerOp::CompleteAndContinue(*ordinal),
             WorkerRequest::Fail { ordinal, .. } => WorkerOp::Fail(*ordinal),
             WorkerRequest::Finish => WorkerOp::Finish,
+            WorkerRequest::GiveBack { .. } => WorkerOp::GiveBack,
         }
     }
 
@@ -218,8 +240,14 @@ impl WorkerRequest {
             | WorkerRequest::BeginStep { lease_ms, .. }
             | WorkerRequest::CompleteStep { lease_ms, .. }
             | WorkerRequest::CompleteAndContinue { lease_ms, .. } => Some(*lease_ms),
-            WorkerRequest::Fail { .. } | WorkerRequest::Finish => None,
+            WorkerRequest::Fail { .. } | WorkerRequest::Finish | WorkerRequest::GiveBack { .. } => None,
         }
+    }
+
+    /// Whether [`decide`] needs the attempt's plan for this request (the ledger
+    /// reads it only then): a give-back, whose policy it applies.
+    pub fn needs_plan(&self) -> bool {
+        matches!(self, WorkerRequest::GiveBack { .. })
     }
 }
 
@@ -238,6 +266,8 @@ pub enum WorkerOp {
     Fail(Option<u32>),
     /// [`WorkerRequest::Finish`].
     Finish,
+    /// [`WorkerRequest::GiveBack`].
+    GiveBack,
 }
 
 impl WorkerOp {
@@ -250,6 +280,7 @@ impl WorkerOp {
             WorkerOp::CompleteAndContinue(_) => Op::CompleteAndContinue,
             WorkerOp::Fail(_) => Op::Fail,
             WorkerOp::Finish => Op::Finish,
+            WorkerOp::GiveBack => Op::GiveBack,
         }
     }
 
@@ -258,19 +289,21 @@ impl WorkerOp {
         match self {
             WorkerOp::BeginStep(o) | WorkerOp::CompleteStep(o) | WorkerOp::CompleteAndContinue(o) => Some(o),
             WorkerOp::Fail(o) => o,
-            WorkerOp::Heartbeat | WorkerOp::Finish => None,
+            WorkerOp::Heartbeat | WorkerOp::Finish | WorkerOp::GiveBack => None,
         }
     }
 
     /// Whether `reply` is the one [`decide`] answers for this request once applied:
     /// [`Reply::Renewed`] for a heartbeat, [`Reply::Continued`] for a
-    /// complete-and-continue, [`Reply::Applied`] for the others. Any other reply
-    /// says nothing of what the request did.
+    /// complete-and-continue, [`Reply::GaveBack`] or [`Reply::Exhausted`] for a
+    /// give-back, [`Reply::Applied`] for the others. Any other reply says nothing
+    /// of what the request did.
     pub fn answered_by(self, reply: &Reply) -> bool {
         matches!(
             (self, reply),
             (WorkerOp::Heartbeat, Reply::Renewed { .. })
                 | (WorkerOp::CompleteAndContinue(_), Reply::Continued(_))
+                | (WorkerOp::GiveBack, Reply::GaveBack { .. } | Reply::Exhausted(_))
                 | (
                     WorkerOp::BeginStep(_) | WorkerOp::CompleteStep(_) | WorkerOp::Fail(_) | WorkerOp::Finish,
                     Reply::Applied
@@ -317,6 +350,15 @@ pub enum Reply {
     Continued(Continued),
     /// What reconcile did.
     Reconciled(ReconcileOutcome),
+    /// The command was given back, claimable again from this instant (ledger clock).
+    GaveBack {
+        /// Its new `available_at`.
+        until: Timestamp,
+    },
+    /// The policy allowed no further delivery: the attempt ended FAILED, exhausted
+    /// (a give-back, or a claim that found the attempt exhausted and claimed
+    /// nothing).
+    Exhausted(Exhaustion),
 }
 
 /// Why a request got no [`Reply`]: how a runtime classifies its ledger's errors for
@@ -336,10 +378,11 @@ pub enum Failure {
 /// A request with what the ledger supplies beside the rows.
 #[derive(Debug, Clone, Copy)]
 pub enum Request<'a> {
-    /// The claim of one candidate, granting `token`; `recovery` is its plan's.
-    Claim(&'a ClaimRequest, &'a LeaseToken, Recovery),
-    /// A worker request presenting the lease `token`.
-    Worker(&'a WorkerRequest, &'a LeaseToken),
+    /// The claim of one candidate, granting `token`, with its attempt's plan.
+    Claim(&'a ClaimRequest, &'a LeaseToken, &'a Plan),
+    /// A worker request presenting the lease `token`, with the attempt's plan when
+    /// the request [needs it](WorkerRequest::needs_plan).
+    Worker(&'a WorkerRequest, &'a LeaseToken, Option<&'a Plan>),
     /// An operator request; `recovery` is the attempt's plan's.
     Operator(&'a OperatorRequest, Recovery),
 }
@@ -349,7 +392,7 @@ impl Request<'_> {
     pub fn op(&self) -> Op {
         match self {
             Request::Claim(c, _, _) => c.op(),
-            Request::Worker(w, _) => w.op(),
+            Request::Worker(w, _, _) => w.op(),
             Request::Operator(o, _) => o.op(),
         }
     }
@@ -363,16 +406,19 @@ pub type Decision = Result<(Writes, Reply), Refusal>;
 /// `now` (ledger clock), by the request's transition.
 pub fn decide(record: &AttemptRecord, request: Request<'_>, now: Timestamp) -> Decision {
     match request {
-        Request::Claim(claim, token, recovery) => {
+        Request::Claim(claim, token, plan) => {
+            if let Some(why) = transition::claim_exhausts(record, plan, now) {
+                return Ok((transition::exhaust(record, why, now), Reply::Exhausted(why)));
+            }
             let transition = if claim.begin {
                 transition::claim_and_begin
             } else {
                 transition::claim
             };
-            let writes = transition(record, recovery, &claim.owner, token.clone(), claim.lease_ms, now)?;
+            let writes = transition(record, plan.recovery, &claim.owner, token.clone(), claim.lease_ms, now)?;
             Ok((writes, Reply::Applied))
         }
-        Request::Worker(worker, token) => decide_worker(record, worker, token, now),
+        Request::Worker(worker, token, plan) => decide_worker(record, worker, token, plan, now),
         Request::Operator(OperatorRequest::Reconcile, recovery) => {
             let (outcome, writes) = transition::reconcile(record, recovery, now)?;
             Ok((writes, Reply::Reconciled(outcome)))
@@ -383,7 +429,13 @@ pub fn decide(record: &AttemptRecord, request: Request<'_>, now: Timestamp) -> D
     }
 }
 
-fn decide_worker(record: &AttemptRecord, request: &WorkerRequest, token: &LeaseToken, now: Timestamp) -> Decision {
+fn decide_worker(
+    record: &AttemptRecord,
+    request: &WorkerRequest,
+    token: &LeaseToken,
+    plan: Option<&Plan>,
+    now: Timestamp,
+) -> Decision {
     let applied = |writes: Writes| (writes, Reply::Applied);
     match request {
         WorkerRequest::Heartbeat { lease_ms } => {
@@ -416,5 +468,20 @@ fn decide_worker(record: &AttemptRecord, request: &WorkerRequest, token: &LeaseT
         }
         WorkerRequest::Fail { ordinal, error } => transition::fail(record, *ordinal, error, token, now).map(applied),
         WorkerRequest::Finish => transition::finish(record, token, now).map(applied),
+        WorkerRequest::GiveBack { error, delay_ms } => {
+            let Some(plan) = plan else {
+                return Err(Refusal::OutOfOrder {
+                    attempt: record.attempt.id.clone(),
+                    ordinal: 0,
+                    reason: "a give-back is decided with the attempt's plan, and none was given".to_owned(),
+                });
+            };
+            let (gave, writes) = transition::give_back(record, plan, error, *delay_ms, token, now)?;
+            let reply = match gave {
+                GaveBack::Until(until) => Reply::GaveBack { until },
+                GaveBack::Exhausted(why) => Reply::Exhausted(why),
+            };
+            Ok((writes, reply))
+        }
     }
 }

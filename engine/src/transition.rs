@@ -14,6 +14,7 @@ use crate::model::{
     Recovery,
 };
 use crate::plan::{idempotency_key, verify_fingerprint};
+use crate::policy::{exhausted, Exhaustion};
 use serde_json::Value;
 
 /// Why a transition was refused. Nothing was written. Serde data: a refusal crosses
@@ -180,8 +181,33 @@ pub struct NewIds {
     pub command: CommandId,
 }
 
+/// When an enqueued attempt's command becomes claimable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Start {
+    /// At once.
+    #[default]
+    Now,
+    /// At this instant (ledger clock); an instant already past means at once.
+    At(Timestamp),
+    /// This many milliseconds after the enqueue (ledger clock).
+    After(u64),
+}
+
+impl Start {
+    /// The command's `available_at` for an enqueue at `now`.
+    pub fn available_at(self, now: Timestamp) -> Timestamp {
+        match self {
+            Start::Now => now,
+            Start::At(at) => at.max(now),
+            Start::After(ms) => now.plus_ms(ms),
+        }
+    }
+}
+
 /// Enqueue: validates the plan and the action guard against the plan's history and
-/// answers the new attempt, its receipts and its PENDING command.
+/// answers the new attempt, its receipts and its PENDING command, claimable from
+/// `start`.
 ///
 /// `history` holds every earlier attempt of the plan, any order.
 pub fn enqueue(
@@ -190,6 +216,7 @@ pub fn enqueue(
     action: Action,
     ids: NewIds,
     now: Timestamp,
+    start: Start,
 ) -> Result<AttemptRecord, Refusal> {
     let refuse = |reason: String| Refusal::Guard { action, reason };
     if plan.status != PlanStatus::Ready {
@@ -239,7 +266,7 @@ pub fn enqueue(
         id: ids.command,
         attempt_id: ids.attempt,
         status: CommandStatus::Pending,
-        available_at: now,
+        available_at: start.available_at(now),
         lease_owner: None,
         lease_token: None,
         lease_until: None,
@@ -535,6 +562,11 @@ pub fn fail(
     if let Some(o) = ordinal {
         receipt_at(record, o)?;
     }
+    Ok(failed(record, ordinal, error, Guard::Holds(token.clone()), now))
+}
+
+/// The writes of a failure at `ordinal` under `guard` (see [`fail`]).
+fn failed(record: &AttemptRecord, ordinal: Option<u32>, error: &str, guard: Guard, now: Timestamp) -> Writes {
     let receipts = record
         .receipts
         .iter()
@@ -557,12 +589,94 @@ pub fn fail(
     attempt.finished_at = Some(now);
     attempt.error = Some(error.to_owned());
     let command = terminal_command(&record.command, CommandStatus::Failed, Some(error.to_owned()), now);
-    Ok(Writes {
-        guard: Guard::Holds(token.clone()),
+    Writes {
+        guard,
         attempt: Some(attempt),
         command: Some(command),
         receipts,
-    })
+    }
+}
+
+/// The reason an exhausted attempt ends with: `exhausted: deliveries: step 2
+/// (charge) after 25 deliveries; last error: HTTP 503`.
+pub fn exhaustion_reason(record: &AttemptRecord, why: Exhaustion, last_error: Option<&str>) -> String {
+    let step = next_step(record)
+        .and_then(|o| record.receipt(o))
+        .map_or_else(String::new, |r| format!(" step {} ({})", r.ordinal, r.step_code));
+    let n = record.command.delivery_count;
+    let deliveries = if n == 1 { "delivery" } else { "deliveries" };
+    let last = last_error.map_or_else(String::new, |e| format!("; last error: {e}"));
+    format!("{}:{step} after {n} {deliveries}{last}", why.as_str())
+}
+
+/// Whether `record`'s command, claimable at `now`, is exhausted under `plan`'s
+/// policy: then a claim ends the attempt instead ([`exhaust`]).
+pub fn claim_exhausts(record: &AttemptRecord, plan: &Plan, now: Timestamp) -> Option<Exhaustion> {
+    if record.attempt.status.is_terminal() || !is_claimable(&record.command, now) {
+        return None;
+    }
+    let policy = plan.policy_of(record);
+    exhausted(&policy, record.command.delivery_count, record.attempt.created_at, now)
+}
+
+/// Exhaust: a claim that finds the attempt exhausted ([`claim_exhausts`]) ends it
+/// FAILED with the `exhausted:` reason, the next step FAILED and the other open
+/// receipts ABORTED, under the claim's guard.
+pub fn exhaust(record: &AttemptRecord, why: Exhaustion, now: Timestamp) -> Writes {
+    let reason = exhaustion_reason(record, why, record.command.last_error.as_deref());
+    failed(record, next_step(record), &reason, Guard::Claimable(now), now)
+}
+
+/// What [`give_back`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GaveBack {
+    /// The command is PENDING again, claimable from this instant (ledger clock).
+    Until(Timestamp),
+    /// The policy allows no further delivery: the attempt ended FAILED, exhausted.
+    Exhausted(Exhaustion),
+}
+
+/// Give back: the lease holder hands its command back after a step failed
+/// transiently. The command PENDING, its lease cleared (the last holder kept in
+/// `lease_owner`), `available_at` = `now` + `delay_ms` (at most the policy's
+/// `backoff_max_ms`), `last_error` = `error`; the attempt QUEUED; a RUNNING receipt
+/// PENDING again (same key). If the policy allows no further delivery by then (the
+/// delivery cap is reached, or the deadline passes before `available_at`), the
+/// attempt ends FAILED, exhausted, as [`exhaust`] would end it.
+pub fn give_back(
+    record: &AttemptRecord,
+    plan: &Plan,
+    error: &str,
+    delay_ms: u64,
+    token: &LeaseToken,
+    now: Timestamp,
+) -> Result<(GaveBack, Writes), Refusal> {
+    fence(&record.command, token)?;
+    let policy = plan.policy_of(record);
+    let until = now.plus_ms(delay_ms.min(policy.backoff_max_ms));
+    let guard = Guard::Holds(token.clone());
+    let c = &record.command;
+    if let Some(why) = exhausted(&policy, c.delivery_count, record.attempt.created_at, until) {
+        let reason = exhaustion_reason(record, why, Some(error));
+        return Ok((GaveBack::Exhausted(why), failed(record, next_step(record), &reason, guard, now)));
+    }
+    let mut command = c.clone();
+    command.status = CommandStatus::Pending;
+    command.lease_token = None;
+    command.lease_until = None;
+    command.available_at = until;
+    command.last_error = Some(error.to_owned());
+    let mut attempt = record.attempt.clone();
+    attempt.status = AttemptStatus::Queued;
+    let receipts = reset_for_takeover(&record.receipts, Recovery::Resume);
+    let writes = Writes {
+        guard,
+        attempt: Some(attempt),
+        command: Some(command),
+        receipts,
+    };
+    Ok((GaveBack::Until(until), writes))
 }
 
 fn failed_because(ordinal: Option<u32>) -> String {

@@ -48,7 +48,9 @@ fn a_gate_report_finds_each_check_by_its_name() {
             code: "a".into(),
             executor: "dry-run:v1".into(),
             payload: serde_json::json!({}),
+            retry: None,
         }],
+        retry: None,
     };
     let plan = spec
         .into_plan(

@@ -661,11 +661,14 @@ mod tests {
                     code: (*c).into(),
                     executor: plans::DURABLE.into(),
                     payload: json!({}),
+                    retry: None,
                 })
                 .collect(),
+                retry: None,
         };
         spec.into_plan(plans::KNOWN, PlanId::new("plan-1"), Timestamp::from_millis(0))
-            .expect("a valid plan")
+            .expect("a valid plan"),
+            retry: None,
     }
 
     impl History {

@@ -32,7 +32,9 @@ fn step(code: &str, executor: &str, delay_ms: u64, extra: Value) -> Step {
         code: code.to_owned(),
         executor: executor.to_owned(),
         payload,
-    }
+        retry: None,
+    },
+    retry: None,
 }
 
 /// The plans every run registers.
@@ -49,6 +51,7 @@ pub fn specs() -> Vec<PlanSpec> {
                 step("ship", DURABLE, 400, none()),
                 step("notify", DURABLE, 200, none()),
             ],
+            retry: None,
         },
         PlanSpec {
             name: "rehearsal".into(),
@@ -61,6 +64,7 @@ pub fn specs() -> Vec<PlanSpec> {
                 step("verify", SANDBOX, 300, none()),
                 step("report", SANDBOX, 150, none()),
             ],
+            retry: None,
         },
         PlanSpec {
             name: "flaky-sync".into(),
@@ -71,6 +75,7 @@ pub fn specs() -> Vec<PlanSpec> {
                 step("commit", DURABLE, 350, json!({ "fail_on": "execute" })),
                 step("confirm", DURABLE, 250, none()),
             ],
+            retry: None,
         },
     ]
 }

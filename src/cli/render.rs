@@ -216,11 +216,13 @@ mod props {
                             code,
                             executor,
                             payload: serde_json::json!({}),
+                            retry: None,
                         })
                         .collect(),
                     volatile_fields: volatile,
                     fingerprint,
                     created_at,
+                    retry: None,
                 },
             )
     }

@@ -43,7 +43,11 @@
 //! being processed), 425, 429, 5xx, connection errors and timeouts → tried again with
 //! the same key after a jittered exponential backoff (at least `Retry-After` seconds
 //! when the receiver sends it) while the budget lasts, then transient (the worker
-//! retries the step later, and a takeover redelivers it, with the same key). Any other
+//! calls the step again within the plan's `step_max_tries`, then gives the command
+//! back for a later delivery, with the same key); when the receiver's last answer
+//! carried `Retry-After`, throttled: the command is given back at once, to be
+//! delivered again no sooner than the receiver asked (within the plan's
+//! `backoff_max_ms`). Any other
 //! status (422: the key was used with another body; other 4xx; an unexpected 2xx or
 //! 3xx) → permanent, with the status and at most 200 characters of the body.
 //! Redirects are followed only to the same host and port (at most 5).
@@ -421,11 +425,19 @@ impl Call {
             let (message, retry_after) = error;
             let wait = backoff(&request.idempotency_key, tries).max(retry_after.unwrap_or_default());
             if Instant::now() + wait >= deadline {
-                return ExecutorResult::Transient(format!(
+                let error = format!(
                     "step {}: {message} (gave up after {tries} tries within the {} ms budget; the key is kept)",
                     self.code,
                     self.budget.as_millis()
-                ));
+                );
+                return match retry_after {
+                    // The receiver said when: the worker gives the command back until then.
+                    Some(after) => ExecutorResult::Throttled {
+                        error,
+                        retry_after_ms: after.as_millis().try_into().unwrap_or(u64::MAX),
+                    },
+                    None => ExecutorResult::Transient(error),
+                };
             }
             tokio::time::sleep(wait).await;
         }

@@ -352,6 +352,7 @@ mod tests {
                 code: code.into(),
                 executor: executor.into(),
                 payload,
+                retry: None,
             },
             idempotency_key: format!("ik-{code}"),
         }
@@ -460,7 +461,9 @@ mod tests {
                 code: "s".into(),
                 executor: executor.into(),
                 payload: json!({}),
+                retry: None,
             }],
+            retry: None,
         };
         let now = leasehold_engine::Timestamp::from_millis(0);
         let executors = Executors::builder().register("acme-crm:v1", Echo).build().unwrap();

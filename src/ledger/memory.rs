@@ -13,7 +13,7 @@
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
-use leasehold_engine::transition::{self, NewIds};
+use leasehold_engine::transition::{self, NewIds, Start};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
     PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
@@ -292,11 +292,14 @@ impl MemoryLedger {
                 .get(&record.attempt.plan_id)
                 .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
             let token = self.entropy.token();
-            let claim = Request::Claim(request, &token, plan.recovery);
-            let Ok((writes, _)) = super::decide(self.writes_hook.as_ref(), record, claim, now) else {
+            let claim = Request::Claim(request, &token, plan);
+            let Ok((writes, reply)) = super::decide(self.writes_hook.as_ref(), record, claim, now) else {
                 continue;
             };
             state.index.apply(record, writes)?;
+            if !Claimed::grants(reply) {
+                continue;
+            }
             claimed.push(Claimed {
                 lease: Lease {
                     command_id,
@@ -357,7 +360,7 @@ impl Ledger for MemoryLedger {
         Ok(plan)
     }
 
-    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
         let now = self.clock.now();
         let mut state = self.lock();
         let plan = Self::plan_of(&state, plan)?;
@@ -373,7 +376,7 @@ impl Ledger for MemoryLedger {
             attempt: AttemptId::new(self.entropy.id(IdKind::Attempt)),
             command: CommandId::new(self.entropy.id(IdKind::Command)),
         };
-        let record = transition::enqueue(&plan, &history, action, ids, now)?;
+        let record = transition::enqueue(&plan, &history, action, ids, now, start)?;
         state.insert(record.clone());
         Ok(record)
     }
@@ -383,10 +386,19 @@ impl Ledger for MemoryLedger {
     }
 
     async fn worker(&self, lease: &Lease, request: WorkerRequest) -> Result<Reply, LedgerError> {
+        // Plans never change but for their status: read before the write is as good.
+        let plan = match request.needs_plan() {
+            true => {
+                let state = self.lock();
+                let record = Self::record(&state, &lease.attempt_id)?;
+                Some(Self::plan_of(&state, &record.attempt.plan_id)?)
+            }
+            false => None,
+        };
         self.apply(
             &lease.attempt_id,
             Some(&lease.command_id),
-            |_, _| Ok(Request::Worker(&request, &lease.token)),
+            |_, _| Ok(Request::Worker(&request, &lease.token, plan.as_ref())),
             |reply, _| reply,
         )
     }
@@ -451,8 +463,10 @@ mod tests {
                     code: format!("step-{i}"),
                     executor: "dry-run:v1".to_owned(),
                     payload: serde_json::json!({ "n": i }),
+                    retry: None,
                 })
                 .collect(),
+            retry: None,
         }
     }
 

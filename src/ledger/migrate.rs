@@ -71,6 +71,11 @@ pub static SQLITE: &[Migration] = &[
         name: "open_by_command",
         sql: include_str!("../../migrations/sqlite/0008_open_by_command.sql"),
     },
+    Migration {
+        version: 9,
+        name: "delivery_policy",
+        sql: include_str!("../../migrations/sqlite/0009_delivery_policy.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

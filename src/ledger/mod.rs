@@ -50,7 +50,7 @@ pub use sql::SqlLedger;
 pub use url::DbUrl;
 
 use leasehold_engine::plan::PlanError;
-use leasehold_engine::transition::{Continued, ReconcileOutcome};
+use leasehold_engine::transition::{Continued, ReconcileOutcome, Start};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, Decision, Lease, LeaseToken, OperatorRequest, Plan, PlanId,
     PlanSpec, Refusal, Reply, Request, Timestamp, WorkerRequest, Writes,
@@ -152,6 +152,14 @@ impl Claimed {
             plan,
             record,
         }
+    }
+}
+
+impl Claimed {
+    /// Whether a claim decided with `reply` grants a lease: every claim but one that
+    /// found its attempt exhausted and ended it instead ([`Reply::Exhausted`]).
+    pub(crate) fn grants(reply: Reply) -> bool {
+        !matches!(reply, Reply::Exhausted(_))
     }
 }
 
@@ -262,9 +270,20 @@ pub trait Ledger: Send + Sync + 'static {
     /// Marks a plan RETIRED: it accepts no new attempts.
     fn retire_plan(&self, id: &PlanId) -> impl Future<Output = Result<Plan, LedgerError>> + Send;
 
-    /// Enqueues an attempt: attempt, receipts and command in one transaction.
-    fn enqueue(&self, plan: &PlanId, action: Action)
-        -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+    /// Enqueues an attempt claimable at once: attempt, receipts and command in one
+    /// transaction.
+    fn enqueue(&self, plan: &PlanId, action: Action) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
+        self.enqueue_at(plan, action, Start::Now)
+    }
+
+    /// Enqueues an attempt whose command is claimable from `start` (by the ledger's
+    /// clock; an instant already past means at once).
+    fn enqueue_at(
+        &self,
+        plan: &PlanId,
+        action: Action,
+        start: Start,
+    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
 
     /// Claims up to `request.batch` claimable commands for `request.owner` under
     /// fresh leases of `request.lease_ms`, oldest `available_at` first, each decided

@@ -4,15 +4,15 @@
 
 use super::LedgerError;
 use crate::entropy::{Entropy, IdKind};
-use leasehold_engine::transition::{self, NewIds};
+use leasehold_engine::transition::{self, NewIds, Start};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, CommandId, Plan, PlanId, PlanSpec, Timestamp, Writes};
 
-/// The engine's enqueue of `plan` at `now` over its `history`: the new attempt's rows
-/// and the writes that insert them (`Guard::Absent`).
+/// The engine's enqueue of `plan` at `now` over its `history`, claimable from
+/// `start`: the new attempt's rows and the writes that insert them (`Guard::Absent`).
 pub(crate) fn decide_enqueue(
     plan: &Plan,
     history: &[AttemptRecord],
-    action: Action,
+    (action, start): (Action, Start),
     entropy: &dyn Entropy,
     now: Timestamp,
 ) -> Result<(AttemptRecord, Writes), LedgerError> {
@@ -20,7 +20,7 @@ pub(crate) fn decide_enqueue(
         attempt: AttemptId::new(entropy.id(IdKind::Attempt)),
         command: CommandId::new(entropy.id(IdKind::Command)),
     };
-    let record = transition::enqueue(plan, history, action, ids, now)?;
+    let record = transition::enqueue(plan, history, action, ids, now, start)?;
     let writes = Writes::new_attempt(&record);
     Ok((record, writes))
 }

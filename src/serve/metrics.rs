@@ -348,7 +348,7 @@ impl Metrics {
                             })
                             .inc();
                     }
-                    Outcome::Delivered | Outcome::Failed(_) => {}
+                    Outcome::Delivered | Outcome::Failed(_) | Outcome::GaveBack { .. } | Outcome::Exhausted { .. } => {}
                 }
             }
             WorkerEvent::GraceExpired { dropped } => {
@@ -376,6 +376,8 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::Failed(_) => "failed",
         Outcome::Refused(_) => "refused",
         Outcome::Abandoned(_) => "abandoned",
+        Outcome::GaveBack { .. } => "gave_back",
+        Outcome::Exhausted { .. } => "exhausted",
     }
 }
 
@@ -414,6 +416,8 @@ pub fn log_event(worker: &str, event: &WorkerEvent, context: Option<(&str, u32)>
             let detail = match outcome {
                 Outcome::Delivered => String::new(),
                 Outcome::Failed(e) | Outcome::Abandoned(e) => clean(e),
+                Outcome::GaveBack { until, error } => format!("{}; next delivery at {until}", clean(error)),
+                Outcome::Exhausted { why, error } => format!("{}; {}", why.as_str(), clean(error)),
                 Outcome::Refused(r) => clean(&r.to_string()),
             };
             tracing::info!(event = "finished", worker, attempt = %attempt, command, delivery, outcome = outcome_name(outcome), detail = %detail, "delivery ended");

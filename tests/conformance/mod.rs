@@ -165,9 +165,12 @@ pub fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
                 code: format!("step-{i}"),
                 executor: "dry-run:v1".to_owned(),
                 payload: json!({"n": i}),
+                retry: None,
             })
             .collect(),
-    }
+            retry: None,
+    },
+    retry: None,
 }
 
 async fn register<L: Ledger>(l: &L, name: &str, recovery: &str, steps: usize) -> PlanId {

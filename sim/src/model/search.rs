@@ -108,6 +108,7 @@ fn model_plan(config: &Config, n: u32) -> Plan {
             code: format!("step-{i}"),
             executor: executor.to_owned(),
             payload: json!({ "delay_ms": 0, "op": format!("step-{i}") }),
+            retry: None,
         })
         .collect();
     let spec = PlanSpec {
@@ -115,10 +116,12 @@ fn model_plan(config: &Config, n: u32) -> Plan {
         recovery: config.recovery.to_string(),
         volatile_fields: vec!["worker".into()],
         steps,
+        retry: None,
     };
     let t0 = Timestamp::from_millis(EPOCH_MS);
     spec.into_plan(KNOWN, PlanId::new(format!("plan-{n}")), t0)
-        .expect("the model's plan is valid")
+        .expect("the model's plan is valid"),
+        retry: None,
 }
 
 /// The state before any step: each plan's first attempt enqueued (`execute`).

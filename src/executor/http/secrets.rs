@@ -317,6 +317,10 @@ impl Redactor {
             },
             ExecutorResult::Permanent(message) => ExecutorResult::Permanent(self.owned(message)),
             ExecutorResult::Transient(message) => ExecutorResult::Transient(self.owned(message)),
+            ExecutorResult::Throttled { error, retry_after_ms } => ExecutorResult::Throttled {
+                error: self.owned(error),
+                retry_after_ms,
+            },
         }
     }
 }

@@ -152,6 +152,7 @@ fn request(payload: Value) -> ExecRequest {
             code: "push".into(),
             executor: NAME.into(),
             payload,
+            retry: None,
         },
         idempotency_key: "ik-42".into(),
     }
@@ -255,7 +256,8 @@ async fn a_429_waits_at_least_retry_after() {
         started.elapsed() >= Duration::from_secs(1),
         "Retry-After: 1 was honoured"
     );
-    // A Retry-After beyond the budget ends the call at once, transient.
+    // A Retry-After beyond the budget ends the call at once, throttled for as long
+    // as the receiver asked: the worker gives the command back until then.
     let (port, seen) = server().await;
     let result = call(
         port,
@@ -263,7 +265,7 @@ async fn a_429_waits_at_least_retry_after() {
     )
     .await;
     assert!(
-        matches!(result, ExecutorResult::Transient(ref m) if m.contains("answered 429")),
+        matches!(result, ExecutorResult::Throttled { ref error, retry_after_ms: 1_000 } if error.contains("answered 429")),
         "{result:?}"
     );
     assert_eq!(seen.lock().unwrap().calls["limited"], 1);

@@ -50,6 +50,7 @@ enum Answer {
     Done { evidence: Value, target_receipt: Value },
     Permanent(String),
     Transient(String),
+    Throttled { error: String, retry_after_ms: u64 },
 }
 
 impl From<ExecutorResult> for Answer {
@@ -64,6 +65,7 @@ impl From<ExecutorResult> for Answer {
             },
             ExecutorResult::Permanent(message) => Self::Permanent(message),
             ExecutorResult::Transient(message) => Self::Transient(message),
+            ExecutorResult::Throttled { error, retry_after_ms } => Self::Throttled { error, retry_after_ms },
         }
     }
 }
@@ -80,6 +82,7 @@ impl From<Answer> for ExecutorResult {
             },
             Answer::Permanent(message) => Self::Permanent(message),
             Answer::Transient(message) => Self::Transient(message),
+            Answer::Throttled { error, retry_after_ms } => Self::Throttled { error, retry_after_ms },
         }
     }
 }

@@ -375,8 +375,8 @@ async fn write_claims(
     let mut decided = Vec::with_capacity(held.len());
     for (record, plan) in held {
         let token = ctx.entropy.token();
-        match decide(None, &record, Request::Claim(request, &token, plan.recovery), now) {
-            Ok((writes, _)) => decided.push((record, plan, token, writes)),
+        match decide(None, &record, Request::Claim(request, &token, &plan), now) {
+            Ok((writes, reply)) => decided.push((record, plan, (token, Claimed::grants(reply)), writes)),
             Err(_) => {
                 stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
             }
@@ -392,11 +392,13 @@ async fn write_claims(
         }
         other => other?,
     }
-    stats.claims.fetch_add(decided.len() as u64, Ordering::Relaxed);
-    Ok(decided
+    let claimed: Vec<Claimed> = decided
         .into_iter()
-        .map(|(record, plan, token, writes)| Claimed::applied(record, plan, token, &writes))
-        .collect())
+        .filter(|(_, _, (_, grants), _)| *grants)
+        .map(|(record, plan, (token, _), writes)| Claimed::applied(record, plan, token, &writes))
+        .collect();
+    stats.claims.fetch_add(claimed.len() as u64, Ordering::Relaxed);
+    Ok(claimed)
 }
 
 /// The portable claim (MySQL 5.7, or `skip_locked=0`): a plain read lists up to

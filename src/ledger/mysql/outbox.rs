@@ -26,6 +26,7 @@ use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::LedgerError;
+use leasehold_engine::transition::Start;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use mysql_async::prelude::Queryable;
 use mysql_async::Transaction;
@@ -141,7 +142,7 @@ async fn insert_plan(tx: &mut Transaction<'_>, plan: Plan) -> Result<Plan, TxErr
 pub(crate) async fn enqueue(
     tx: &mut Transaction<'_>,
     plan: &PlanId,
-    action: Action,
+    action: (Action, Start),
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, LedgerError> {
@@ -155,7 +156,7 @@ pub(crate) async fn enqueue(
 async fn insert_attempt(
     tx: &mut Transaction<'_>,
     plan: &PlanId,
-    action: Action,
+    action: (Action, Start),
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, TxError> {

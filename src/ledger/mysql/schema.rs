@@ -42,6 +42,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "plan_names",
         sql: include_str!("../../../migrations/mysql/0004_plan_names.sql"),
     },
+    Migration {
+        version: 5,
+        name: "delivery_policy",
+        sql: include_str!("../../../migrations/mysql/0005_delivery_policy.sql"),
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

@@ -32,6 +32,7 @@ use crate::entropy::Entropy;
 use crate::ledger::sql::ledger::{decide_enqueue_in, register_in, Decider};
 use crate::ledger::sql::session::{self, Session};
 use crate::ledger::LedgerError;
+use leasehold_engine::transition::Start;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
 use std::sync::Mutex;
 use tokio_postgres::error::SqlState;
@@ -251,7 +252,7 @@ pub(crate) async fn register_plan(
 pub(crate) async fn enqueue(
     tx: &mut Transaction<'_>,
     plan: &PlanId,
-    action: Action,
+    action: (Action, Start),
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, LedgerError> {
@@ -270,7 +271,7 @@ pub(crate) async fn enqueue(
 async fn insert_attempt(
     c: &mut CallerSession<'_, '_>,
     plan: &PlanId,
-    action: Action,
+    action: (Action, Start),
     by: &Decider<'_>,
 ) -> Result<AttemptRecord, TxError> {
     check(c).await?;

@@ -30,6 +30,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "open_by_command",
         sql: include_str!("../../../migrations/postgres/0003_open_by_command.sql"),
     },
+    Migration {
+        version: 4,
+        name: "delivery_policy",
+        sql: include_str!("../../../migrations/postgres/0004_delivery_policy.sql"),
+    },
 ];
 
 /// The advisory lock key that serializes migrators of one database ("leasehol" in ASCII).

@@ -116,6 +116,15 @@ impl<'r, R: ColumnReader + ?Sized> Columns<'r, R> {
         let text = self.string(idx)?;
         serde_json::from_str(&text).map_err(|e| self.error(idx, format!("bad JSON: {e}")))
     }
+
+    fn opt_json<T: serde::de::DeserializeOwned>(&mut self, idx: usize) -> Result<Option<T>, LedgerError> {
+        match self.opt_string(idx)? {
+            None => Ok(None),
+            Some(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| self.error(idx, format!("bad JSON: {e}"))),
+        }
+    }
 }
 
 /// The plan whose columns start at column `base`.
@@ -148,6 +157,7 @@ fn plan_with_id<R: ColumnReader + ?Sized>(row: &mut R, base: usize, id: String) 
         volatile_fields: c.json::<Vec<String>>(5)?,
         fingerprint: c.string(6)?,
         created_at: c.timestamp(7)?,
+        retry: c.opt_json(8)?,
     })
 }
 

@@ -22,6 +22,7 @@ use crate::entropy::Entropy;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
+use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
     PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
@@ -360,11 +361,11 @@ impl<B: SqlBackend> SqlLedger<B> {
     /// Enqueues an attempt. The plan row is locked first where rows lock, so enqueues
     /// of one plan are serialized and the history read after the lock sees every
     /// earlier attempt; the enqueue announces new work in the same transaction.
-    async fn enqueue_once(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, TxError> {
+    async fn enqueue_once(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, TxError> {
         in_tx!(self, TxKind::Write, |tx| enqueue_in(
             &mut tx,
             plan,
-            action,
+            (action, start),
             &self.ctx.decider()
         )
         .await)
@@ -406,7 +407,11 @@ impl<B: SqlBackend> SqlLedger<B> {
             return Err(not_found("command", &lease.command_id).into());
         }
         self.backend.checkpoint(tx, Checkpoint::AfterReads).await?;
-        let request = Request::Worker(request, &lease.token);
+        let plan = match request.needs_plan() {
+            true => Some(session::plan_by_id(tx, &record.attempt.plan_id, false).await?),
+            false => None,
+        };
+        let request = Request::Worker(request, &lease.token, plan.as_ref());
         let (writes, reply) = decide(None, &record, request, self.ctx.decide_at(db_now)?)?;
         session::apply_writes(tx, Some(&record), &writes).await?;
         self.backend.checkpoint(tx, Checkpoint::BeforeCommit).await?;
@@ -501,7 +506,7 @@ pub(crate) async fn register_in<S: Session>(
 pub(crate) async fn enqueue_in<S: Session>(
     tx: &mut S,
     plan: &PlanId,
-    action: Action,
+    action: (Action, Start),
     by: &Decider<'_>,
 ) -> Result<AttemptRecord, TxError> {
     let (record, writes) = decide_enqueue_in(tx, plan, action, by).await?;
@@ -515,7 +520,7 @@ pub(crate) async fn enqueue_in<S: Session>(
 pub(crate) async fn decide_enqueue_in<S: Session>(
     tx: &mut S,
     plan: &PlanId,
-    action: Action,
+    action: (Action, Start),
     by: &Decider<'_>,
 ) -> Result<(AttemptRecord, Writes), TxError> {
     let plan = session::plan_by_id(tx, plan, true).await?;
@@ -633,12 +638,13 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
         async move { self.retry(|| self.retire_plan_once(id)).await }
     }
 
-    fn enqueue(
+    fn enqueue_at(
         &self,
         plan: &PlanId,
         action: Action,
+        start: Start,
     ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
-        async move { self.retry(|| self.enqueue_once(plan, action)).await }
+        async move { self.retry(|| self.enqueue_once(plan, action, start)).await }
     }
 
     fn claim_batch(&self, request: ClaimRequest) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send {

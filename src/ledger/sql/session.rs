@@ -203,8 +203,8 @@ pub(crate) async fn read_plan_rows_newest_first<S: Session>(
 
 /// Inserts a newly registered plan.
 pub(crate) async fn insert_plan<S: Session>(s: &mut S, plan: &Plan) -> Result<(), TxError> {
-    let (steps, volatile) = plan_json(plan)?;
-    let values = plan_values(plan, &steps, &volatile);
+    let json = plan_json(plan)?;
+    let values = plan_values(plan, &json);
     let sql = &queries(s.dialect()).insert_plan;
     s.execute(sql, &values).await?;
     Ok(())

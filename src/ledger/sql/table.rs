@@ -58,6 +58,7 @@ pub(crate) static PLAN: Table = Table {
         "volatile_fields_json",
         "fingerprint",
         "created_at",
+        "retry_json",
     ],
     key: 1,
     mutable: &[2],
@@ -132,7 +133,7 @@ pub(crate) static RECEIPT: Table = Table {
 
 /// A plan's row; `steps` and `volatile` are its JSON columns, encoded by the caller
 /// ([`plan_json`]).
-pub(crate) fn plan_values<'a>(p: &'a Plan, steps: &'a str, volatile: &'a str) -> [Value<'a>; 8] {
+pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry): &'a PlanJson) -> [Value<'a>; 9] {
     [
         Value::Text(p.id.as_str()),
         Value::Text(&p.name),
@@ -142,16 +143,25 @@ pub(crate) fn plan_values<'a>(p: &'a Plan, steps: &'a str, volatile: &'a str) ->
         Value::Text(volatile),
         Value::Text(&p.fingerprint),
         Value::ts(p.created_at),
+        Value::opt_text(retry.as_deref()),
     ]
 }
 
-/// A plan's JSON columns: its steps and its volatile fields.
-pub(crate) fn plan_json(p: &Plan) -> Result<(String, String), crate::ledger::LedgerError> {
+/// A plan's JSON columns: its steps, its volatile fields and its delivery policy
+/// (none when it sets none).
+pub(crate) type PlanJson = (String, String, Option<String>);
+
+/// A plan's JSON columns ([`PlanJson`]).
+pub(crate) fn plan_json(p: &Plan) -> Result<PlanJson, crate::ledger::LedgerError> {
     use crate::ledger::LedgerError;
     let steps = serde_json::to_string(&p.steps).map_err(|e| LedgerError::Internal(format!("plan steps: {e}")))?;
     let volatile = serde_json::to_string(&p.volatile_fields)
         .map_err(|e| LedgerError::Internal(format!("plan volatile fields: {e}")))?;
-    Ok((steps, volatile))
+    let retry = p
+        .retry
+        .as_ref()
+        .map(|r| leasehold_engine::canonical::canonical_json(&serde_json::json!(r)));
+    Ok((steps, volatile, retry))
 }
 
 /// An attempt's row.

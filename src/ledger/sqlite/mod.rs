@@ -58,6 +58,7 @@ use super::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
+use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Lease, OperatorRequest, Plan, PlanId, PlanSpec, WorkerRequest,
 };
@@ -329,9 +330,9 @@ impl Ledger for SqliteLedger {
         self.write(move |core| core.retire_plan(&id)).await
     }
 
-    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
         let plan = plan.clone();
-        self.write(move |core| core.enqueue(&plan, action)).await
+        self.write(move |core| core.enqueue(&plan, action, start)).await
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {

@@ -15,6 +15,7 @@ use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::sql::session;
 use crate::ledger::sql::Dialect;
 use crate::ledger::LedgerError;
+use leasehold_engine::transition::Start;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use rusqlite::Connection;
 
@@ -79,7 +80,7 @@ pub(crate) fn register_plan(
 pub(crate) fn enqueue(
     conn: &Connection,
     plan: &PlanId,
-    action: Action,
+    action: (Action, Start),
     entropy: &dyn Entropy,
     now: Timestamp,
 ) -> Result<AttemptRecord, LedgerError> {

@@ -11,6 +11,7 @@ use crate::ledger::sql::ledger::{enqueue_in, register_in, Decider};
 use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::sql::{listing, Dialect};
 use crate::ledger::{decide, Claimed, LedgerError};
+use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, PlanStatus, Reply,
     Request, WorkerRequest, Writes,
@@ -417,10 +418,11 @@ impl SqliteCore {
         Ok(plan)
     }
 
-    /// Enqueues an attempt: attempt, receipts and command in one transaction.
-    pub fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+    /// Enqueues an attempt claimable from `start`: attempt, receipts and command in
+    /// one transaction.
+    pub fn enqueue(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
         let tx = self.write_tx()?;
-        let record = sync(enqueue_in(&mut self.session(&tx), plan, action, &self.decider()))?;
+        let record = sync(enqueue_in(&mut self.session(&tx), plan, (action, start), &self.decider()))?;
         tx.commit()?;
         Ok(record)
     }
@@ -487,10 +489,10 @@ impl SqliteCore {
             for i in window {
                 let Some((record, plan)) = &candidates[i] else { continue };
                 let token = self.entropy.token();
-                let claim = Request::Claim(request, &token, plan.recovery);
-                if let Ok((writes, _)) = decide(self.writes_hook.as_ref(), record, claim, now) {
+                let claim = Request::Claim(request, &token, plan);
+                if let Ok((writes, reply)) = decide(self.writes_hook.as_ref(), record, claim, now) {
                     if let Some((record, plan)) = candidates[i].take() {
-                        decided.push((k, record, plan, token, writes));
+                        decided.push((k, record, plan, (token, Claimed::grants(reply)), writes));
                     }
                 }
             }
@@ -507,12 +509,14 @@ impl SqliteCore {
             .map(|r| Vec::with_capacity((r.batch as usize).min(decided.len())))
             .collect();
         let mut records = self.records.borrow_mut();
-        for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
+        for ((k, record, plan, (token, grants), writes), applied) in decided.into_iter().zip(applied) {
             if applied {
                 let owned = owns(&record, &writes);
                 let claim = Claimed::applied(record, plan, token, &writes);
                 records.store_written(owned, claim.record.clone());
-                claimed[k].push(claim);
+                if grants {
+                    claimed[k].push(claim);
+                }
             }
         }
         drop(records);
@@ -532,10 +536,14 @@ impl SqliteCore {
         if record.command.id != lease.command_id {
             return Err(not_found("command", &lease.command_id));
         }
+        let plan = match request.needs_plan() {
+            true => Some(sync(session::plan_by_id(&mut self.session(&tx), &record.attempt.plan_id, false))?),
+            false => None,
+        };
         let (writes, reply) = decide(
             self.writes_hook.as_ref(),
             &record,
-            Request::Worker(&request, &lease.token),
+            Request::Worker(&request, &lease.token, plan.as_ref()),
             now,
         )?;
         rows::update_writes(&tx, self.dialect.get(), &record, &writes)?;
