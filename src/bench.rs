@@ -27,9 +27,9 @@ use crate::executor::Executors;
 use crate::ledger::sqlite::{SqliteLedger, WriterStats};
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
-use leasehold_engine::transition::Start;
 use leasehold_engine::driver::Outcome;
 use leasehold_engine::lease::WorkerConfig;
+use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, AttemptStatus, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
     PlanSpec, ReceiptStatus, Reply, Step, WorkerRequest,

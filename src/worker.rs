@@ -781,7 +781,7 @@ mod tests {
                     retry: None,
                 })
                 .collect(),
-                retry: None,
+            retry: None,
         };
         let plan = ledger.register_plan(spec, &Executors::new().names()).await.unwrap();
         let attempt = ledger.enqueue(&plan.id, Action::Execute).await.unwrap().attempt.id;

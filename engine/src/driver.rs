@@ -514,7 +514,9 @@ impl Driver {
             }
             ExecutorResult::Transient(error) => self.transient(now, ordinal, error),
             ExecutorResult::Throttled { error, retry_after_ms } => {
-                let delay = self.policy(ordinal).backoff_ms(self.delivery, self.jitter, Some(retry_after_ms));
+                let delay = self
+                    .policy(ordinal)
+                    .backoff_ms(self.delivery, self.jitter, Some(retry_after_ms));
                 self.phase = Phase::GiveBack(format!("step {ordinal}: {error}"), delay);
             }
         }
@@ -528,7 +530,10 @@ impl Driver {
         if self.executor_failures >= policy.step_max_tries {
             let delay = policy.backoff_ms(self.delivery, self.jitter, None);
             let tries = self.executor_failures;
-            let error = format!("step {ordinal}: {error} ({tries} {})", if tries == 1 { "try" } else { "tries" });
+            let error = format!(
+                "step {ordinal}: {error} ({tries} {})",
+                if tries == 1 { "try" } else { "tries" }
+            );
             self.phase = Phase::GiveBack(error, delay);
         } else {
             let backoff = (heartbeat_ms(self.lease_ms) / 4).max(1) << (self.executor_failures - 1).min(20);

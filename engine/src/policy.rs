@@ -168,8 +168,7 @@ impl RetryPolicy {
     /// When an attempt enqueued at `created_at` must have ended, if the policy has a
     /// deadline.
     pub fn deadline(&self, created_at: Timestamp) -> Option<Timestamp> {
-        self.deadline_secs
-            .map(|s| created_at.plus_ms(s.saturating_mul(1_000)))
+        self.deadline_secs.map(|s| created_at.plus_ms(s.saturating_mul(1_000)))
     }
 }
 
@@ -198,7 +197,12 @@ impl Exhaustion {
 
 /// Whether an attempt with `delivery_count` deliveries, enqueued at `created_at`,
 /// may not be delivered again at `next` under `policy`.
-pub fn exhausted(policy: &RetryPolicy, delivery_count: u32, created_at: Timestamp, next: Timestamp) -> Option<Exhaustion> {
+pub fn exhausted(
+    policy: &RetryPolicy,
+    delivery_count: u32,
+    created_at: Timestamp,
+    next: Timestamp,
+) -> Option<Exhaustion> {
     if delivery_count >= policy.max_deliveries {
         return Some(Exhaustion::Deliveries);
     }
@@ -228,7 +232,10 @@ mod tests {
             ..RetrySpec::default()
         };
         let e = bad.checked("steps[1].retry").unwrap_err();
-        assert_eq!(e.to_string(), "steps[1].retry.backoff_base_ms: must be at least 1 (got -5)");
+        assert_eq!(
+            e.to_string(),
+            "steps[1].retry.backoff_base_ms: must be at least 1 (got -5)"
+        );
     }
 
     #[test]

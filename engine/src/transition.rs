@@ -206,11 +206,21 @@ impl Start {
 }
 
 /// Enqueue: validates the plan and the action guard against the plan's history and
-/// answers the new attempt, its receipts and its PENDING command, claimable from
-/// `start`.
+/// answers the new attempt, its receipts and its PENDING command, claimable at once.
 ///
 /// `history` holds every earlier attempt of the plan, any order.
 pub fn enqueue(
+    plan: &Plan,
+    history: &[AttemptRecord],
+    action: Action,
+    ids: NewIds,
+    now: Timestamp,
+) -> Result<AttemptRecord, Refusal> {
+    enqueue_at(plan, history, action, ids, now, Start::Now)
+}
+
+/// [`enqueue`], the command claimable from `start`.
+pub fn enqueue_at(
     plan: &Plan,
     history: &[AttemptRecord],
     action: Action,
@@ -659,7 +669,10 @@ pub fn give_back(
     let c = &record.command;
     if let Some(why) = exhausted(&policy, c.delivery_count, record.attempt.created_at, until) {
         let reason = exhaustion_reason(record, why, Some(error));
-        return Ok((GaveBack::Exhausted(why), failed(record, next_step(record), &reason, guard, now)));
+        return Ok((
+            GaveBack::Exhausted(why),
+            failed(record, next_step(record), &reason, guard, now),
+        ));
     }
     let mut command = c.clone();
     command.status = CommandStatus::Pending;

@@ -664,11 +664,10 @@ mod tests {
                     retry: None,
                 })
                 .collect(),
-                retry: None,
+            retry: None,
         };
         spec.into_plan(plans::KNOWN, PlanId::new("plan-1"), Timestamp::from_millis(0))
-            .expect("a valid plan"),
-            retry: None,
+            .expect("a valid plan")
     }
 
     impl History {

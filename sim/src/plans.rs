@@ -33,8 +33,7 @@ fn step(code: &str, executor: &str, delay_ms: u64, extra: Value) -> Step {
         executor: executor.to_owned(),
         payload,
         retry: None,
-    },
-    retry: None,
+    }
 }
 
 /// The plans every run registers.

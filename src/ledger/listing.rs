@@ -33,7 +33,7 @@
 
 use super::{Ledger, LedgerError};
 use base64::Engine as _;
-use leasehold_engine::{AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, Timestamp};
+use leasehold_engine::{AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId, Timestamp};
 use serde::Serialize;
 
 /// The most attempts one page holds.
@@ -394,9 +394,27 @@ pub struct AttemptCounts {
     pub cap: u64,
     /// One per status, in [`AttemptStatus::ALL`] order.
     pub states: Vec<StateCount>,
+    /// Attempts that ended exhausted (FAILED with an `exhausted:` reason), up to
+    /// the cap.
+    pub exhausted: u64,
+    /// `exhausted` is the cap: there are at least that many.
+    pub exhausted_capped: bool,
+    /// The earliest `available_at` of a queued command (possibly in the future,
+    /// for a scheduled or backed-off one); `None` when nothing is queued.
+    pub oldest_queued_at: Option<Timestamp>,
 }
 
 impl AttemptCounts {
+    /// The same counts with the delivery policy's: `exhausted` (exact, capped here)
+    /// and the earliest queued `available_at`.
+    #[must_use]
+    pub fn with_delivery(mut self, exhausted: u64, oldest_queued_at: Option<Timestamp>) -> Self {
+        self.exhausted = exhausted.min(self.cap);
+        self.exhausted_capped = exhausted > self.cap;
+        self.oldest_queued_at = oldest_queued_at;
+        self
+    }
+
     /// Counts from exact numbers per status, capped at `cap`.
     pub fn capped(cap: u64, exact: impl Fn(AttemptStatus) -> u64) -> Self {
         let states = AttemptStatus::ALL
@@ -410,7 +428,13 @@ impl AttemptCounts {
                 }
             })
             .collect();
-        Self { cap, states }
+        Self {
+            cap,
+            states,
+            exhausted: 0,
+            exhausted_capped: false,
+            oldest_queued_at: None,
+        }
     }
 
     /// The count of `status`.
@@ -460,9 +484,22 @@ pub async fn list_from_history<L: Ledger + ?Sized>(
 /// [`Ledger::count_attempts`] from the other reads: every history, counted.
 pub async fn count_from_history<L: Ledger + ?Sized>(ledger: &L, cap: u64) -> Result<AttemptCounts, LedgerError> {
     let records = all_records(ledger, None).await?;
-    Ok(AttemptCounts::capped(cap, |status| {
+    let counts = AttemptCounts::capped(cap, |status| {
         records.iter().filter(|r| r.attempt.status == status).count() as u64
-    }))
+    });
+    let exhausted = records
+        .iter()
+        .filter(|r| {
+            r.attempt.status == AttemptStatus::Failed
+                && r.attempt.error.as_deref().is_some_and(|e| e.starts_with("exhausted:"))
+        })
+        .count();
+    let oldest = records
+        .iter()
+        .filter(|r| r.command.status == CommandStatus::Pending)
+        .map(|r| r.command.available_at)
+        .min();
+    Ok(counts.with_delivery(exhausted as u64, oldest))
 }
 
 #[cfg(test)]

@@ -376,7 +376,7 @@ impl Ledger for MemoryLedger {
             attempt: AttemptId::new(self.entropy.id(IdKind::Attempt)),
             command: CommandId::new(self.entropy.id(IdKind::Command)),
         };
-        let record = transition::enqueue(&plan, &history, action, ids, now, start)?;
+        let record = transition::enqueue_at(&plan, &history, action, ids, now, start)?;
         state.insert(record.clone());
         Ok(record)
     }

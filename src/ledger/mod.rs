@@ -20,6 +20,7 @@
     not(any(feature = "sqlite", feature = "mysql", feature = "postgres")),
     allow(dead_code)
 )]
+pub mod bulk;
 pub mod listing;
 pub mod memory;
 pub mod migrate;
@@ -272,7 +273,11 @@ pub trait Ledger: Send + Sync + 'static {
 
     /// Enqueues an attempt claimable at once: attempt, receipts and command in one
     /// transaction.
-    fn enqueue(&self, plan: &PlanId, action: Action) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
+    fn enqueue(
+        &self,
+        plan: &PlanId,
+        action: Action,
+    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
         self.enqueue_at(plan, action, Start::Now)
     }
 

@@ -20,7 +20,7 @@ pub(crate) fn decide_enqueue(
         attempt: AttemptId::new(entropy.id(IdKind::Attempt)),
         command: CommandId::new(entropy.id(IdKind::Command)),
     };
-    let record = transition::enqueue(plan, history, action, ids, now, start)?;
+    let record = transition::enqueue_at(plan, history, action, ids, now, start)?;
     let writes = Writes::new_attempt(&record);
     Ok((record, writes))
 }

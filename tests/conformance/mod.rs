@@ -168,9 +168,8 @@ pub fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
                 retry: None,
             })
             .collect(),
-            retry: None,
-    },
-    retry: None,
+        retry: None,
+    }
 }
 
 async fn register<L: Ledger>(l: &L, name: &str, recovery: &str, steps: usize) -> PlanId {

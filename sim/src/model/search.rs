@@ -120,8 +120,7 @@ fn model_plan(config: &Config, n: u32) -> Plan {
     };
     let t0 = Timestamp::from_millis(EPOCH_MS);
     spec.into_plan(KNOWN, PlanId::new(format!("plan-{n}")), t0)
-        .expect("the model's plan is valid"),
-        retry: None,
+        .expect("the model's plan is valid")
 }
 
 /// The state before any step: each plan's first attempt enqueued (`execute`).

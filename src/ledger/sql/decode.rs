@@ -246,6 +246,15 @@ pub(crate) fn scalar<R: ColumnReader + ?Sized>(row: &mut R, idx: usize, what: &s
         .ok_or_else(|| LedgerError::Integrity(format!("{what}: is NULL")))
 }
 
+/// An integer result column that may be NULL (an aggregate over no rows).
+pub(crate) fn opt_scalar<R: ColumnReader + ?Sized>(
+    row: &mut R,
+    idx: usize,
+    what: &str,
+) -> Result<Option<i64>, LedgerError> {
+    row.int(idx).map_err(|e| LedgerError::Integrity(format!("{what}: {e}")))
+}
+
 /// A text result column (an id) of a row that is not a table's.
 pub(crate) fn string<R: ColumnReader + ?Sized>(row: &mut R, idx: usize, what: &str) -> Result<String, LedgerError> {
     row.text(idx)

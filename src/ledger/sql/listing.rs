@@ -9,7 +9,7 @@ use super::query::queries;
 use super::session::{self, Session};
 use super::{Sql, TxError, Value};
 use crate::ledger::listing::{AttemptCounts, AttemptQuery, PageRow};
-use leasehold_engine::AttemptStatus;
+use leasehold_engine::{AttemptStatus, Timestamp};
 
 /// The text and values of a page's key query: `(id, created_at)` in listing order,
 /// one more than `limit`, to know whether another page follows.
@@ -74,7 +74,20 @@ pub(crate) async fn counts<S: Session>(s: &mut S, cap: u64) -> Result<AttemptCou
             .unwrap_or(0);
         exact.push((status, u64::try_from(n).unwrap_or(0)));
     }
-    Ok(AttemptCounts::capped(cap, |s| {
-        exact.iter().find(|(x, _)| *x == s).map_or(0, |(_, n)| *n)
-    }))
+    let q = queries(s.dialect());
+    let exhausted = session::query_one(s, &q.capped_exhausted, &[Value::Int(limit)], |r| {
+        decode::scalar(r, 0, "exhausted count")
+    })
+    .await?
+    .unwrap_or(0);
+    let oldest = session::query_one(s, &q.oldest_pending, &[], |r| {
+        decode::opt_scalar(r, 0, "oldest pending")
+    })
+    .await?
+    .flatten();
+    let counts = AttemptCounts::capped(cap, |s| exact.iter().find(|(x, _)| *x == s).map_or(0, |(_, n)| *n));
+    Ok(counts.with_delivery(
+        u64::try_from(exhausted).unwrap_or(0),
+        oldest.map(Timestamp::from_millis),
+    ))
 }

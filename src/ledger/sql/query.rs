@@ -69,6 +69,12 @@ pub(crate) struct Queries {
     /// claims' indexes; the ended states by the attempt's own status. One integer
     /// column.
     capped_counts: Vec<String>,
+    /// How many attempts ended exhausted (FAILED, their error starting with
+    /// `exhausted:`), up to `$1`. One integer column.
+    pub(crate) capped_exhausted: String,
+    /// The earliest `available_at` of a PENDING command (the claims' pending index),
+    /// NULL when there is none. One integer column.
+    pub(crate) oldest_pending: String,
 }
 
 impl Queries {
@@ -201,5 +207,10 @@ fn build(d: &'static Dialect) -> Queries {
                 format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE status = '{status}' LIMIT {p1}) t")
             })
             .collect(),
+        capped_exhausted: format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = 'FAILED' AND error LIKE 'exhausted:%' \
+             LIMIT {p1}) t"
+        ),
+        oldest_pending: "SELECT MIN(available_at) FROM command WHERE status = 'PENDING'".to_owned(),
     }
 }

@@ -332,7 +332,7 @@ impl Ledger for SqliteLedger {
 
     async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
         let plan = plan.clone();
-        self.write(move |core| core.enqueue(&plan, action, start)).await
+        self.write(move |core| core.enqueue_at(&plan, action, start)).await
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {

@@ -418,11 +418,20 @@ impl SqliteCore {
         Ok(plan)
     }
 
-    /// Enqueues an attempt claimable from `start`: attempt, receipts and command in
-    /// one transaction.
-    pub fn enqueue(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
+    /// Enqueues an attempt: attempt, receipts and command in one transaction.
+    pub fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
+        self.enqueue_at(plan, action, Start::Now)
+    }
+
+    /// [`SqliteCore::enqueue`], the command claimable from `start`.
+    pub fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
         let tx = self.write_tx()?;
-        let record = sync(enqueue_in(&mut self.session(&tx), plan, (action, start), &self.decider()))?;
+        let record = sync(enqueue_in(
+            &mut self.session(&tx),
+            plan,
+            (action, start),
+            &self.decider(),
+        ))?;
         tx.commit()?;
         Ok(record)
     }
@@ -537,7 +546,11 @@ impl SqliteCore {
             return Err(not_found("command", &lease.command_id));
         }
         let plan = match request.needs_plan() {
-            true => Some(sync(session::plan_by_id(&mut self.session(&tx), &record.attempt.plan_id, false))?),
+            true => Some(sync(session::plan_by_id(
+                &mut self.session(&tx),
+                &record.attempt.plan_id,
+                false,
+            ))?),
             false => None,
         };
         let (writes, reply) = decide(
