@@ -429,6 +429,45 @@ mod tests {
     }
 
     #[test]
+    fn a_delivery_policy_is_checked_by_field_and_counts_in_the_fingerprint_only_when_set() {
+        let steps = json!([{"code": "a", "executor": "dry-run:v1"}]);
+        let plain = build(spec(steps.clone())).unwrap();
+        let mut empty = spec(steps.clone());
+        empty.retry = Some(RetrySpec::default());
+        let empty = build(empty).unwrap();
+        assert_eq!((empty.retry.as_ref(), &empty.fingerprint), (None, &plain.fingerprint));
+        let with: PlanSpec = serde_json::from_value(json!({
+            "name": "p", "recovery": "resume", "retry": {"max_deliveries": 999_999},
+            "steps": [{"code": "a", "executor": "dry-run:v1", "retry": {"step_max_tries": 2}}],
+        }))
+        .unwrap();
+        let with = build(with).unwrap();
+        assert_ne!(with.fingerprint, plain.fingerprint);
+        verify_fingerprint(&with).unwrap();
+        assert_eq!(
+            with.retry.as_ref().unwrap().max_deliveries,
+            Some(10_000),
+            "clamped and stored so"
+        );
+        assert_eq!(with.policy("a").step_max_tries, 2);
+        let bad: PlanSpec = serde_json::from_value(json!({
+            "name": "p", "recovery": "resume",
+            "steps": [{"code": "a", "executor": "dry-run:v1"}, {"code": "b", "executor": "dry-run:v1", "retry": {"deadline_secs": 0}}],
+        }))
+        .unwrap();
+        assert_eq!(
+            build(bad).unwrap_err().to_string(),
+            "steps[1].retry.deadline_secs: must be at least 1 (got 0)"
+        );
+        let mut tampered = with.clone();
+        tampered.retry = None;
+        assert!(
+            verify_fingerprint(&tampered).is_err(),
+            "the policy is part of the content"
+        );
+    }
+
+    #[test]
     fn unknown_fields_are_refused_by_name() {
         let e =
             serde_json::from_value::<PlanSpec>(json!({"name": "p", "recovery": "resume", "stepz": []})).unwrap_err();

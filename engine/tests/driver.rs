@@ -14,7 +14,8 @@ use leasehold_engine::driver::{
 use leasehold_engine::lease::{heartbeat_ms, MAX_EVIDENCE_BYTES};
 use leasehold_engine::transition::Continued;
 use leasehold_engine::{
-    AttemptRecord, CommandId, CommandStatus, Failure, ReceiptStatus, Recovery, Refusal, Reply, Timestamp, WorkerRequest,
+    AttemptRecord, CommandId, CommandStatus, Exhaustion, Failure, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery,
+    Refusal, Reply, Timestamp, WorkerRequest,
 };
 use serde_json::{json, Value};
 
@@ -53,6 +54,31 @@ fn claimed(receipts: &[(u32, ReceiptStatus)]) -> AttemptRecord {
             r
         })
         .collect();
+    record
+}
+
+/// A one-step plan whose `[retry]` table is `retry`.
+fn policy_plan(retry: Value) -> Plan {
+    let spec: PlanSpec = serde_json::from_value(json!({
+        "name": "policy",
+        "recovery": "resume",
+        "retry": retry,
+        "steps": [{"code": "step-1", "executor": common::EXECUTOR}],
+    }))
+    .expect("the spec is well formed");
+    spec.into_plan(&[common::EXECUTOR], PlanId::new("plan-p"), t(0))
+        .expect("the spec is valid")
+}
+
+/// `plan`'s attempt as a claim-and-begin leaves it: the first of `steps` RUNNING.
+fn claimed_of(plan: &Plan, steps: u32) -> AttemptRecord {
+    let mut record = common::claimed(plan);
+    for r in &mut record.receipts {
+        if r.ordinal == 1 {
+            r.status = ReceiptStatus::Running;
+        }
+    }
+    assert_eq!(record.receipts.len() as u32, steps);
     record
 }
 
@@ -128,6 +154,14 @@ struct Harness {
 }
 
 impl Harness {
+    fn of(driver: Driver) -> Self {
+        Self {
+            driver,
+            now: 0,
+            log: Vec::new(),
+        }
+    }
+
     fn new(receipts: &[(u32, ReceiptStatus)], now: i64) -> Self {
         Self {
             driver: Driver::fused(&claimed(receipts), LEASE_MS, t(now)),
@@ -475,8 +509,16 @@ fn a_permanent_executor_failure_fails_the_attempt() {
     assert!(!h.log.contains(&execute(3)));
 }
 
+/// The give-back the driver asks for next: its error and delay.
+fn gives_back(h: &mut Harness) -> (String, u64) {
+    match h.poll().as_slice() {
+        [DriverAction::Ledger(WorkerRequest::GiveBack { error, delay_ms })] => (error.clone(), *delay_ms),
+        other => panic!("expected a give-back, got {other:?}"),
+    }
+}
+
 #[test]
-fn transient_failures_retry_with_backoff_then_abandon() {
+fn transient_failures_retry_with_backoff_then_give_the_command_back() {
     let mut h = Harness::new(&running(2), 0);
     let mut backoffs = Vec::new();
     for call in 1..=EXECUTOR_ATTEMPTS_MAX {
@@ -502,21 +544,124 @@ fn transient_failures_retry_with_backoff_then_abandon() {
     );
     let calls = h.log.iter().filter(|a| **a == execute(1)).count();
     assert_eq!(calls, EXECUTOR_ATTEMPTS_MAX as usize);
-    match h.outcome() {
-        Some(Outcome::Abandoned(reason)) => {
-            assert!(
-                reason.contains("step 1") && reason.contains("connection reset"),
-                "{reason}"
-            );
-        }
-        other => panic!("expected the driver to abandon, got {other:?}"),
-    }
+    let (error, delay_ms) = gives_back(&mut h);
+    assert!(
+        error.contains("step 1") && error.contains("connection reset") && error.contains("3 tries"),
+        "{error}"
+    );
+    // Without a plan's policy: the default window of a first delivery, no jitter.
+    assert_eq!(delay_ms, 0);
+    let until = t(h.now + 1_000);
+    h.later(5).reply(Reply::GaveBack { until });
+    assert_eq!(h.outcome(), Some(&Outcome::GaveBack { until, error }));
     h.assert_stopped();
     assert!(
         !h.log
             .iter()
             .any(|a| matches!(a, DriverAction::Ledger(WorkerRequest::Fail { .. }))),
         "a transient failure never fails the attempt"
+    );
+}
+
+#[test]
+fn the_plans_policy_sets_the_tries_and_the_jittered_backoff_of_a_give_back() {
+    let plan = policy_plan(json!({"step_max_tries": 1, "backoff_base_ms": 400, "backoff_max_ms": 400}));
+    let record = claimed_of(&plan, 1);
+    let mut h = Harness::of(Driver::fused(&record, LEASE_MS, t(0)).with_policy(&plan, 250));
+    assert_eq!(h.poll(), [execute(1)]);
+    h.later(10).executed(1, ExecutorResult::Transient("busy".into()));
+    assert_eq!(
+        gives_back(&mut h).1,
+        250,
+        "one try, then jitter 250 in the window 0..=400"
+    );
+}
+
+#[test]
+fn a_throttled_answer_gives_back_at_once_for_at_least_the_asked_delay_within_the_max() {
+    let plan = policy_plan(json!({"backoff_base_ms": 100, "backoff_max_ms": 5_000}));
+    let record = claimed_of(&plan, 1);
+    let mut h = Harness::of(Driver::fused(&record, LEASE_MS, t(0)).with_policy(&plan, 0));
+    assert_eq!(h.poll(), [execute(1)]);
+    let throttled = |ms| ExecutorResult::Throttled {
+        error: "answered 429".into(),
+        retry_after_ms: ms,
+    };
+    h.later(10).executed(1, throttled(3_000));
+    let (error, delay_ms) = gives_back(&mut h);
+    assert_eq!(
+        (delay_ms, error.as_str()),
+        (3_000, "step 1: answered 429"),
+        "given back at once"
+    );
+    let mut h = Harness::of(Driver::fused(&record, LEASE_MS, t(0)).with_policy(&plan, 0));
+    assert_eq!(h.poll(), [execute(1)]);
+    h.later(10).executed(1, throttled(86_400_000));
+    assert_eq!(
+        gives_back(&mut h).1,
+        5_000,
+        "Retry-After is honoured up to backoff_max_ms"
+    );
+}
+
+#[test]
+fn a_give_back_answered_exhausted_ends_the_delivery_exhausted() {
+    let mut h = Harness::new(&running(1), 0);
+    for _ in 0..EXECUTOR_ATTEMPTS_MAX {
+        assert_eq!(h.poll(), [execute(1)]);
+        h.later(10).executed(1, ExecutorResult::Transient("busy".into()));
+        if h.driver
+            .poll_timeout()
+            .is_some_and(|d| d.reason == DeadlineReason::RetryExecutor)
+        {
+            h.fire();
+        }
+    }
+    assert!(matches!(
+        h.poll().as_slice(),
+        [DriverAction::Ledger(WorkerRequest::GiveBack { .. })]
+    ));
+    h.later(5).reply(Reply::Exhausted(Exhaustion::Deliveries));
+    assert!(
+        matches!(h.outcome(), Some(Outcome::Exhausted { why: Exhaustion::Deliveries, error }) if error.contains("busy")),
+        "{:?}",
+        h.outcome()
+    );
+}
+
+#[test]
+fn a_give_back_whose_reply_was_lost_is_verified_by_reading_the_attempt_back() {
+    let mut h = Harness::new(&running(1), 0);
+    for _ in 0..EXECUTOR_ATTEMPTS_MAX {
+        assert_eq!(h.poll(), [execute(1)]);
+        h.later(10).executed(1, ExecutorResult::Transient("busy".into()));
+        if h.driver
+            .poll_timeout()
+            .is_some_and(|d| d.reason == DeadlineReason::RetryExecutor)
+        {
+            h.fire();
+        }
+    }
+    assert!(matches!(
+        h.poll().as_slice(),
+        [DriverAction::Ledger(WorkerRequest::GiveBack { .. })]
+    ));
+    h.later(5).reply_lost();
+    h.fire();
+    assert!(matches!(
+        h.poll().as_slice(),
+        [DriverAction::Ledger(WorkerRequest::GiveBack { .. })]
+    ));
+    h.later(5).refuse();
+    assert_eq!(h.poll(), [DriverAction::ReadAttempt]);
+    let mut record = claimed(&running(1));
+    record.command.status = CommandStatus::Pending;
+    record.command.available_at = t(h.now + 700);
+    h.later(5).read_back(&record);
+    assert!(
+        matches!(h.outcome(), Some(Outcome::GaveBack { until, .. }) if *until == t(h.now - 5 + 700)),
+        "the first try committed: {:?}",
+        h.outcome()
     );
 }
 
@@ -962,7 +1107,8 @@ mod scripted_schedules {
 
     /// Applies a request to the record as a ledger does; answers the ledger's reply.
     fn apply(record: &mut AttemptRecord, request: &WorkerRequest, now: Timestamp) -> Result<Reply, EngineRefusal> {
-        let (writes, reply) = decide(record, Request::Worker(request, &common::token_a()), now)?;
+        let plan = common::resume_plan();
+        let (writes, reply) = decide(record, Request::Worker(request, &common::token_a(), Some(&plan)), now)?;
         assert!(writes.guard.admits(Some(&record.command)));
         writes.apply_to(record);
         Ok(reply)
@@ -1114,6 +1260,12 @@ mod scripted_schedules {
                 assert_eq!(record.command.status, CommandStatus::Failed, "seed {seed}");
                 "failed"
             }
+            Some(Outcome::GaveBack { .. }) => {
+                assert_eq!(record.command.status, CommandStatus::Pending, "seed {seed}");
+                assert_eq!(record.attempt.status, AttemptStatus::Queued, "seed {seed}");
+                "gave back"
+            }
+            Some(Outcome::Exhausted { .. }) => panic!("seed {seed}: the first delivery is never exhausted"),
             Some(Outcome::Abandoned(_)) if ended_unseen => {
                 // The lease estimate lapsed before a lost reply was disambiguated.
                 assert!(record.attempt.status.is_terminal(), "seed {seed}");
@@ -1147,6 +1299,7 @@ mod scripted_schedules {
         for ending in [
             "delivered",
             "failed",
+            "gave back",
             "abandoned",
             "delivered or failed after a lost reply",
         ] {

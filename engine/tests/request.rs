@@ -13,7 +13,7 @@ use leasehold_engine::{
 use proptest::prelude::*;
 
 fn worker_writes(record: &AttemptRecord, request: &WorkerRequest, token: &LeaseToken, now: Timestamp) -> Writes {
-    let (writes, _) = allowed(decide(record, Request::Worker(request, token), now));
+    let (writes, _) = allowed(decide(record, Request::Worker(request, token, None), now));
     writes
 }
 
@@ -25,7 +25,7 @@ fn each_worker_request_is_its_transition() {
     let token = token_a();
 
     let heartbeat = WorkerRequest::Heartbeat { lease_ms: LEASE_MS };
-    let (writes, reply) = allowed(decide(&record, Request::Worker(&heartbeat, &token), now));
+    let (writes, reply) = allowed(decide(&record, Request::Worker(&heartbeat, &token, None), now));
     assert_eq!(
         writes,
         allowed(transition::heartbeat(&record.command, &token, LEASE_MS, now))
@@ -62,7 +62,7 @@ fn each_worker_request_is_its_transition() {
         target_receipt: target_receipt(2),
         lease_ms: LEASE_MS,
     };
-    let (writes, reply) = allowed(decide(&record, Request::Worker(&cont, &token), now));
+    let (writes, reply) = allowed(decide(&record, Request::Worker(&cont, &token, None), now));
     let (continued, expected) = allowed(transition::complete_and_continue(
         &record,
         2,
@@ -95,7 +95,11 @@ fn each_worker_request_is_its_transition() {
     );
 
     let done = in_progress(&plan, plan.steps.len() as u32, false);
-    let (writes, reply) = allowed(decide(&done, Request::Worker(&WorkerRequest::Finish, &token), now));
+    let (writes, reply) = allowed(decide(
+        &done,
+        Request::Worker(&WorkerRequest::Finish, &token, None),
+        now,
+    ));
     assert_eq!(writes, allowed(transition::finish(&done, &token, now)));
     assert_eq!(reply, Reply::Applied);
 }
@@ -106,7 +110,11 @@ fn a_worker_request_under_a_stale_token_is_refused_like_its_transition() {
     let record = in_progress(&plan, 1, true);
     let now = at(begin_ms(2) + 200);
     let stale = token_b();
-    let finish = refused(decide(&record, Request::Worker(&WorkerRequest::Finish, &stale), now));
+    let finish = refused(decide(
+        &record,
+        Request::Worker(&WorkerRequest::Finish, &stale, None),
+        now,
+    ));
     assert_eq!(finish, refused(transition::finish(&record, &stale, now)));
     assert!(matches!(finish, Refusal::StaleToken { .. }), "{finish:?}");
 }
@@ -124,7 +132,7 @@ fn claims_are_the_claim_transitions() {
                 lease_ms: LEASE_MS,
                 begin,
             };
-            let (writes, reply) = allowed(decide(&record, Request::Claim(&request, &token_a(), recovery), now));
+            let (writes, reply) = allowed(decide(&record, Request::Claim(&request, &token_a(), &plan), now));
             let expected = if begin {
                 transition::claim_and_begin(&record, recovery, OWNER_A, token_a(), LEASE_MS, now)
             } else {
@@ -132,7 +140,7 @@ fn claims_are_the_claim_transitions() {
             };
             assert_eq!(writes, allowed(expected));
             assert_eq!(reply, Reply::Applied);
-            assert_eq!(Request::Claim(&request, &token_a(), recovery).op().as_str(), {
+            assert_eq!(Request::Claim(&request, &token_a(), &plan).op().as_str(), {
                 if begin {
                     "claim-and-begin"
                 } else {
@@ -249,7 +257,7 @@ fn some_record(plan: &Plan, succeeded: u32, running: bool, terminal: u8) -> Atte
 }
 
 fn named(
-    record: &AttemptRecord,
+    (record, plan): (&AttemptRecord, &Plan),
     request: &WorkerRequest,
     token: &LeaseToken,
     now: Timestamp,
@@ -274,6 +282,9 @@ fn named(
             .map(|(_, w)| w),
         WorkerRequest::Fail { ordinal, error } => transition::fail(record, *ordinal, error, token, now),
         WorkerRequest::Finish => transition::finish(record, token, now),
+        WorkerRequest::GiveBack { error, delay_ms } => {
+            transition::give_back(record, plan, error, *delay_ms, token, now).map(|(_, w)| w)
+        }
     }
 }
 
@@ -296,6 +307,10 @@ fn worker_request(kind: u8, ordinal: u32) -> WorkerRequest {
             target_receipt: target_receipt(ordinal),
             lease_ms: LEASE_MS,
         },
+        6 => WorkerRequest::GiveBack {
+            error: "busy".into(),
+            delay_ms: u64::from(ordinal) * 700,
+        },
         4 => WorkerRequest::Fail {
             ordinal: (!ordinal.is_multiple_of(4)).then_some(ordinal),
             error: "boom".into(),
@@ -314,7 +329,7 @@ proptest! {
         running in any::<bool>(),
         terminal in 0u8..6,
         stale in any::<bool>(),
-        kind in 0u8..9,
+        kind in 0u8..10,
         ordinal in 0u32..5,
         offset in 0i64..100_000,
     ) {
@@ -324,14 +339,14 @@ proptest! {
         let now = at(CLAIMED_MS + offset);
         let token = if stale { token_b() } else { token_a() };
         match kind {
-            0..=5 => {
+            0..=6 => {
                 let request = worker_request(kind, ordinal);
-                let decided = decide(&record, Request::Worker(&request, &token), now).map(|(w, _)| w);
-                prop_assert_eq!(decided, named(&record, &request, &token, now));
+                let decided = decide(&record, Request::Worker(&request, &token, Some(&plan)), now).map(|(w, _)| w);
+                prop_assert_eq!(decided, named((&record, &plan), &request, &token, now));
             }
-            6 | 7 => {
-                let claim = ClaimRequest { owner: OWNER_B.into(), batch: 1, lease_ms: LEASE_MS, begin: kind == 7 };
-                let decided = decide(&record, Request::Claim(&claim, &token, recovery), now).map(|(w, _)| w);
+            7 | 8 => {
+                let claim = ClaimRequest { owner: OWNER_B.into(), batch: 1, lease_ms: LEASE_MS, begin: kind == 8 };
+                let decided = decide(&record, Request::Claim(&claim, &token, &plan), now).map(|(w, _)| w);
                 let expected = if claim.begin {
                     transition::claim_and_begin(&record, recovery, OWNER_B, token.clone(), LEASE_MS, now)
                 } else {
@@ -400,13 +415,22 @@ fn each_request_names_itself_its_receipt_and_its_lease() {
             None,
         ),
         (WorkerRequest::Finish, "finish", None, None),
+        (
+            WorkerRequest::GiveBack {
+                error: "busy".into(),
+                delay_ms: 10,
+            },
+            "give-back",
+            None,
+            None,
+        ),
     ];
     let token = token_a();
     for (request, op, ordinal, lease_ms) in cases {
         assert_eq!(request.op().as_str(), op);
         assert_eq!(request.ordinal(), ordinal, "{op}");
         assert_eq!(request.lease_ms(), lease_ms, "{op}");
-        assert_eq!(Request::Worker(&request, &token).op().as_str(), op);
+        assert_eq!(Request::Worker(&request, &token, None).op().as_str(), op);
     }
     for (request, op) in [
         (OperatorRequest::Reconcile, "reconcile"),
@@ -422,7 +446,8 @@ fn each_request_names_itself_its_receipt_and_its_lease() {
             lease_ms: 1,
             begin,
         };
-        assert_eq!(Request::Claim(&claim, &token, Recovery::Replay).op().as_str(), op);
+        let plan = plan(Recovery::Replay, &["a"]);
+        assert_eq!(Request::Claim(&claim, &token, &plan).op().as_str(), op);
     }
 }
 
@@ -441,6 +466,7 @@ fn every_op_prints_its_one_spelling_and_knows_its_kind() {
             "complete-and-continue",
             "fail",
             "finish",
+            "give-back",
             "reconcile",
             "abort"
         ]
@@ -457,7 +483,8 @@ fn every_op_prints_its_one_spelling_and_knows_its_kind() {
             Op::CompleteStep,
             Op::CompleteAndContinue,
             Op::Fail,
-            Op::Finish
+            Op::Finish,
+            Op::GiveBack
         ]
     );
 }
