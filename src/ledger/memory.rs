@@ -293,14 +293,11 @@ impl MemoryLedger {
                 .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
             let token = self.entropy.token();
             let claim = Request::Claim(request, &token, plan);
-            let Ok((writes, reply)) = super::decide(self.writes_hook.as_ref(), record, claim, now) else {
+            let Ok((writes, _)) = super::decide(self.writes_hook.as_ref(), record, claim, now) else {
                 continue;
             };
             state.index.apply(record, writes)?;
-            if !Claimed::grants(reply) {
-                continue;
-            }
-            claimed.push(Claimed {
+            let claim = Claimed {
                 lease: Lease {
                     command_id,
                     attempt_id,
@@ -308,7 +305,10 @@ impl MemoryLedger {
                 },
                 plan: plan.clone(),
                 record: record.clone(),
-            });
+            };
+            if claim.is_lease() {
+                claimed.push(claim);
+            }
         }
         Ok(claimed)
     }

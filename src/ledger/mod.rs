@@ -53,8 +53,8 @@ pub use url::DbUrl;
 use leasehold_engine::plan::PlanError;
 use leasehold_engine::transition::{Continued, ReconcileOutcome, Start};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, Decision, Lease, LeaseToken, OperatorRequest, Plan, PlanId,
-    PlanSpec, Refusal, Reply, Request, Timestamp, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Decision, Lease, LeaseToken, OperatorRequest, Plan,
+    PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::future::Future;
@@ -157,10 +157,18 @@ impl Claimed {
 }
 
 impl Claimed {
-    /// Whether a claim decided with `reply` grants a lease: every claim but one that
-    /// found its attempt exhausted and ended it instead ([`Reply::Exhausted`]).
-    pub(crate) fn grants(reply: Reply) -> bool {
-        !matches!(reply, Reply::Exhausted(_))
+    /// Whether the claim left a lease to deliver under: every claim but one that
+    /// found its attempt exhausted and ended it instead ([`Reply::Exhausted`]), whose
+    /// record shows the attempt ended.
+    pub(crate) fn is_lease(&self) -> bool {
+        self.record.command.status == CommandStatus::Processing
+    }
+
+    /// The claims of a batch that left leases ([`Claimed::is_lease`]): what a claim
+    /// answers once its writes (the exhausted attempts' ends too) are committed.
+    #[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn leases(claimed: Vec<Claimed>) -> Vec<Claimed> {
+        claimed.into_iter().filter(Claimed::is_lease).collect()
     }
 }
 

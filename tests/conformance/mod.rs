@@ -24,6 +24,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod policy;
+pub use policy::*;
+
 /// Where every test's ledger clock starts (2023-11-14T22:13:20Z).
 pub const START: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 /// The lease the suite's workers ask for.
@@ -121,6 +124,12 @@ macro_rules! conformance_suite {
             complete_and_continue_delivers_n_steps_in_n_plus_one_transitions,
             fused_writes_with_a_stale_token_are_refused_and_change_nothing,
             the_write_that_ends_an_attempt_claims_the_next_and_a_refused_one_claims_nothing,
+            a_plans_delivery_policy_is_stored_and_read_back,
+            a_give_back_requeues_after_its_delay_on_the_ledger_clock_and_keeps_the_error,
+            the_delivery_cap_ends_an_attempt_exhausted_at_a_give_back_and_at_a_claim,
+            the_deadline_ends_an_attempt_exhausted_at_a_claim,
+            a_scheduled_enqueue_is_claimable_from_its_start_and_never_before,
+            bulk_recovery_retries_and_aborts_through_the_ledgers_transitions,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,
@@ -189,7 +198,7 @@ fn target(ordinal: u32) -> Value {
 }
 
 /// Claims and expects exactly one command.
-async fn claim_one<L: Ledger>(l: &L, owner: &str) -> Claimed {
+pub(crate) async fn claim_one<L: Ledger>(l: &L, owner: &str) -> Claimed {
     let mut claimed = l.claim(owner, 10, LEASE_MS).await.expect("claim");
     assert_eq!(
         claimed.len(),
@@ -200,7 +209,7 @@ async fn claim_one<L: Ledger>(l: &L, owner: &str) -> Claimed {
     claimed.remove(0)
 }
 
-async fn assert_nothing_claimable<L: Ledger>(l: &L) {
+pub(crate) async fn assert_nothing_claimable<L: Ledger>(l: &L) {
     let claimed = l.claim("nobody", 10, LEASE_MS).await.expect("claim");
     assert!(
         claimed.is_empty(),
@@ -238,12 +247,12 @@ async fn fail_at<L: Ledger>(l: &L, owner: &str, ordinal: u32) -> Claimed {
     c
 }
 
-async fn record<L: Ledger>(l: &L, attempt: &AttemptId) -> AttemptRecord {
+pub(crate) async fn record<L: Ledger>(l: &L, attempt: &AttemptId) -> AttemptRecord {
     l.attempt(attempt).await.expect("attempt")
 }
 
 #[track_caller]
-fn assert_stale<T: std::fmt::Debug>(result: Result<T, LedgerError>, command: &CommandId, what: &str) {
+pub(crate) fn assert_stale<T: std::fmt::Debug>(result: Result<T, LedgerError>, command: &CommandId, what: &str) {
     match result {
         Err(LedgerError::Refused(Refusal::StaleToken { command: c })) => {
             assert_eq!(&c, command, "{what}: refusal names the wrong command")

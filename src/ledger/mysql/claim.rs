@@ -376,7 +376,7 @@ async fn write_claims(
     for (record, plan) in held {
         let token = ctx.entropy.token();
         match decide(None, &record, Request::Claim(request, &token, &plan), now) {
-            Ok((writes, reply)) => decided.push((record, plan, (token, Claimed::grants(reply)), writes)),
+            Ok((writes, _)) => decided.push((record, plan, token, writes)),
             Err(_) => {
                 stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
             }
@@ -392,12 +392,16 @@ async fn write_claims(
         }
         other => other?,
     }
+    // Every claim as written, the exhausted attempts' ends among them: the caller
+    // commits them all and hands the leases on (`Claimed::leases`).
     let claimed: Vec<Claimed> = decided
         .into_iter()
-        .filter(|(_, _, (_, grants), _)| *grants)
-        .map(|(record, plan, (token, _), writes)| Claimed::applied(record, plan, token, &writes))
+        .map(|(record, plan, token, writes)| Claimed::applied(record, plan, token, &writes))
         .collect();
-    stats.claims.fetch_add(claimed.len() as u64, Ordering::Relaxed);
+    stats.claims.fetch_add(
+        claimed.iter().filter(|c| c.is_lease()).count() as u64,
+        Ordering::Relaxed,
+    );
     Ok(claimed)
 }
 
@@ -489,7 +493,9 @@ async fn candidates_claim_once(
     // `end_claim`, spelled with MySQL's own transaction type: through the backend's
     // generic one rustc cannot yet prove this future `Send`, rust-lang/rust#100013.)
     match result {
-        Ok(claimed) if !claimed.is_empty() => super::commit_tx(tx, TxKind::Write).await.map(|()| claimed),
+        Ok(claimed) if !claimed.is_empty() => super::commit_tx(tx, TxKind::Write)
+            .await
+            .map(|()| Claimed::leases(claimed)),
         other => {
             super::rollback_tx(tx).await;
             other

@@ -67,7 +67,7 @@ pub(super) async fn claim_in<C: PgClient>(
     let mut claimed = Vec::with_capacity(heads.len());
     for (record, plan) in decode::claimed_records(heads, receipts, &plans)? {
         let token = ctx.entropy.token();
-        let Ok((writes, reply)) = decide(None, &record, Request::Claim(request, &token, &plan), now) else {
+        let Ok((writes, _)) = decide(None, &record, Request::Claim(request, &token, &plan), now) else {
             // A terminal attempt whose command is claimable: passed over.
             backend.stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -80,11 +80,12 @@ pub(super) async fn claim_in<C: PgClient>(
             }
             other => other?,
         }
-        if Claimed::grants(reply) {
-            claimed.push(Claimed::applied(record, plan, token, &writes));
-        }
+        // The exhausted attempts' ends too: the caller commits them all and hands
+        // the leases on (`Claimed::leases`).
+        claimed.push(Claimed::applied(record, plan, token, &writes));
     }
-    backend.stats.claims.fetch_add(claimed.len() as u64, Ordering::Relaxed);
+    let leases = claimed.iter().filter(|c| c.is_lease()).count();
+    backend.stats.claims.fetch_add(leases as u64, Ordering::Relaxed);
     Ok(claimed)
 }
 

@@ -148,7 +148,9 @@ pub(crate) trait SqlBackend: Sized + Send + Sync + 'static {
     /// back itself).
     fn rollback(&self, tx: Self::Tx<'_>) -> impl Future<Output = ()> + Send;
 
-    /// Claims inside `tx` (begun as [`TxKind::Claim`]) what `request` asks for.
+    /// Claims inside `tx` (begun as [`TxKind::Claim`]) what `request` asks for;
+    /// answers every claim written, the ends of the attempts a claim found exhausted
+    /// among them (the caller keeps the leases, [`Claimed::leases`], once committed).
     fn claim_in(
         &self,
         ctx: &SqlContext,
@@ -240,7 +242,8 @@ pub(crate) async fn end<B: SqlBackend, T>(
 }
 
 /// Ends a claim's transaction: one that claimed nothing wrote nothing, so it only
-/// releases its locks (a rollback, no commit).
+/// releases its locks (a rollback, no commit); otherwise it commits every claim
+/// written (an exhausted attempt's end among them) and answers the leases.
 pub(crate) async fn end_claim<B: SqlBackend>(
     backend: &B,
     tx: B::Tx<'_>,
@@ -251,7 +254,7 @@ pub(crate) async fn end_claim<B: SqlBackend>(
             backend.rollback(tx).await;
             Ok(claimed)
         }
-        other => end(backend, tx, other, TxKind::Claim).await,
+        other => end(backend, tx, other, TxKind::Claim).await.map(Claimed::leases),
     }
 }
 
@@ -396,7 +399,7 @@ impl<B: SqlBackend> SqlLedger<B> {
                 }
                 Err(e) => return Err(e),
             };
-            Ok((reply, claimed))
+            Ok((reply, Claimed::leases(claimed)))
         })
     }
 

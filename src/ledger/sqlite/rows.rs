@@ -181,7 +181,7 @@ impl Session for SqliteSession<'_> {
 }
 
 /// Where the command's columns start in an attempt-and-command row.
-const COMMAND_BASE: usize = 9;
+const COMMAND_BASE: usize = ATTEMPT.columns.len();
 
 /// The attempt's and then the command's columns, aliased `a` and `c`.
 fn attempt_and_command() -> String {
@@ -212,7 +212,7 @@ pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<At
             RECEIPT.column_list(Some("r"))
         )
     });
-    const RECEIPT_BASE: usize = COMMAND_BASE + 11;
+    const RECEIPT_BASE: usize = COMMAND_BASE + COMMAND.columns.len();
     let mut stmt = conn.prepare_cached(&SQL).sql()?;
     let mut rows = stmt.query([id.as_str()]).sql()?;
     let mut record: Option<AttemptRecord> = None;
@@ -263,8 +263,8 @@ pub(super) static ANY_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 /// Where the plan's and then the receipt's columns start in a claim row.
-const CLAIM_PLAN_BASE: usize = COMMAND_BASE + 11;
-const CLAIM_RECEIPT_BASE: usize = CLAIM_PLAN_BASE + 8;
+const CLAIM_PLAN_BASE: usize = COMMAND_BASE + COMMAND.columns.len();
+const CLAIM_RECEIPT_BASE: usize = CLAIM_PLAN_BASE + PLAN.columns.len();
 
 /// A claim candidate: its attempt's record as read, and its plan.
 pub(super) type Candidate = (AttemptRecord, Plan);

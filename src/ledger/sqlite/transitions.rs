@@ -499,9 +499,9 @@ impl SqliteCore {
                 let Some((record, plan)) = &candidates[i] else { continue };
                 let token = self.entropy.token();
                 let claim = Request::Claim(request, &token, plan);
-                if let Ok((writes, reply)) = decide(self.writes_hook.as_ref(), record, claim, now) {
+                if let Ok((writes, _)) = decide(self.writes_hook.as_ref(), record, claim, now) {
                     if let Some((record, plan)) = candidates[i].take() {
-                        decided.push((k, record, plan, (token, Claimed::grants(reply)), writes));
+                        decided.push((k, record, plan, token, writes));
                     }
                 }
             }
@@ -518,12 +518,12 @@ impl SqliteCore {
             .map(|r| Vec::with_capacity((r.batch as usize).min(decided.len())))
             .collect();
         let mut records = self.records.borrow_mut();
-        for ((k, record, plan, (token, grants), writes), applied) in decided.into_iter().zip(applied) {
+        for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
             if applied {
                 let owned = owns(&record, &writes);
                 let claim = Claimed::applied(record, plan, token, &writes);
                 records.store_written(owned, claim.record.clone());
-                if grants {
+                if claim.is_lease() {
                     claimed[k].push(claim);
                 }
             }
