@@ -152,7 +152,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -192,7 +192,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -258,7 +258,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -690,7 +690,10 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(
-        applied.iter().filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8]).count(),
+        applied
+            .iter()
+            .filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8, 9])
+            .count(),
         1,
         "{applied:?}"
     );
@@ -879,6 +882,20 @@ fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
         .collect()
 }
 
+/// Runs `f` on a core whose schema predates the plan's `retry_json` (version 9),
+/// with that column there for the while: today's code reads and writes plans with
+/// it, and these tests write and read the rows an older ledger held. The column is
+/// dropped again before the migrations run, so they find the rows as such a ledger
+/// left them (a plan that sets no policy stores none).
+fn before_version_9<T>(core: &SqliteCore, f: impl FnOnce() -> T) -> T {
+    let conn = core.connection();
+    conn.execute_batch("ALTER TABLE plan ADD COLUMN retry_json TEXT")
+        .unwrap();
+    let out = f();
+    conn.execute_batch("ALTER TABLE plan DROP COLUMN retry_json").unwrap();
+    out
+}
+
 #[test]
 fn a_group_commits_every_call_but_rolls_back_only_a_failing_one() {
     let (_dir, path) = temp_db();
@@ -967,11 +984,14 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 1);
-    let plans = three_queued(&core, &clock);
-    clock.advance_ms(1);
-    let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
-    let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8]);
+    let (plans, first, before) = before_version_9(&core, || {
+        let plans = three_queued(&core, &clock);
+        clock.advance_ms(1);
+        let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
+        let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
+        (plans, first, before)
+    });
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8, 9]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1187,7 +1207,7 @@ fn a_migration_that_would_leave_a_dangling_reference_commits_nothing() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 2);
-    three_queued(&core, &clock);
+    before_version_9(&core, || three_queued(&core, &clock));
     // A receipt whose attempt is gone (written with foreign keys off, as another
     // tool might have).
     core.connection().execute_batch("PRAGMA foreign_keys = OFF").unwrap();
@@ -1384,7 +1404,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 2);
-    three_queued(&core, &clock);
+    before_version_9(&core, || three_queued(&core, &clock));
     drop(core);
     let ledger = Arc::new(SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(2))).unwrap());
     // Claims queued before and after the migration: the writer would group them with
@@ -1398,8 +1418,17 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8]);
-    let claimed: usize = before.into_iter().chain(after).map(|r| r.unwrap().len()).sum();
+    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8, 9]);
+    // A claim that runs before the migration reads today's plan columns: it fails
+    // on the old schema, naming the missing column, and claims nothing.
+    for early in before.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(early.to_string().contains("retry_json"), "{early}");
+    }
+    let after: Vec<_> = after
+        .into_iter()
+        .map(|r| r.expect("a claim after the migration"))
+        .collect();
+    let claimed: usize = before.into_iter().flatten().chain(after).map(|c| c.len()).sum();
     assert_eq!(
         claimed, 3,
         "every queued attempt claimed once, before or after the upgrade"
@@ -1724,14 +1753,15 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 5);
-    queue_one_step_attempts(&core, &clock, 3);
-    let before: Vec<_> = core
-        .list_plans()
-        .unwrap()
-        .iter()
-        .map(|p| core.history(&p.id).unwrap())
-        .collect();
-    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8]);
+    let before: Vec<_> = before_version_9(&core, || {
+        queue_one_step_attempts(&core, &clock, 3);
+        core.list_plans()
+            .unwrap()
+            .iter()
+            .map(|p| core.history(&p.id).unwrap())
+            .collect()
+    });
+    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8, 9]);
     let after: Vec<_> = core
         .list_plans()
         .unwrap()
