@@ -5,7 +5,9 @@
 mod output;
 
 mod bench;
+mod recovery;
 mod render;
+mod when;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use leasehold::clock::SystemClock;
@@ -65,13 +67,15 @@ enum Command {
     /// Register, list, show and retire plans.
     #[command(subcommand)]
     Plan(PlanCommand),
-    /// Enqueue an attempt of a plan; prints the attempt id.
+    /// Enqueue an attempt of a plan, now or for later; prints the attempt id.
     Enqueue {
         /// Plan id or name.
         plan: String,
         /// What the attempt does.
         #[arg(long, value_enum, default_value_t = ActionArg::Execute)]
         action: ActionArg,
+        #[command(flatten)]
+        start: recovery::StartArgs,
     },
     /// Claim and deliver commands until stopped (SIGINT/SIGTERM) or idle.
     Worker {
@@ -119,14 +123,12 @@ enum Command {
         /// Attempt id.
         attempt: String,
     },
-    /// Abort a QUEUED or RUNNING attempt, fencing its worker.
-    Abort {
-        /// Attempt id.
-        attempt: String,
-        /// Reason recorded on the attempt.
-        #[arg(long, default_value = "aborted by operator")]
-        reason: String,
-    },
+    /// Abort a QUEUED or RUNNING attempt, fencing its worker; or, with --open, the
+    /// open attempts a filter selects.
+    Abort(recovery::AbortArgs),
+    /// Retry a FAILED or ABORTED attempt (enqueue a retry of its plan); or, with
+    /// --failed, the failed attempts a filter selects.
+    Retry(recovery::RetryArgs),
     /// Compare two successful attempts of a plan (default: the two latest).
     Compare {
         /// Plan id or name.
@@ -519,7 +521,8 @@ fn open_mode(command: &Command) -> OpenMode {
         | Command::Enqueue { .. }
         | Command::Worker { .. }
         | Command::Reconcile { .. }
-        | Command::Abort { .. }
+        | Command::Abort(_)
+        | Command::Retry(_)
         | Command::Target(_) => OpenMode::Existing,
     }
 }
@@ -557,11 +560,8 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
     match command {
         Command::Migrate => migrate(ledger.as_ref()).await,
         Command::Plan(command) => plan_command(ledger.as_ref(), command, json).await,
-        Command::Enqueue { plan, action } => {
-            let plan = find_plan(ledger.as_ref(), &plan).await?;
-            let record = ledger.enqueue(&plan.id, action.into()).await?;
-            emit(json, &record, || format!("{}\n", record.attempt.id));
-            Ok(())
+        Command::Enqueue { plan, action, start } => {
+            recovery::enqueue(ledger.as_ref(), &plan, action.into(), &start, json).await
         }
         Command::Worker {
             id,
@@ -600,11 +600,8 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             Ok(())
         }
         Command::Reconcile { attempt } => reconcile(ledger.as_ref(), attempt, json).await,
-        Command::Abort { attempt, reason } => {
-            let record = ledger.abort(&AttemptId::new(attempt), &reason).await?;
-            emit(json, &record, || format!("aborted attempt {}\n", record.attempt.id));
-            Ok(())
-        }
+        Command::Abort(args) => recovery::abort(ledger.as_ref(), args, json).await,
+        Command::Retry(args) => recovery::retry(ledger.as_ref(), args, json).await,
         Command::Compare { plan, left, right } => compare_attempts(ledger.as_ref(), &plan, left, right, json).await,
         Command::Gate { plan } => release_gate(ledger.as_ref(), &plan, json).await,
         Command::Demo {
