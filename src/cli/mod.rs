@@ -590,7 +590,18 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         }
         Command::Status { attempt } => {
             let record = ledger.attempt(&AttemptId::new(attempt)).await?;
-            emit(json, &record, || render::status(&record));
+            // The policy is shown beside the delivery count when the plan reads.
+            let policy = if json {
+                None
+            } else {
+                ledger
+                    .plan(&record.attempt.plan_id)
+                    .await
+                    .ok()
+                    .map(|p| p.policy_of(&record))
+            };
+            let now = leasehold::clock::Clock::now(&SystemClock);
+            emit(json, &record, || render::status(&record, policy.as_ref(), now));
             Ok(())
         }
         Command::History { plan } => {
@@ -692,13 +703,14 @@ async fn worker_command<L: Ledger>(
     let executors = Arc::new(http.executors(settings.step_timeout)?);
     let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
     outln!(
-        "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
+        "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}, gave back {}",
         leasehold::text::clean(&id),
         report.claimed,
         report.delivered,
         report.failed,
         report.refused,
-        report.abandoned
+        report.abandoned,
+        report.gave_back
     );
     Ok(())
 }
