@@ -195,6 +195,10 @@ struct TargetArgs {
     /// The share of deliveries answered 503 before anything is done (0 to 1).
     #[arg(long, value_name = "R", default_value_t = 0.0, allow_negative_numbers = true)]
     fail_rate: f64,
+    /// --fail-rate applies only this long after the start (500ms, 30s, 10m, 1h),
+    /// then the target is healthy: a receiver that is down for a while.
+    #[arg(long, value_name = "DURATION", requires = "fail_rate")]
+    fail_for: Option<String>,
     /// Milliseconds a first request works while it holds its key (a repeat then gets
     /// 409), and a replay waits before it is answered (at most 60000).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -797,8 +801,14 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
     use leasehold::entropy::Entropy as _;
     let db = DbUrl::parse(db)?;
     let seed = args.seed.unwrap_or_else(|| OsEntropy.next_u64());
+    let fail_for = args
+        .fail_for
+        .as_deref()
+        .map(|d| when::parse_duration("--fail-for", d))
+        .transpose()?;
     let faults = leasehold::receiver::Faults {
         fail_rate: args.fail_rate,
+        fail_for,
         drop_reply_rate: args.drop_reply_rate,
         delay: Duration::from_millis(args.delay_ms),
         seed,
@@ -821,8 +831,11 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
         listener,
         |store| {
             outln!("leasehold target listening on http://{addr}");
+            let window = faults
+                .fail_for
+                .map_or_else(String::new, |d| format!(" for the first {} ms", d.as_millis()));
             outln!(
-                "keys in {store}; faults: fail-rate {}, drop-reply-rate {}, delay {} ms, seed {seed}",
+                "keys in {store}; faults: fail-rate {}{window}, drop-reply-rate {}, delay {} ms, seed {seed}",
                 faults.fail_rate,
                 faults.drop_reply_rate,
                 faults.delay.as_millis()
