@@ -197,7 +197,7 @@ struct TargetArgs {
     fail_rate: f64,
     /// --fail-rate applies only this long after the start (500ms, 30s, 10m, 1h),
     /// then the target is healthy: a receiver that is down for a while.
-    #[arg(long, value_name = "DURATION", requires = "fail_rate")]
+    #[arg(long, value_name = "DURATION", requires = "fail_rate", allow_hyphen_values = true)]
     fail_for: Option<String>,
     /// Milliseconds a first request works while it holds its key (a repeat then gets
     /// 409), and a replay waits before it is answered (at most 60000).

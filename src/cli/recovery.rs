@@ -19,10 +19,10 @@ use std::fmt::Write as _;
 pub(super) struct StartArgs {
     /// Deliver no sooner than this RFC 3339 time (2026-05-01T09:00:00Z,
     /// 2026-05-01T11:00:00+02:00); a time already past means now. At most 366 days ahead.
-    #[arg(long, value_name = "TIME", conflicts_with = "in")]
+    #[arg(long, value_name = "TIME", conflicts_with = "in", allow_hyphen_values = true)]
     at: Option<String>,
     /// Deliver no sooner than this long from now: 500ms, 30s, 10m, 1h, 1h30m (at most 366 days).
-    #[arg(long = "in", id = "in", value_name = "DURATION")]
+    #[arg(long = "in", id = "in", value_name = "DURATION", allow_hyphen_values = true)]
     after: Option<String>,
 }
 
@@ -76,7 +76,7 @@ pub(super) struct BulkArgs {
     plan: Option<String>,
     /// Only attempts that ended (retry) or were enqueued (abort) at or after this
     /// RFC 3339 time; 1970-01-01T00:00:00Z selects every attempt.
-    #[arg(long, value_name = "TIME", requires = "bulk")]
+    #[arg(long, value_name = "TIME", requires = "bulk", allow_hyphen_values = true)]
     since: Option<String>,
     /// Act on at most N attempts, newest first (default 100, clamped to 1..=1000).
     #[arg(long, value_name = "N", requires = "bulk")]

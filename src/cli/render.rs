@@ -422,3 +422,62 @@ mod props {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_engine::{Action, Attempt, AttemptId, Command, CommandId, PlanId};
+
+    fn queued(delivery_count: u32, available_at: i64) -> AttemptRecord {
+        AttemptRecord {
+            attempt: Attempt {
+                id: AttemptId::new("att-1"),
+                plan_id: PlanId::new("pln-1"),
+                number: 1,
+                action: Action::Execute,
+                status: AttemptStatus::Queued,
+                created_at: Timestamp::from_millis(0),
+                started_at: None,
+                finished_at: None,
+                error: None,
+            },
+            command: Command {
+                id: CommandId::new("cmd-1"),
+                attempt_id: AttemptId::new("att-1"),
+                status: CommandStatus::Pending,
+                available_at: Timestamp::from_millis(available_at),
+                lease_owner: None,
+                lease_token: None,
+                lease_until: None,
+                last_heartbeat_at: None,
+                delivery_count,
+                last_error: (delivery_count > 0).then(|| "step 1: 503".to_owned()),
+                finished_at: None,
+            },
+            receipts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_waiting_command_shows_when_and_why() {
+        let now = Timestamp::from_millis(10_000);
+        let policy = RetryPolicy {
+            max_deliveries: 3,
+            ..RetryPolicy::default()
+        };
+        let backed_off = status(&queued(2, 75_000), Some(&policy), now);
+        assert!(backed_off.contains("  delivery count  2 (at most 3)\n"), "{backed_off}");
+        assert!(backed_off.contains("  last error      step 1: 503\n"), "{backed_off}");
+        assert!(
+            backed_off.contains(
+                "  next delivery   1970-01-01T00:01:15.000Z (in 1 min 5 s, backed off after a failed delivery)\n"
+            ),
+            "{backed_off}"
+        );
+        let scheduled = status(&queued(0, 3_610_000), None, now);
+        assert!(scheduled.contains("  delivery count  0\n"), "{scheduled}");
+        assert!(scheduled.contains("(in 1 h 0 min, scheduled)"), "{scheduled}");
+        // Due already: nothing to wait for.
+        assert!(!status(&queued(1, 10_000), None, now).contains("next delivery"));
+    }
+}
