@@ -1,5 +1,7 @@
 //! End-to-end tests of the `leasehold` binary: the demo, crashes (SIGKILL), pauses
-//! (SIGSTOP) past the lease, and one-line errors with their exit codes.
+//! (SIGSTOP) past the lease, one-line errors with their exit codes, the plan's
+//! `[retry]` table, scheduled enqueues, exhaustion by deadline, and bulk recovery
+//! (`retry --failed`, `abort --open`).
 //!
 //! Processes are synchronised on what they print (a line read from a pipe), never on
 //! sleeps; timeouts only bound how long a test may hang before it fails.
@@ -15,7 +17,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 const WAIT: Duration = Duration::from_secs(60);
 
 struct Db {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     url: String,
 }
 
@@ -23,7 +25,7 @@ impl Db {
     fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let db = Db { _dir: dir, url };
+        let db = Db { dir, url };
         let out = db.run(&["migrate"]);
         assert!(
             out.status.success(),
@@ -63,6 +65,30 @@ impl Db {
     fn add_plan(&self, file: &str) -> String {
         let out = self.ok(&["plan", "add", fixture(file).to_str().unwrap()]);
         out.split_whitespace().next().unwrap().to_owned()
+    }
+
+    /// Writes `text` to the plan file `name` beside the ledger; answers its path.
+    fn plan_file(&self, name: &str, text: &str) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+
+    /// Registers a one-step dry-run plan `name` with `extra` TOML after its head
+    /// (a `[retry]` table) and `payload` for its step; answers the plan id.
+    fn dry_plan(&self, name: &str, extra: &str, payload: &str) -> String {
+        let text = format!(
+            "name = \"{name}\"\nrecovery = \"resume\"\n{extra}\n[[steps]]\ncode = \"a\"\nexecutor = \"dry-run:v1\"\npayload = {payload}\n"
+        );
+        let out = self.ok(&["plan", "add", &self.plan_file(&format!("{name}.toml"), &text)]);
+        out.split_whitespace().next().unwrap().to_owned()
+    }
+
+    /// Enqueues `plan` with `extra` flags; answers the attempt id.
+    fn enqueue(&self, plan: &str, extra: &[&str]) -> String {
+        let mut args = vec!["enqueue", plan];
+        args.extend_from_slice(extra);
+        self.ok(&args).trim().to_owned()
     }
 
     fn worker(&self, id: &str, extra: &[&str]) -> Worker {
@@ -554,5 +580,302 @@ fn a_grace_period_that_runs_out_leaves_the_lease_to_expire() {
     assert_eq!(
         status["command"]["status"], "PROCESSING",
         "left for another worker to take over"
+    );
+}
+
+/// The millisecond fields of a status: (created_at, available_at).
+fn times(status: &Value) -> (i64, i64) {
+    (
+        status["attempt"]["created_at"].as_i64().unwrap(),
+        status["command"]["available_at"].as_i64().unwrap(),
+    )
+}
+
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(since.as_millis()).unwrap()
+}
+
+#[test]
+fn retry_tables_are_checked_by_field_and_absurd_values_are_clamped() {
+    let db = Db::new();
+    let step = "[[steps]]\ncode = \"a\"\nexecutor = \"dry-run:v1\"\n";
+    let head = "name = \"p\"\nrecovery = \"resume\"\n";
+    let cases = [
+        (
+            "zero.toml",
+            format!("{head}[retry]\nmax_deliveries = 0\n{step}"),
+            "retry.max_deliveries: must be at least 1 (got 0)",
+        ),
+        (
+            "negative.toml",
+            format!("{head}{step}[steps.retry]\nbackoff_base_ms = -5\n"),
+            "steps[0].retry.backoff_base_ms: must be at least 1 (got -5)",
+        ),
+        (
+            "negative.json",
+            r#"{"name": "p", "recovery": "resume", "retry": {"deadline_secs": -1},
+                "steps": [{"code": "a", "executor": "dry-run:v1"}]}"#
+                .to_owned(),
+            "retry.deadline_secs: must be at least 1 (got -1)",
+        ),
+        (
+            "inverted.toml",
+            format!("{head}[retry]\nbackoff_base_ms = 5000\nbackoff_max_ms = 1000\n{step}"),
+            "retry.backoff_base_ms: 5000 is more than backoff_max_ms (1000)",
+        ),
+        (
+            "typo.toml",
+            format!("{head}[retry]\nmax_delivery = 3\n{step}"),
+            "unknown field `max_delivery`",
+        ),
+    ];
+    for (name, text, needle) in &cases {
+        let out = db.run(&["plan", "add", &db.plan_file(name, text)]);
+        expect_error(&out, 2, needle);
+        assert!(String::from_utf8_lossy(&out.stderr).contains(name));
+    }
+    assert_eq!(db.json(&["plan", "list"]), serde_json::json!([]), "nothing registered");
+
+    // Absurd values are stored clamped to their bounds, and shown as applied.
+    let absurd = format!(
+        "{head}[retry]\nmax_deliveries = 99999999999\nbackoff_max_ms = 99999999999999\n\
+         {step}[steps.retry]\nstep_max_tries = 1000000\ndeadline_secs = 9223372036854775807\n"
+    );
+    db.ok(&["plan", "add", &db.plan_file("absurd.toml", &absurd)]);
+    let plan = db.json(&["plan", "show", "p"]);
+    assert_eq!(
+        plan["retry"],
+        serde_json::json!({"max_deliveries": 10_000, "backoff_max_ms": 604_800_000_u64}),
+        "{plan}"
+    );
+    assert_eq!(
+        plan["steps"][0]["retry"],
+        serde_json::json!({"step_max_tries": 100, "deadline_secs": 366 * 86_400}),
+        "{plan}"
+    );
+    let shown = db.ok(&["plan", "show", "p"]);
+    assert!(
+        shown.contains(
+            "retry       at most 10000 deliveries, backoff 1000 to 604800000 ms, 3 tries per delivery, no deadline"
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("1. a (dry-run:v1) retry: at most 10000 deliveries, backoff 1000 to 604800000 ms, 100 tries per delivery, deadline 31622400 s after enqueue"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn enqueue_at_or_in_schedules_the_first_delivery_and_bad_values_name_the_flag() {
+    let db = Db::new();
+    let plan = db.dry_plan("later", "", "{ delay_ms = 0 }");
+    let bad: [(&[&str], &str); 6] = [
+        (
+            &["--in", "10"],
+            "error: --in \"10\": not a duration such as 500ms, 30s, 10m or 1h",
+        ),
+        (&["--in", "-5m"], "error: --in \"-5m\": not a duration"),
+        (&["--in", "400d"], "error: --in \"400d\": more than 366 days ahead"),
+        (&["--at", "tomorrow"], "error: --at \"tomorrow\": not an RFC 3339 time"),
+        (
+            &["--at", "2026-05-01 09:00"],
+            "error: --at \"2026-05-01 09:00\": not an RFC 3339 time",
+        ),
+        (&["--at", "9999-01-01T00:00:00Z"], "more than 366 days ahead"),
+    ];
+    for (flags, needle) in bad {
+        let mut args = vec!["enqueue", plan.as_str()];
+        args.extend_from_slice(flags);
+        expect_error(&db.run(&args), 2, needle);
+    }
+    let both = db.run(&["enqueue", &plan, "--in", "1m", "--at", "2020-01-01T00:00:00Z"]);
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"));
+    assert_eq!(db.json(&["history", &plan]), serde_json::json!([]), "nothing enqueued");
+
+    // --in: available exactly that long after the enqueue, shown as scheduled.
+    let later = db.enqueue(&plan, &["--in", "1h"]);
+    let status = db.json(&["status", &later]);
+    let (created, available) = times(&status);
+    assert_eq!(available - created, 3_600_000, "{status}");
+    let text = db.ok(&["status", &later]);
+    assert!(
+        text.contains("next delivery   ") && text.contains(", scheduled)"),
+        "{text}"
+    );
+    db.ok(&["abort", &later]);
+
+    // --at in the past: at once.
+    let past = db.enqueue(&plan, &["--at", "2001-02-03T04:05:06Z"]);
+    let (created, available) = times(&db.json(&["status", &past]));
+    assert_eq!(available, created);
+    assert!(!db.ok(&["status", &past]).contains("next delivery"));
+    db.ok(&["abort", &past]);
+
+    // --at with an offset: that instant, two days from now.
+    let at = (now_ms() / 1_000 + 2 * 86_400) * 1_000;
+    let local = leasehold::engine::Timestamp::from_millis(at + 7_200_000).to_rfc3339();
+    let spelled = local.replace(".000Z", "+02:00");
+    let future = db.enqueue(&plan, &["--at", &spelled]);
+    assert_eq!(times(&db.json(&["status", &future])).1, at, "{spelled}");
+    db.ok(&["abort", &future]);
+
+    // A start 1.5 s ahead: the worker delivers it, no sooner.
+    let soon = db.enqueue(&plan, &["--in", "1500ms"]);
+    db.ok(&["worker", "--until-idle", "--poll-secs", "1"]);
+    let status = db.json(&["status", &soon]);
+    assert_eq!(status["attempt"]["status"], "SUCCEEDED", "{status}");
+    let started = status["attempt"]["started_at"].as_i64().unwrap();
+    assert!(started >= times(&status).1, "claimed before its start: {status}");
+}
+
+#[test]
+fn an_attempt_past_its_deadline_ends_failed_exhausted_and_is_retried_by_reason() {
+    let db = Db::new();
+    let plan = db.dry_plan("deadline", "[retry]\ndeadline_secs = 1", "{ delay_ms = 0 }");
+    // Not claimable before 1.5 s, and due within 1 s: the claim ends it.
+    let late = db.enqueue(&plan, &["--in", "1500ms"]);
+    db.ok(&["worker", "--until-idle", "--poll-secs", "1"]);
+    let status = db.json(&["status", &late]);
+    assert_eq!(status["attempt"]["status"], "FAILED", "{status}");
+    let error = status["attempt"]["error"].as_str().unwrap();
+    assert!(error.starts_with("exhausted: deadline"), "{error}");
+    assert_eq!(status["command"]["status"], "FAILED");
+    assert_eq!(status["command"]["delivery_count"], 0, "never delivered");
+    assert_eq!(status["command"]["last_error"].as_str(), Some(error));
+    let text = db.ok(&["status", &late]);
+    assert!(text.contains("error       exhausted: deadline"), "{text}");
+    assert!(text.contains("delivery count  0 (at most 25)"), "{text}");
+
+    assert_eq!(
+        db.json(&["retry", "--failed", "--reason", "exhausted", "--dry-run"]),
+        serde_json::json!({"count": 1})
+    );
+    let outcome = db.json(&["retry", "--failed", "--reason", "exhausted"]);
+    assert_eq!(
+        (&outcome["count"], &outcome["more"]),
+        (&serde_json::json!(1), &serde_json::json!(false))
+    );
+    let retry = outcome["attempts"][0].as_str().unwrap();
+    db.ok(&["worker", "--until-idle", "--poll-secs", "1"]);
+    let status = db.json(&["status", retry]);
+    assert_eq!(
+        (&status["attempt"]["action"], &status["attempt"]["status"]),
+        (&"retry".into(), &"SUCCEEDED".into())
+    );
+}
+
+#[test]
+fn retry_failed_and_abort_open_act_in_bulk_through_the_ledger() {
+    let db = Db::new();
+    let boom1 = db.dry_plan("boom-1", "", "{ fail = \"boom one\" }");
+    let boom2 = db.dry_plan("boom-2", "", "{ fail = \"boom two\" }");
+    let fine = db.dry_plan("fine", "", "{ delay_ms = 0 }");
+    let failed1 = db.enqueue(&boom1, &[]);
+    let failed2 = db.enqueue(&boom2, &[]);
+    let done = db.enqueue(&fine, &[]);
+    db.ok(&["worker", "--until-idle", "--poll-secs", "1"]);
+    for (attempt, status) in [(&failed1, "FAILED"), (&failed2, "FAILED"), (&done, "SUCCEEDED")] {
+        assert_eq!(db.json(&["status", attempt])["attempt"]["status"], status);
+    }
+
+    // No filter: the library refuses, nothing is written. Filters need the bulk form.
+    let needle = "a bulk action needs a filter: a plan, a reason or a since";
+    expect_error(&db.run(&["retry", "--failed"]), 2, needle);
+    expect_error(&db.run(&["abort", "--open", "--dry-run", "--limit", "5"]), 2, needle);
+    for args in [
+        &["retry", "--plan", "boom-1"][..],
+        &["retry", &failed1, "--failed", "--plan", "boom-1"],
+        &["abort", &done, "--open", "--plan", "fine"],
+        &["abort", "--open", "--plan", "fine", "--reason", "why"],
+        &["retry"],
+    ] {
+        let out = db.run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // Dry runs count, and write nothing.
+    let count = |args: &[&str]| db.json(args)["count"].as_u64().unwrap();
+    assert_eq!(count(&["retry", "--failed", "--reason", "boom", "--dry-run"]), 2);
+    assert_eq!(count(&["retry", "--failed", "--plan", "boom-2", "--dry-run"]), 1);
+    assert_eq!(
+        count(&["retry", "--failed", "--reason", "no such error", "--dry-run"]),
+        0
+    );
+    assert_eq!(
+        count(&["retry", "--failed", "--since", "2999-01-01T00:00:00Z", "--dry-run"]),
+        0
+    );
+    let text = db.ok(&["retry", "--failed", "--since", "1970-01-01T00:00:00Z", "--dry-run"]);
+    assert!(
+        text.starts_with("2 failed attempts would be retried (dry run"),
+        "{text}"
+    );
+    assert_eq!(db.json(&["history", &boom1]).as_array().unwrap().len(), 1);
+
+    // A real run, one at a time: the newest first, then the rest.
+    let first = db.json(&["retry", "--failed", "--reason", "boom", "--limit", "1"]);
+    assert_eq!((&first["count"], &first["more"]), (&1.into(), &true.into()), "{first}");
+    assert_eq!(first["refused"], serde_json::json!([]));
+    let rest = db.ok(&["retry", "--failed", "--reason", "boom"]);
+    assert!(
+        rest.starts_with("retried 1 failed attempt; the new attempts:\n  att-"),
+        "{rest}"
+    );
+    for plan in [&boom1, &boom2] {
+        let history = db.json(&["history", plan]);
+        assert_eq!(history[1]["attempt"]["action"], "retry", "{history}");
+        assert_eq!(history[1]["attempt"]["status"], "QUEUED", "{history}");
+    }
+    // Only its plan's latest attempt, FAILED or ABORTED, is retried one by one.
+    expect_error(&db.run(&["retry", &failed1]), 3, "is not the latest attempt of plan");
+    expect_error(&db.run(&["retry", &done]), 3, "is SUCCEEDED, not FAILED or ABORTED");
+
+    // Abort the open ones: named after the OS user, or `cli`.
+    assert_eq!(
+        count(&["abort", "--open", "--since", "1970-01-01T00:00:00Z", "--dry-run"]),
+        2
+    );
+    let out = db
+        .cmd(&["abort", "--open", "--plan", "boom-1"])
+        .env("USER", "tester")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("aborted 1 open attempt:\n  att-"), "{text}");
+    let aborted = db.json(&["history", &boom1])[1].clone();
+    assert_eq!(aborted["attempt"]["status"], "ABORTED");
+    assert_eq!(aborted["attempt"]["error"], "aborted in bulk by tester");
+    let out = db
+        .cmd(&["abort", "--open", "--since", "1970-01-01T00:00:00Z", "--json"])
+        .env("USER", "two words")
+        .env_remove("LOGNAME")
+        .output()
+        .unwrap();
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&outcome["count"], &outcome["more"]),
+        (&1.into(), &false.into()),
+        "{outcome}"
+    );
+    let other = db.json(&["status", outcome["attempts"][0].as_str().unwrap()]);
+    assert_eq!(other["attempt"]["plan_id"], boom2.as_str());
+    assert_eq!(other["attempt"]["error"], "aborted in bulk by cli");
+
+    // An aborted attempt is retried by its id.
+    let id = aborted["attempt"]["id"].as_str().unwrap();
+    let retried = db.ok(&["retry", id]);
+    assert!(
+        retried.starts_with(&format!("retrying attempt {id}: enqueued retry attempt att-")),
+        "{retried}"
     );
 }

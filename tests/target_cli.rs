@@ -1,11 +1,12 @@
 //! `leasehold target` as a process: it prints where it listens and where its keys
-//! are, serves until SIGTERM and exits 0, keeps its keys across a restart, refuses
-//! bad flags with exit 2 naming the flag, and never prints a database password.
+//! are, serves until SIGTERM and exits 0, keeps its keys across a restart, fails
+//! requests only for the `--fail-for` window, refuses bad flags with exit 2 naming
+//! the flag, and never prints a database password.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
 
@@ -124,7 +125,7 @@ fn it_serves_until_sigterm_and_its_keys_survive_a_restart() {
 
 #[test]
 fn bad_flags_exit_2_naming_the_flag() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["--fail-rate", "1.5"],
             "error: --fail-rate 1.5: must be a rate between 0 and 1",
@@ -138,6 +139,11 @@ fn bad_flags_exit_2_naming_the_flag() {
             "error: --listen not-an-address: cannot listen there",
         ),
         (&["--fail-rate", "often"], "--fail-rate"),
+        (
+            &["--fail-rate", "1", "--fail-for", "10"],
+            "error: --fail-for \"10\": not a duration such as 500ms, 30s, 10m or 1h",
+        ),
+        (&["--fail-for", "2s"], "--fail-rate"),
     ];
     for (flags, expected) in cases {
         let mut args = vec!["--db", "sqlite::memory:", "target"];
@@ -229,20 +235,77 @@ fn the_shipped_http_plan_is_delivered_to_the_target_twice_and_the_gate_passes() 
     }
     let gate = ok(&["gate", "push-order"]);
     assert!(gate.starts_with("PASS"), "{gate}");
+    let effects = effects(&target.addr);
+    assert_eq!((effects.keys, effects.effects), (4, 4), "{effects:?}");
+    assert!(effects.by_key.values().all(|n| *n == 1), "{effects:?}");
+    assert!(target.terminate().success());
+}
+
+#[test]
+fn fail_for_fails_requests_only_in_its_window_then_the_target_is_healthy() {
+    let window = Duration::from_secs(3);
+    let target = Running::start(
+        "sqlite::memory:",
+        &["--fail-rate", "1", "--fail-for", "3s", "--seed", "5"],
+    );
+    let started = Instant::now();
+    assert_eq!(
+        target.banner,
+        "keys in sqlite::memory: (not durable: every key is forgotten when the target stops); \
+         faults: fail-rate 1 for the first 3000 ms, drop-reply-rate 0, delay 0 ms, seed 5"
+    );
+    // Inside the window every request fails; one key is sent until it is applied.
+    let mut failures = 0u64;
+    let applied_after = loop {
+        let (status, replayed, body) = target.post("ik-flaky");
+        if status == 201 {
+            assert!(!replayed, "{body}");
+            break started.elapsed();
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("--fail-rate"), "{body}");
+        failures += 1;
+        assert!(started.elapsed() < Duration::from_secs(60), "still failing after 60 s");
+        std::thread::park_timeout(Duration::from_millis(100));
+    };
+    assert!(failures >= 1, "the first request falls in the window");
+    // The window counts from the target's start, which is after the banner was
+    // printed (and so before it was read here, give or take the pipe).
+    assert!(
+        applied_after + Duration::from_millis(500) >= window,
+        "applied {applied_after:?} after the banner, inside the {window:?} window"
+    );
+    // Then healthy: a new key is applied at once, the old one replays.
+    assert_eq!(target.post("ik-after").0, 201);
+    assert_eq!(target.post("ik-flaky").0, 201);
+    let effects = effects(&target.addr);
+    assert_eq!(effects.faults.failed, failures, "{effects:?}");
+    assert_eq!(
+        effects.faults.failed_by_key,
+        [("ik-flaky".to_owned(), failures)].into_iter().collect(),
+        "{effects:?}"
+    );
+    assert_eq!(
+        (effects.keys, effects.effects, effects.replays),
+        (2, 2, 1),
+        "{effects:?}"
+    );
+    assert!(target.terminate().success());
+}
+
+/// The target's `GET /effects`.
+fn effects(addr: &str) -> leasehold::receiver::Effects {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let effects: leasehold::receiver::Effects = runtime.block_on(async {
-        let body = reqwest::get(format!("http://{}/effects", target.addr))
+    runtime.block_on(async {
+        let body = reqwest::get(format!("http://{addr}/effects"))
             .await
             .unwrap()
             .bytes()
             .await
             .unwrap();
         serde_json::from_slice(&body).unwrap()
-    });
-    assert_eq!((effects.keys, effects.effects), (4, 4), "{effects:?}");
-    assert!(effects.by_key.values().all(|n| *n == 1), "{effects:?}");
-    assert!(target.terminate().success());
+    })
 }

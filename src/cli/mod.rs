@@ -5,7 +5,9 @@
 mod output;
 
 mod bench;
+mod recovery;
 mod render;
+mod when;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use leasehold::clock::SystemClock;
@@ -65,13 +67,15 @@ enum Command {
     /// Register, list, show and retire plans.
     #[command(subcommand)]
     Plan(PlanCommand),
-    /// Enqueue an attempt of a plan; prints the attempt id.
+    /// Enqueue an attempt of a plan, now or for later; prints the attempt id.
     Enqueue {
         /// Plan id or name.
         plan: String,
         /// What the attempt does.
         #[arg(long, value_enum, default_value_t = ActionArg::Execute)]
         action: ActionArg,
+        #[command(flatten)]
+        start: recovery::StartArgs,
     },
     /// Claim and deliver commands until stopped (SIGINT/SIGTERM) or idle.
     Worker {
@@ -119,14 +123,12 @@ enum Command {
         /// Attempt id.
         attempt: String,
     },
-    /// Abort a QUEUED or RUNNING attempt, fencing its worker.
-    Abort {
-        /// Attempt id.
-        attempt: String,
-        /// Reason recorded on the attempt.
-        #[arg(long, default_value = "aborted by operator")]
-        reason: String,
-    },
+    /// Abort a QUEUED or RUNNING attempt, fencing its worker; or, with --open, the
+    /// open attempts a filter selects.
+    Abort(recovery::AbortArgs),
+    /// Retry a FAILED or ABORTED attempt (enqueue a retry of its plan); or, with
+    /// --failed, the failed attempts a filter selects.
+    Retry(recovery::RetryArgs),
     /// Compare two successful attempts of a plan (default: the two latest).
     Compare {
         /// Plan id or name.
@@ -193,6 +195,10 @@ struct TargetArgs {
     /// The share of deliveries answered 503 before anything is done (0 to 1).
     #[arg(long, value_name = "R", default_value_t = 0.0, allow_negative_numbers = true)]
     fail_rate: f64,
+    /// --fail-rate applies only this long after the start (500ms, 30s, 10m, 1h),
+    /// then the target is healthy: a receiver that is down for a while.
+    #[arg(long, value_name = "DURATION", requires = "fail_rate", allow_hyphen_values = true)]
+    fail_for: Option<String>,
     /// Milliseconds a first request works while it holds its key (a repeat then gets
     /// 409), and a replay waits before it is answered (at most 60000).
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -519,7 +525,8 @@ fn open_mode(command: &Command) -> OpenMode {
         | Command::Enqueue { .. }
         | Command::Worker { .. }
         | Command::Reconcile { .. }
-        | Command::Abort { .. }
+        | Command::Abort(_)
+        | Command::Retry(_)
         | Command::Target(_) => OpenMode::Existing,
     }
 }
@@ -557,11 +564,8 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
     match command {
         Command::Migrate => migrate(ledger.as_ref()).await,
         Command::Plan(command) => plan_command(ledger.as_ref(), command, json).await,
-        Command::Enqueue { plan, action } => {
-            let plan = find_plan(ledger.as_ref(), &plan).await?;
-            let record = ledger.enqueue(&plan.id, action.into()).await?;
-            emit(json, &record, || format!("{}\n", record.attempt.id));
-            Ok(())
+        Command::Enqueue { plan, action, start } => {
+            recovery::enqueue(ledger.as_ref(), &plan, action.into(), &start, json).await
         }
         Command::Worker {
             id,
@@ -590,7 +594,18 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         }
         Command::Status { attempt } => {
             let record = ledger.attempt(&AttemptId::new(attempt)).await?;
-            emit(json, &record, || render::status(&record));
+            // The policy is shown beside the delivery count when the plan reads.
+            let policy = if json {
+                None
+            } else {
+                ledger
+                    .plan(&record.attempt.plan_id)
+                    .await
+                    .ok()
+                    .map(|p| p.policy_of(&record))
+            };
+            let now = leasehold::clock::Clock::now(&SystemClock);
+            emit(json, &record, || render::status(&record, policy.as_ref(), now));
             Ok(())
         }
         Command::History { plan } => {
@@ -600,11 +615,8 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             Ok(())
         }
         Command::Reconcile { attempt } => reconcile(ledger.as_ref(), attempt, json).await,
-        Command::Abort { attempt, reason } => {
-            let record = ledger.abort(&AttemptId::new(attempt), &reason).await?;
-            emit(json, &record, || format!("aborted attempt {}\n", record.attempt.id));
-            Ok(())
-        }
+        Command::Abort(args) => recovery::abort(ledger.as_ref(), args, json).await,
+        Command::Retry(args) => recovery::retry(ledger.as_ref(), args, json).await,
         Command::Compare { plan, left, right } => compare_attempts(ledger.as_ref(), &plan, left, right, json).await,
         Command::Gate { plan } => release_gate(ledger.as_ref(), &plan, json).await,
         Command::Demo {
@@ -695,13 +707,14 @@ async fn worker_command<L: Ledger>(
     let executors = Arc::new(http.executors(settings.step_timeout)?);
     let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
     outln!(
-        "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}",
+        "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}, gave back {}",
         leasehold::text::clean(&id),
         report.claimed,
         report.delivered,
         report.failed,
         report.refused,
-        report.abandoned
+        report.abandoned,
+        report.gave_back
     );
     Ok(())
 }
@@ -788,8 +801,14 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
     use leasehold::entropy::Entropy as _;
     let db = DbUrl::parse(db)?;
     let seed = args.seed.unwrap_or_else(|| OsEntropy.next_u64());
+    let fail_for = args
+        .fail_for
+        .as_deref()
+        .map(|d| when::parse_duration("--fail-for", d))
+        .transpose()?;
     let faults = leasehold::receiver::Faults {
         fail_rate: args.fail_rate,
+        fail_for,
         drop_reply_rate: args.drop_reply_rate,
         delay: Duration::from_millis(args.delay_ms),
         seed,
@@ -812,8 +831,11 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
         listener,
         |store| {
             outln!("leasehold target listening on http://{addr}");
+            let window = faults
+                .fail_for
+                .map_or_else(String::new, |d| format!(" for the first {} ms", d.as_millis()));
             outln!(
-                "keys in {store}; faults: fail-rate {}, drop-reply-rate {}, delay {} ms, seed {seed}",
+                "keys in {store}; faults: fail-rate {}{window}, drop-reply-rate {}, delay {} ms, seed {seed}",
                 faults.fail_rate,
                 faults.drop_reply_rate,
                 faults.delay.as_millis()

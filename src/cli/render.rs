@@ -9,7 +9,8 @@
 
 use leasehold::text::{clean, short_sha};
 use leasehold_engine::evidence::{raw_fingerprint, semantic_fingerprint};
-use leasehold_engine::{AttemptRecord, Plan, Timestamp};
+use leasehold_engine::policy::resolve;
+use leasehold_engine::{AttemptRecord, AttemptStatus, CommandStatus, Plan, RetryPolicy, Timestamp};
 use serde::Serialize;
 use std::fmt::{Display, Write};
 
@@ -63,15 +64,49 @@ pub fn plan(p: &Plan) -> String {
         let _ = writeln!(out, "volatile    {}", c(p.volatile_fields.join(", ")));
     }
     let _ = writeln!(out, "registered  {}", p.created_at);
+    let _ = writeln!(out, "retry       {}", policy(&resolve(p.retry.as_ref(), None)));
     let _ = writeln!(out, "steps:");
     for (i, s) in p.steps.iter().enumerate() {
-        let _ = writeln!(out, "  {}. {} ({})", i + 1, c(&s.code), c(&s.executor));
+        let _ = write!(out, "  {}. {} ({})", i + 1, c(&s.code), c(&s.executor));
+        if s.retry.is_some() {
+            let _ = write!(out, " retry: {}", policy(&resolve(p.retry.as_ref(), s.retry.as_ref())));
+        }
+        out.push('\n');
     }
     out
 }
 
-/// An attempt, its command and receipts.
-pub fn status(r: &AttemptRecord) -> String {
+/// A delivery policy on one line.
+pub fn policy(p: &RetryPolicy) -> String {
+    let deadline = p
+        .deadline_secs
+        .map_or_else(|| "no deadline".to_owned(), |s| format!("deadline {s} s after enqueue"));
+    format!(
+        "at most {} deliveries, backoff {} to {} ms, {} tries per delivery, {deadline}",
+        p.max_deliveries, p.backoff_base_ms, p.backoff_max_ms, p.step_max_tries
+    )
+}
+
+/// When a QUEUED attempt's command is next claimable, if that is after `now`: the
+/// time and whether it waits out a give-back's backoff (it was delivered before)
+/// or a scheduled start.
+pub fn next_delivery(r: &AttemptRecord, now: Timestamp) -> Option<(Timestamp, &'static str)> {
+    let cmd = &r.command;
+    let waiting = r.attempt.status == AttemptStatus::Queued && cmd.status == CommandStatus::Pending;
+    if !waiting || cmd.available_at <= now {
+        return None;
+    }
+    let why = if cmd.delivery_count > 0 {
+        "backed off after a failed delivery"
+    } else {
+        "scheduled"
+    };
+    Some((cmd.available_at, why))
+}
+
+/// An attempt, its command and receipts, at `now`; `policy` is its plan's policy
+/// for the attempt, when the plan could be read.
+pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, now: Timestamp) -> String {
     let (a, cmd) = (&r.attempt, &r.command);
     let mut out = String::new();
     let _ = writeln!(
@@ -97,8 +132,22 @@ pub fn status(r: &AttemptRecord) -> String {
     );
     let _ = writeln!(out, "  last heartbeat  {}", ts(cmd.last_heartbeat_at));
     let _ = writeln!(out, "  lease until     {}", ts(cmd.lease_until));
-    let _ = writeln!(out, "  delivery count  {}", cmd.delivery_count);
+    let _ = match policy {
+        Some(p) => writeln!(
+            out,
+            "  delivery count  {} (at most {})",
+            cmd.delivery_count, p.max_deliveries
+        ),
+        None => writeln!(out, "  delivery count  {}", cmd.delivery_count),
+    };
     let _ = writeln!(out, "  last error      {}", c(cmd.last_error.as_deref().unwrap_or("-")));
+    if let Some((at, why)) = next_delivery(r, now) {
+        let _ = writeln!(
+            out,
+            "  next delivery   {at} (in {}, {why})",
+            super::when::span(at.millis_since(now))
+        );
+    }
     let _ = writeln!(out, "receipts:");
     for rc in &r.receipts {
         let _ = write!(
@@ -137,9 +186,9 @@ pub fn history(p: &Plan, records: &[AttemptRecord]) -> String {
             "  #{:<3} {} {:<10} {:<10} {:<10} {}/{} steps  deliveries {}  created {}",
             r.attempt.number,
             c(&r.attempt.id),
-            r.attempt.action,
-            r.attempt.status,
-            r.command.status,
+            r.attempt.action.to_string(),
+            r.attempt.status.to_string(),
+            r.command.status.to_string(),
             done,
             r.receipts.len(),
             r.command.delivery_count,
@@ -180,9 +229,23 @@ mod props {
     use leasehold::text::needs_escape;
     use leasehold_engine::{
         Action, Attempt, AttemptId, AttemptStatus, Command, CommandId, CommandStatus, PlanId, PlanStatus, Receipt,
-        ReceiptStatus, Recovery, Step,
+        ReceiptStatus, Recovery, RetrySpec, Step,
     };
     use proptest::prelude::*;
+
+    /// A stored retry spec, any values (a damaged ledger's too).
+    fn retry() -> impl Strategy<Value = Option<RetrySpec>> {
+        let value = || prop::option::of(any::<i64>());
+        prop::option::of(
+            (value(), value(), value(), value(), value()).prop_map(|(a, b, c, d, e)| RetrySpec {
+                max_deliveries: a,
+                backoff_base_ms: b,
+                backoff_max_ms: c,
+                step_max_tries: d,
+                deadline_secs: e,
+            }),
+        )
+    }
 
     fn text() -> impl Strategy<Value = String> {
         prop_oneof![
@@ -201,28 +264,28 @@ mod props {
             (text(), text(), text(), time()),
             prop::sample::select(PlanStatus::ALL),
             prop::sample::select(Recovery::ALL),
-            prop::collection::vec((text(), text()), 0..4),
-            prop::collection::vec(text(), 0..3),
+            prop::collection::vec((text(), text(), retry()), 0..4),
+            (prop::collection::vec(text(), 0..3), retry()),
         )
             .prop_map(
-                |((id, name, fingerprint, created_at), status, recovery, steps, volatile)| Plan {
+                |((id, name, fingerprint, created_at), status, recovery, steps, (volatile, retry))| Plan {
                     id: PlanId::new(id),
                     name,
                     status,
                     recovery,
                     steps: steps
                         .into_iter()
-                        .map(|(code, executor)| Step {
+                        .map(|(code, executor, retry)| Step {
                             code,
                             executor,
                             payload: serde_json::json!({}),
-                            retry: None,
+                            retry,
                         })
                         .collect(),
                     volatile_fields: volatile,
                     fingerprint,
                     created_at,
-                    retry: None,
+                    retry,
                 },
             )
     }
@@ -321,17 +384,28 @@ mod props {
                 let shown = plan(p);
                 prop_assert!(clean_lines(&shown));
                 let volatile = usize::from(!p.volatile_fields.is_empty());
-                prop_assert_eq!(shown.lines().count(), 7 + volatile + p.steps.len());
+                prop_assert_eq!(shown.lines().count(), 8 + volatile + p.steps.len());
             }
         }
 
         #[test]
-        fn attempts_render_line_for_line(p in any_plan(), records in prop::collection::vec(record(), 0..3)) {
+        fn attempts_render_line_for_line(
+            p in any_plan(),
+            records in prop::collection::vec(record(), 0..3),
+            now in time(),
+            with_policy in any::<bool>(),
+        ) {
             for r in &records {
-                let out = status(r);
+                let policy = with_policy.then(|| p.policy(""));
+                let out = status(r, policy.as_ref(), now);
                 prop_assert!(clean_lines(&out));
                 let error = usize::from(r.attempt.error.is_some());
-                prop_assert_eq!(out.lines().count(), 12 + error + r.receipts.len());
+                let waiting = r.attempt.status == AttemptStatus::Queued
+                    && r.command.status == CommandStatus::Pending
+                    && r.command.available_at > now;
+                let next = usize::from(waiting);
+                prop_assert_eq!(out.lines().count(), 12 + error + next + r.receipts.len());
+                prop_assert_eq!(out.contains("next delivery"), waiting);
                 let shown = outcome(&p, r);
                 prop_assert!(clean_lines(&shown));
                 prop_assert_eq!(shown.lines().count(), 3);
@@ -346,5 +420,64 @@ mod props {
                 prop_assert!(clean_lines(&leasehold::report::comparison_text(&comparison, &p)));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_engine::{Action, Attempt, AttemptId, Command, CommandId, PlanId};
+
+    fn queued(delivery_count: u32, available_at: i64) -> AttemptRecord {
+        AttemptRecord {
+            attempt: Attempt {
+                id: AttemptId::new("att-1"),
+                plan_id: PlanId::new("pln-1"),
+                number: 1,
+                action: Action::Execute,
+                status: AttemptStatus::Queued,
+                created_at: Timestamp::from_millis(0),
+                started_at: None,
+                finished_at: None,
+                error: None,
+            },
+            command: Command {
+                id: CommandId::new("cmd-1"),
+                attempt_id: AttemptId::new("att-1"),
+                status: CommandStatus::Pending,
+                available_at: Timestamp::from_millis(available_at),
+                lease_owner: None,
+                lease_token: None,
+                lease_until: None,
+                last_heartbeat_at: None,
+                delivery_count,
+                last_error: (delivery_count > 0).then(|| "step 1: 503".to_owned()),
+                finished_at: None,
+            },
+            receipts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_waiting_command_shows_when_and_why() {
+        let now = Timestamp::from_millis(10_000);
+        let policy = RetryPolicy {
+            max_deliveries: 3,
+            ..RetryPolicy::default()
+        };
+        let backed_off = status(&queued(2, 75_000), Some(&policy), now);
+        assert!(backed_off.contains("  delivery count  2 (at most 3)\n"), "{backed_off}");
+        assert!(backed_off.contains("  last error      step 1: 503\n"), "{backed_off}");
+        assert!(
+            backed_off.contains(
+                "  next delivery   1970-01-01T00:01:15.000Z (in 1 min 5 s, backed off after a failed delivery)\n"
+            ),
+            "{backed_off}"
+        );
+        let scheduled = status(&queued(0, 3_610_000), None, now);
+        assert!(scheduled.contains("  delivery count  0\n"), "{scheduled}");
+        assert!(scheduled.contains("(in 1 h 0 min, scheduled)"), "{scheduled}");
+        // Due already: nothing to wait for.
+        assert!(!status(&queued(1, 10_000), None, now).contains("next delivery"));
     }
 }

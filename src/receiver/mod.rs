@@ -52,7 +52,7 @@ pub mod postgres;
 mod server;
 pub mod sqlite;
 
-pub use server::{Faults, Target, MAX_DELAY};
+pub use server::{Faults, Target, MAX_DELAY, MAX_FAILED_KEYS};
 
 use crate::ledger::DbUrl;
 use crate::listener::Served;
@@ -154,10 +154,14 @@ pub struct Effects {
 }
 
 /// Faults injected since the target process started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct FaultCounts {
     /// Requests answered 503 before anything was done (`--fail-rate`).
     pub failed: u64,
+    /// Those requests per `Idempotency-Key` (for the first
+    /// [`MAX_FAILED_KEYS`] keys that met one).
+    #[serde(default)]
+    pub failed_by_key: BTreeMap<String, u64>,
     /// Requests whose effect was applied and whose connection was then closed
     /// without a reply (`--drop-reply-rate`).
     pub dropped_replies: u64,

@@ -17,13 +17,14 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -32,6 +33,9 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct Faults {
     /// The share of deliveries answered 503 before anything is done (0 to 1).
     pub fail_rate: f64,
+    /// If set, `fail_rate` applies only this long after the target starts; then it
+    /// is healthy (a receiver that is down for a while and comes back).
+    pub fail_for: Option<Duration>,
     /// The share of first applications whose connection is closed, after the effect
     /// is committed, without a reply (0 to 1).
     pub drop_reply_rate: f64,
@@ -46,11 +50,16 @@ pub struct Faults {
 /// The longest delay a target accepts.
 pub const MAX_DELAY: Duration = Duration::from_secs(60);
 
+/// The most keys whose injected failures are counted one by one
+/// ([`FaultCounts::failed_by_key`]); failures of further keys count in the total only.
+pub const MAX_FAILED_KEYS: usize = 65_536;
+
 impl Faults {
     /// No faults and no delay.
     pub fn none() -> Self {
         Self {
             fail_rate: 0.0,
+            fail_for: None,
             drop_reply_rate: 0.0,
             delay: Duration::ZERO,
             seed: 0,
@@ -80,7 +89,10 @@ pub struct Target<S> {
     store: S,
     faults: Faults,
     draws: SeededEntropy,
+    /// When the target was made: `fail_for` counts from here.
+    started: Instant,
     failed: AtomicU64,
+    failed_by_key: Mutex<BTreeMap<String, u64>>,
     dropped_replies: AtomicU64,
 }
 
@@ -114,11 +126,14 @@ impl<S: KeyStore> Target<S> {
             draws: SeededEntropy::new(faults.seed),
             faults: Faults {
                 fail_rate: rate(faults.fail_rate),
+                fail_for: faults.fail_for,
                 drop_reply_rate: rate(faults.drop_reply_rate),
                 delay: faults.delay.min(MAX_DELAY),
                 seed: faults.seed,
             },
+            started: Instant::now(),
             failed: AtomicU64::new(0),
+            failed_by_key: Mutex::new(BTreeMap::new()),
             dropped_replies: AtomicU64::new(0),
         }
     }
@@ -166,13 +181,27 @@ impl<S: KeyStore> Target<S> {
     }
 
     /// Draws this request's faults: (fail before doing anything, drop the reply).
-    /// Both are drawn for every delivery, so that the sequence follows the seed.
+    /// Both are drawn for every delivery, so that the sequence follows the seed; a
+    /// failure drawn after `fail_for` has run out is not injected.
     fn draw(&self) -> (bool, bool) {
         let chance = |rate: f64| {
             let unit = (self.draws.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             unit < rate
         };
-        (chance(self.faults.fail_rate), chance(self.faults.drop_reply_rate))
+        let fail = chance(self.faults.fail_rate);
+        let failing = self.faults.fail_for.is_none_or(|d| self.started.elapsed() < d);
+        (fail && failing, chance(self.faults.drop_reply_rate))
+    }
+
+    /// Counts an injected failure of a request with `key`.
+    fn count_failure(&self, key: &str) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let mut by_key = self.failed_by_key.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = by_key.get_mut(key) {
+            *n += 1;
+        } else if by_key.len() < MAX_FAILED_KEYS {
+            by_key.insert(key.to_owned(), 1);
+        }
     }
 
     /// Steps 3 to 6 of the contract for one delivery.
@@ -219,6 +248,7 @@ async fn effects<S: KeyStore>(State(target): State<Arc<Target<S>>>) -> Response 
         Ok(effects) => Json(Effects {
             faults: FaultCounts {
                 failed: target.failed.load(Ordering::Relaxed),
+                failed_by_key: target.failed_by_key.lock().unwrap_or_else(|e| e.into_inner()).clone(),
                 dropped_replies: target.dropped_replies.load(Ordering::Relaxed),
             },
             ..effects
@@ -241,7 +271,7 @@ async fn deliver<S: KeyStore>(
     };
     let (fail, drop_reply) = target.draw();
     if fail {
-        target.failed.fetch_add(1, Ordering::Relaxed);
+        target.count_failure(&key);
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "injected failure (--fail-rate): nothing was done; retry with the same key",
