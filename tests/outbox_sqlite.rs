@@ -6,6 +6,7 @@
 use leasehold::clock::SystemClock;
 use leasehold::engine::driver::ExecutorResult;
 use leasehold::engine::lease::WorkerConfig;
+use leasehold::engine::transition::Start;
 use leasehold::engine::{Action, AttemptStatus, CommandStatus, PlanId, PlanSpec, ReceiptStatus, Refusal};
 use leasehold::entropy::OsEntropy;
 use leasehold::executor::{ExecRequest, Executor, Executors};
@@ -339,4 +340,28 @@ async fn a_connection_outside_a_transaction_is_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("not inside a transaction"), "{e}");
     assert_eq!(counts(&conn), [0, 1, 0, 0, 0]);
+}
+
+#[tokio::test]
+async fn an_enqueue_scheduled_for_later_is_not_claimable_before_its_start() {
+    let (_dir, path, ledger) = migrated().await;
+    let executors = executors(&Crm::default());
+    let mut conn = app_connection(&path);
+    let outbox = Outbox::new();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+    let plan = outbox
+        .register_plan_sqlite(&tx, order_plan("o-later"), &executors.names())
+        .unwrap();
+    let record = outbox
+        .enqueue_sqlite_at(&tx, &plan.id, Action::Execute, Start::After(3_600_000))
+        .unwrap();
+    tx.commit().unwrap();
+    assert_eq!(
+        record.command.available_at.millis_since(record.attempt.created_at),
+        3_600_000,
+        "claimable an hour after its enqueue"
+    );
+    let claimed = ledger.claim("shop-worker", 5, 5_000).await.unwrap();
+    assert!(claimed.is_empty(), "nothing is claimable before its start");
+    assert_eq!(ledger.open_attempts().await.unwrap(), 1, "but it is queued");
 }

@@ -4,7 +4,7 @@
 //!
 //! A bulk action needs a filter (a plan, a reason or a `since`: "everything" is
 //! `since` the epoch, said on purpose) and is bounded: it acts on at most
-//! [`BulkFilter::limit`] attempts per call, newest first, and says whether more
+//! `limit` attempts per call ([`BulkFilter`]), newest first, and says whether more
 //! matched. A dry run counts what it would act on and writes nothing.
 
 use super::listing::{AttemptQuery, PAGE_LIMIT_MAX};
