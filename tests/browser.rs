@@ -428,3 +428,147 @@ async fn the_console_works_in_a_real_browser() {
     client.set_window_size(1280, 900).await.unwrap();
     client.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_policy_and_bulk_recovery_in_a_real_browser() {
+    let Ok(driver) = std::env::var("LEASEHOLD_TEST_CHROMEDRIVER") else {
+        eprintln!("skipped: LEASEHOLD_TEST_CHROMEDRIVER is not set (path of chromedriver; .ci/run sets it)");
+        return;
+    };
+    let server = TestServer::start().await;
+    let base = server.base.clone();
+    // Two exhausted attempts, and one given back with deliveries left (next in 10 min).
+    let exhausted = server.exhausted("one-shot", "connection refused").await;
+    let other = server.exhausted("also-one-shot", "connection refused").await;
+    let flaky = server.plan_with_retry("flaky", 1, 5).await;
+    let waiting = server.enqueue(&flaky).await.attempt.id;
+    let lease = server.claim(60_000).await.lease;
+    server.give_back(&lease, "503 Service Unavailable", 600_000).await;
+
+    let (_driver, port) = start_chromedriver(&driver);
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(port, profile.path()).await;
+    log_in(&client, &base, &server.operator).await;
+
+    // An exhausted attempt leads with its reason, before the outbox details.
+    client
+        .goto(&format!("{base}/attempts/{}", exhausted.attempt.id))
+        .await
+        .unwrap();
+    wait_for_text(&client, ".exhausted", "exhausted: deliveries").await;
+    wait_for_text(&client, ".exhausted", "connection refused").await;
+    assert_eq!(
+        js(
+            &client,
+            "const e = document.querySelector('.exhausted'), o = document.getElementById('outbox'); \
+             return !!(e.compareDocumentPosition(o) & Node.DOCUMENT_POSITION_FOLLOWING);"
+        )
+        .await,
+        json!(true),
+        "the reason comes before the details"
+    );
+    shot(&client, "attempt-exhausted").await;
+
+    // A given-back attempt: its next delivery, deliveries of the maximum, last error.
+    client.goto(&format!("{base}/attempts/{waiting}")).await.unwrap();
+    wait_for_text(&client, "#live .delivery", "Next delivery").await;
+    let delivery = client
+        .find(Locator::Css("#live .delivery"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        delivery.contains("in 9 min") || delivery.contains("in 10 min"),
+        "{delivery}"
+    );
+    assert!(delivery.contains("1 of at most 5"), "{delivery}");
+    assert!(delivery.contains("503 Service Unavailable"), "{delivery}");
+    shot(&client, "attempt-given-back").await;
+
+    // Bulk retry of the exhausted attempts: counted first, then done.
+    client
+        .find(Locator::Css("nav a[href='/recovery']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for_url(&client, "/recovery").await;
+    shot(&client, "recovery").await;
+    let reason = client
+        .find(Locator::Css("#retry-form input[name='reason']"))
+        .await
+        .unwrap();
+    reason.send_keys("exhausted\u{E007}").await.unwrap();
+    wait_for_url(&client, "/recovery/confirm?").await;
+    wait_for_text(&client, "#bulk-count", "selects 2").await;
+    for record in [&exhausted, &other] {
+        let history = server.ledger.history(&record.attempt.plan_id).await.unwrap();
+        assert_eq!(history.len(), 1, "counting wrote nothing");
+    }
+    shot(&client, "recovery-confirm").await;
+    let focused = client.active_element().await.unwrap();
+    assert_eq!(focused.text().await.unwrap(), "Yes, retry 2 attempts");
+    focused.send_keys("\u{E007}").await.unwrap();
+    wait_for_text(&client, "#bulk-done", "Retry enqueued for 2").await;
+    for record in [&exhausted, &other] {
+        let history = server.ledger.history(&record.attempt.plan_id).await.unwrap();
+        assert_eq!(history.len(), 2, "one retry each");
+        assert_eq!(history[1].attempt.status, leasehold_engine::AttemptStatus::Queued);
+    }
+    shot(&client, "recovery-done").await;
+
+    // Bulk abort of one plan's open attempts.
+    client.goto(&format!("{base}/recovery")).await.unwrap();
+    let plan = client
+        .find(Locator::Css("#abort-form input[name='plan']"))
+        .await
+        .unwrap();
+    plan.send_keys("flaky\u{E007}").await.unwrap();
+    wait_for_text(&client, "#bulk-count", "selects 1").await;
+    client
+        .find(Locator::Css("form[action='/recovery/act'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for_text(&client, "#bulk-done", "Aborted for 1").await;
+    let aborted = server.ledger.attempt(&waiting).await.unwrap();
+    assert_eq!(aborted.attempt.status, leasehold_engine::AttemptStatus::Aborted);
+    assert_eq!(aborted.attempt.error.as_deref(), Some("aborted in bulk by operator"));
+
+    // At 400 % zoom the recovery page reflows.
+    client.set_window_size(320, 800).await.unwrap();
+    client.goto(&format!("{base}/recovery")).await.unwrap();
+    assert!(
+        fits_the_width(&client).await,
+        "the recovery page scrolls sideways at 320 px"
+    );
+    shot(&client, "zoom-400-recovery").await;
+    client.set_window_size(1280, 900).await.unwrap();
+
+    // A viewer: no way to recovery, no action on an exhausted attempt.
+    client
+        .find(Locator::Css("form[action='/logout'] button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_for_url(&client, "/login").await;
+    log_in(&client, &base, &server.viewer).await;
+    assert!(client.find(Locator::Css("nav a[href='/recovery']")).await.is_err());
+    client
+        .goto(&format!("{base}/attempts/{}", exhausted.attempt.id))
+        .await
+        .unwrap();
+    wait_for_text(&client, ".exhausted", "exhausted: deliveries").await;
+    assert!(client.find(Locator::Css(".actions")).await.is_err());
+    client.goto(&format!("{base}/recovery")).await.unwrap();
+    wait_for_text(&client, "main h1", "403").await;
+    assert!(client.find(Locator::Css("form.recovery")).await.is_err());
+    client.close().await.unwrap();
+}

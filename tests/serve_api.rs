@@ -189,6 +189,20 @@ fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<Route> {
             Some(json!({"reason": "test"})),
         ),
         (
+            Method::POST,
+            "/api/v1/attempts:retry".into(),
+            "/api/v1/attempts:retry",
+            Some(Role::Operator),
+            Some(json!({"plan": plan, "dry_run": true})),
+        ),
+        (
+            Method::POST,
+            "/api/v1/attempts:abort".into(),
+            "/api/v1/attempts:abort",
+            Some(Role::Operator),
+            Some(json!({"plan": plan, "dry_run": true})),
+        ),
+        (
             Method::GET,
             "/api/v1/counts".into(),
             "/api/v1/counts",
@@ -952,7 +966,7 @@ async fn the_openapi_document_describes_every_route_and_the_bearer_scheme() {
         .json();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{}", doc["openapi"]);
     assert_eq!(doc["components"]["securitySchemes"]["token"]["scheme"], "bearer");
-    assert_eq!(doc["paths"].as_object().unwrap().len(), 17);
+    assert_eq!(doc["paths"].as_object().unwrap().len(), 19);
     let reconcile = &doc["paths"]["/api/v1/attempts/{id}/reconcile"]["post"];
     assert!(reconcile["responses"]["409"].is_object(), "{reconcile}");
     assert_eq!(
@@ -1018,7 +1032,8 @@ async fn scan_for_secrets(server: &TestServer, db_secrets: &[String]) {
         second.attempt.id.as_str(),
     );
     for (method, path, _, _, body) in routes(p, a, l, r) {
-        if method == Method::GET || path.ends_with("/reconcile") {
+        // Reads, a refused reconcile and the bulk routes' dry runs change nothing.
+        if method == Method::GET || path.ends_with("/reconcile") || path.contains("/attempts:") {
             for role in [None, Some(Role::Viewer), Some(Role::Admin)] {
                 answers.push(
                     call(
@@ -1063,6 +1078,8 @@ async fn scan_for_secrets(server: &TestServer, db_secrets: &[String]) {
         format!("/plans/{p}"),
         format!("/plans/{p}/compare?left={l}&right={r}"),
         format!("/plans/{p}/gate"),
+        "/recovery".to_owned(),
+        format!("/recovery/confirm?op=abort&plan={p}"),
         "/login".to_owned(),
         "/assets/console.js".to_owned(),
     ] {
@@ -1198,4 +1215,390 @@ async fn admins_manage_tokens_over_the_api() {
     call(&server, Method::POST, "/api/v1/tokens/nobody/revoke", admin, None)
         .await
         .problem(404, "not_found");
+}
+
+/// The `command.available_at` of an enqueue answer, in milliseconds.
+fn available_at(answer: &Answer) -> i64 {
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    answer.json()["command"]["available_at"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no available_at: {}", answer.body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_starts_at_once_at_an_instant_or_after_a_delay() {
+    let server = TestServer::start().await;
+    let op = Some(server.operator.as_str());
+    let path = |plan: &leasehold_engine::Plan| format!("/api/v1/plans/{}/attempts", plan.id);
+    // `in`: from the enqueue.
+    let later = server.plan("in-ten-minutes", 1).await;
+    let before = now().as_millis();
+    let answer = call(&server, Method::POST, &path(&later), op, Some(json!({"in": "10m"}))).await;
+    let after = now().as_millis();
+    let at = available_at(&answer);
+    assert!(
+        (before + 600_000..=after + 600_000).contains(&at),
+        "{before} {at} {after}"
+    );
+    assert_eq!(answer.json()["attempt"]["status"], "QUEUED");
+    // Not claimable before then.
+    assert!(server.ledger.claim_and_begin("w", 1, 60_000).await.unwrap().is_empty());
+    // `at`: that instant, with an offset read.
+    let scheduled = server.plan("at-an-instant", 1).await;
+    let answer = call(
+        &server,
+        Method::POST,
+        &path(&scheduled),
+        op,
+        Some(json!({"at": "2999-01-02T04:04:05.5+01:00", "action": "execute"})),
+    )
+    .await;
+    let expected = leasehold::serve::when::parse_rfc3339("2999-01-02T03:04:05.500Z").unwrap();
+    assert_eq!(available_at(&answer), expected.as_millis());
+    // `at` in the past: at once.
+    let past = server.plan("at-a-past-instant", 1).await;
+    let before = now().as_millis();
+    let answer = call(
+        &server,
+        Method::POST,
+        &path(&past),
+        op,
+        Some(json!({"at": "2001-01-01T00:00:00Z"})),
+    )
+    .await;
+    let after = now().as_millis();
+    assert!((before..=after).contains(&available_at(&answer)), "{}", answer.body);
+    let claimed = server.claim(60_000).await;
+    assert_eq!(claimed.lease.attempt_id.as_str(), answer.json()["attempt"]["id"]);
+    // Neither: at once.
+    let plain = server.plan("at-once", 1).await;
+    let before = now().as_millis();
+    let answer = call(&server, Method::POST, &path(&plain), op, Some(json!({}))).await;
+    let after = now().as_millis();
+    assert!((before..=after).contains(&available_at(&answer)), "{}", answer.body);
+    // Bad values are 400s naming the field, and write nothing.
+    let other = server.plan("not-enqueued", 1).await;
+    for (body, field) in [
+        (json!({"at": "2999-01-01T00:00:00Z", "in": "1m"}), "at and in:"),
+        (json!({"at": "tomorrow"}), "at:"),
+        (json!({"at": "2999-02-30T00:00:00Z"}), "at:"),
+        (json!({"in": "10 minutes"}), "in:"),
+        (json!({"in": "-5s"}), "in:"),
+        (json!({"in": "99999d"}), "in:"),
+    ] {
+        let p = call(&server, Method::POST, &path(&other), op, Some(body.clone()))
+            .await
+            .problem(400, "bad_input");
+        assert!(p["detail"].as_str().unwrap().starts_with(field), "{body}: {p}");
+    }
+    assert!(server.ledger.history(&other.id).await.unwrap().is_empty());
+    // A viewer may not schedule either.
+    call(
+        &server,
+        Method::POST,
+        &path(&other),
+        Some(&server.viewer),
+        Some(json!({"in": "1m"})),
+    )
+    .await
+    .problem(403, "forbidden");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_retry_and_abort_count_first_and_act_through_the_ledger() {
+    let server = TestServer::start().await;
+    let op = Some(server.operator.as_str());
+    // Two exhausted attempts, one failed for another reason, one queued, one running.
+    let tired = server.exhausted("tired", "target unreachable").await;
+    let weary = server.exhausted("weary", "timeout").await;
+    let broken = server.plan("broken", 1).await;
+    let failed = server.enqueue(&broken).await;
+    let lease = server.claim(60_000).await.lease;
+    server.ledger.fail(&lease, Some(1), "bad request").await.unwrap();
+    let busy = server.plan("busy", 1).await;
+    let running = server.enqueue(&busy).await;
+    server.claim(60_000).await;
+    let waiting = server.plan("waiting", 1).await;
+    let queued = server.enqueue(&waiting).await;
+    let bulk = |path: &'static str, token: Option<&str>, body: Value| {
+        let token = token.map(str::to_owned);
+        let server = &server;
+        async move { call(server, Method::POST, path, token.as_deref(), Some(body)).await }
+    };
+
+    // No filter: the library's refusal, nothing written.
+    for path in ["/api/v1/attempts:retry", "/api/v1/attempts:abort"] {
+        let p = bulk(path, op, json!({"dry_run": true})).await.problem(400, "bad_input");
+        assert!(p["detail"].as_str().unwrap().contains("needs a filter"), "{p}");
+    }
+    // Bad values name their field.
+    for (path, body, field) in [
+        ("/api/v1/attempts:retry", json!({"reason": "x", "limit": 0}), "limit:"),
+        (
+            "/api/v1/attempts:retry",
+            json!({"reason": "x", "limit": 1001}),
+            "limit:",
+        ),
+        ("/api/v1/attempts:retry", json!({"since": "last week"}), "since:"),
+        ("/api/v1/attempts:retry", json!({"reason": "x".repeat(501)}), "reason:"),
+        (
+            "/api/v1/attempts:abort",
+            json!({"plan": "busy", "reason": "x"}),
+            "request body: unknown field `reason`",
+        ),
+    ] {
+        let p = bulk(path, op, body.clone()).await.problem(400, "bad_input");
+        assert!(p["detail"].as_str().unwrap().starts_with(field), "{body}: {p}");
+    }
+    bulk("/api/v1/attempts:retry", op, json!({"plan": "no-such-plan"}))
+        .await
+        .problem(404, "not_found");
+    // A viewer is refused, and nothing is counted for them.
+    bulk(
+        "/api/v1/attempts:retry",
+        Some(&server.viewer),
+        json!({"reason": "exhausted"}),
+    )
+    .await
+    .problem(403, "forbidden");
+
+    // A dry run counts and writes nothing.
+    let counted = bulk(
+        "/api/v1/attempts:retry",
+        op,
+        json!({"reason": "exhausted", "dry_run": true}),
+    )
+    .await;
+    assert_eq!(counted.status, StatusCode::OK, "{}", counted.body);
+    assert_eq!(counted.json(), json!({"count": 2, "more": false}));
+    let bounded = bulk(
+        "/api/v1/attempts:retry",
+        op,
+        json!({"since": "1970-01-01T00:00:00Z", "limit": 2, "dry_run": true}),
+    )
+    .await;
+    assert_eq!(bounded.json(), json!({"count": 2, "more": true}));
+    for record in [&tired, &weary, &failed] {
+        let history = server.ledger.history(&record.attempt.plan_id).await.unwrap();
+        assert_eq!(history.len(), 1, "a dry run enqueued nothing");
+    }
+
+    // Retry the exhausted ones of one plan, by name: one retry attempt, queued.
+    let done = bulk(
+        "/api/v1/attempts:retry",
+        op,
+        json!({"plan": "tired", "reason": "exhausted"}),
+    )
+    .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let body = done.json();
+    assert_eq!(
+        (body["count"].as_u64(), body["more"].as_bool()),
+        (Some(1), Some(false)),
+        "{body}"
+    );
+    assert_eq!(body["refused"], json!([]));
+    let new = body["attempts"][0].as_str().unwrap();
+    let retry = server
+        .ledger
+        .attempt(&leasehold_engine::AttemptId::new(new))
+        .await
+        .unwrap();
+    assert_eq!(retry.attempt.plan_id, tired.attempt.plan_id);
+    assert_eq!(retry.attempt.action, leasehold_engine::Action::Retry);
+    assert_eq!(retry.attempt.status, AttemptStatus::Queued);
+    // The other exhausted one is still there to retry; the plain failure never matched.
+    let left = bulk(
+        "/api/v1/attempts:retry",
+        op,
+        json!({"reason": "exhausted", "dry_run": true}),
+    )
+    .await;
+    assert_eq!(left.json(), json!({"count": 1, "more": false}));
+    assert_eq!(server.ledger.history(&broken.id).await.unwrap().len(), 1);
+
+    // Abort the open attempts enqueued since a moment ago, as the operator: the
+    // queued and running ones, and the new retry.
+    let since = failed.attempt.created_at.to_rfc3339();
+    let counted = bulk("/api/v1/attempts:abort", op, json!({"since": since, "dry_run": true})).await;
+    assert_eq!(counted.json(), json!({"count": 3, "more": false}));
+    let done = bulk("/api/v1/attempts:abort", op, json!({"plan": busy.id.as_str()})).await;
+    let body = done.json();
+    assert_eq!(body["count"], 1, "{body}");
+    assert_eq!(body["attempts"], json!([running.attempt.id.as_str()]));
+    let aborted = server.ledger.attempt(&running.attempt.id).await.unwrap();
+    assert_eq!(aborted.attempt.status, AttemptStatus::Aborted);
+    assert_eq!(aborted.attempt.error.as_deref(), Some("aborted in bulk by operator"));
+    assert_eq!(
+        server.ledger.attempt(&queued.attempt.id).await.unwrap().attempt.status,
+        AttemptStatus::Queued,
+        "another plan's attempt was left alone"
+    );
+    // The answer has the documented shape.
+    let doc = call(&server, Method::GET, "/api/v1/openapi.json", None, None)
+        .await
+        .json();
+    let schema = &doc["components"]["schemas"]["BulkOutcomeBody"]["properties"];
+    let documented: BTreeSet<&String> = schema.as_object().unwrap().keys().collect();
+    let answered: BTreeSet<&String> = body.as_object().unwrap().keys().collect();
+    assert_eq!(documented, answered);
+    assert!(doc["paths"]["/api/v1/attempts:retry"]["post"]["requestBody"].is_object());
+    // The colon is part of the literal path: nothing else matches it.
+    call(
+        &server,
+        Method::POST,
+        "/api/v1/attempts:retr",
+        op,
+        Some(json!({"plan": "busy"})),
+    )
+    .await
+    .problem(404, "not_found");
+    call(
+        &server,
+        Method::POST,
+        "/api/v1/attempts:retry/x",
+        op,
+        Some(json!({"plan": "busy"})),
+    )
+    .await
+    .problem(404, "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_answers_its_command_s_deliveries_last_error_and_next_delivery() {
+    let server = TestServer::start().await;
+    let op = Some(server.operator.as_str());
+    // Given back once, with deliveries left: queued again after the delay.
+    let plan = server.plan_with_retry("flaky", 1, 3).await;
+    let record = server.enqueue(&plan).await;
+    let claimed = server.claim(60_000).await;
+    let before = now().as_millis();
+    let reply = server.give_back(&claimed.lease, "503 from the target", 60_000).await;
+    let after = now().as_millis();
+    assert!(
+        matches!(reply, leasehold_engine::request::Reply::GaveBack { .. }),
+        "{reply:?}"
+    );
+    let path = format!("/api/v1/attempts/{}", record.attempt.id);
+    let body = call(&server, Method::GET, &path, op, None).await.json();
+    assert_eq!(body["attempt"]["status"], "QUEUED", "{body}");
+    assert_eq!(body["command"]["status"], "PENDING");
+    assert_eq!(body["command"]["delivery_count"], 1);
+    assert_eq!(body["command"]["last_error"], "503 from the target");
+    let next = body["command"]["available_at"].as_i64().unwrap();
+    assert!((before + 60_000..=after + 60_000).contains(&next), "{body}");
+    assert!(body["attempt"]["error"].is_null(), "{body}");
+    // Exhausted: the attempt FAILED with the policy's reason, the command FAILED.
+    let exhausted = server.exhausted("one-shot", "connection refused").await;
+    let path = format!("/api/v1/attempts/{}", exhausted.attempt.id);
+    let body = call(&server, Method::GET, &path, op, None).await.json();
+    assert_eq!(body["attempt"]["status"], "FAILED", "{body}");
+    assert_eq!(body["command"]["status"], "FAILED");
+    assert_eq!(body["command"]["delivery_count"], 1);
+    let error = body["attempt"]["error"].as_str().unwrap();
+    assert!(error.starts_with("exhausted: deliveries"), "{error}");
+    assert!(error.contains("connection refused"), "{error}");
+    assert!(body["command"]["available_at"].is_i64(), "{body}");
+    // The listing carries the same fields.
+    let page = call(&server, Method::GET, "/api/v1/attempts?state=FAILED", op, None)
+        .await
+        .json();
+    assert_eq!(page["attempts"][0]["attempt"]["error"], error);
+    assert_eq!(page["attempts"][0]["command"]["delivery_count"], 1);
+}
+
+/// An executor whose target always asks to be called again in an hour: every
+/// delivery gives its command back (or, with no delivery left, exhausts it).
+struct Throttled;
+
+impl leasehold::executor::Executor for Throttled {
+    async fn execute(&self, _request: leasehold::executor::ExecRequest) -> leasehold::executor::ExecutorResult {
+        leasehold::executor::ExecutorResult::Throttled {
+            error: "429 from the target".to_owned(),
+            retry_after_ms: 3_600_000,
+        }
+    }
+}
+
+/// The value of the sample `name` (with its labels) in a scrape.
+fn sample<'a>(text: &'a str, name: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_exhausted_attempts_given_back_deliveries_and_the_oldest_wait() {
+    let clock = std::sync::Arc::new(leasehold::clock::ManualClock::new(now()));
+    let server = TestServer::start_with_clock(clock.clone(), |app| app).await;
+    let once = server.plan_with_retry("once", 1, 1).await;
+    let twice = server.plan_with_retry("twice", 1, 2).await;
+    server.enqueue(&once).await;
+    let waiting = server.enqueue(&twice).await;
+    let ended = std::sync::Arc::new(tokio::sync::watch::Sender::new(0u32));
+    let worker = leasehold::worker::Worker::new(
+        "throttled-worker",
+        std::sync::Arc::clone(&server.ledger),
+        std::sync::Arc::new(Throttled),
+        std::sync::Arc::new(leasehold::clock::SystemClock),
+        leasehold_engine::lease::WorkerConfig::clamped(true, 10, 1, 60_000),
+    )
+    .on_event({
+        // Records into the metrics, and says how many deliveries ended.
+        let (metrics, ended) = (server.app.metrics().observer("throttled-worker"), ended.clone());
+        move |event: &leasehold::worker::WorkerEvent| {
+            metrics(event);
+            if matches!(event, leasehold::worker::WorkerEvent::Finished { .. }) {
+                ended.send_modify(|n| *n += 1);
+            }
+        }
+    });
+    // The given-back attempt stays QUEUED: the worker is stopped once both
+    // deliveries ended, rather than run until idle.
+    let options = leasehold::worker::RunOptions {
+        until_idle: false,
+        grace_ms: 0,
+    };
+    let mut both = ended.subscribe();
+    let stop = async move {
+        let _ = both.wait_for(|n| *n >= 2).await;
+    };
+    let report = worker.run(stop, options).await;
+    assert_eq!((report.claimed, report.gave_back), (2, 1), "{report:?}");
+    let scrape = || async {
+        call(&server, Method::GET, "/metrics", Some(&server.viewer), None)
+            .await
+            .body
+    };
+    // The only queued command waits for its backoff: nothing is late.
+    clock.set(now());
+    let text = scrape().await;
+    for (name, value) in [
+        ("leasehold_attempts_exhausted_total", "1"),
+        ("leasehold_attempts_exhausted_capped", "0"),
+        ("leasehold_attempts{status=\"FAILED\"}", "1"),
+        ("leasehold_attempts{status=\"QUEUED\"}", "1"),
+        ("leasehold_deliveries_total{plan=\"once\",outcome=\"exhausted\"}", "1"),
+        ("leasehold_deliveries_total{plan=\"twice\",outcome=\"gave_back\"}", "1"),
+        ("leasehold_oldest_queued_attempt_age_seconds", "0.0"),
+    ] {
+        assert_eq!(sample(&text, name), value, "{name} in\n{text}");
+    }
+    let record = server.ledger.attempt(&waiting.attempt.id).await.unwrap();
+    assert!(
+        record.command.available_at.millis_since(now()) > 3_000_000,
+        "{record:?}"
+    );
+    // Another exhaustion, made by the ledger: the counter follows it, however often
+    // it is scraped.
+    server.exhausted("also-once", "gone").await;
+    scrape().await;
+    let text = scrape().await;
+    assert_eq!(sample(&text, "leasehold_attempts_exhausted_total"), "2", "{text}");
+    // A command claimable since T, read at T + 42 s: 42 s old.
+    let plain = server.plan("plain", 1).await;
+    let queued = server.enqueue(&plain).await;
+    clock.set(queued.command.available_at.plus_ms(42_000));
+    let text = scrape().await;
+    assert_eq!(sample(&text, "leasehold_oldest_queued_attempt_age_seconds"), "42.0");
 }

@@ -4,14 +4,16 @@
 #![allow(dead_code, missing_docs)]
 
 use leasehold::bench::plan_spec;
-use leasehold::clock::SystemClock;
+use leasehold::clock::{Clock, SystemClock};
 use leasehold::entropy::OsEntropy;
 use leasehold::executor::Executors;
 use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::{Claimed, Ledger};
 use leasehold::serve::App;
 use leasehold::tokens::{create_token, Role};
+use leasehold_engine::request::{Reply, WorkerRequest};
 use leasehold_engine::{Action, AttemptRecord, Plan, Timestamp};
+use leasehold_engine::{Lease, RetrySpec};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +40,12 @@ impl TestServer {
 
     /// Starts a server whose app `configure` adjusts first.
     pub async fn start_with(configure: impl FnOnce(App) -> App) -> Self {
+        Self::start_with_clock(Arc::new(SystemClock), configure).await
+    }
+
+    /// Starts a server that reads the time ("time left", metric ages) from `clock`
+    /// (the ledger keeps the system clock), whose app `configure` adjusts first.
+    pub async fn start_with_clock(clock: Arc<dyn Clock>, configure: impl FnOnce(App) -> App) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let db_path = dir.path().join("ledger.db").display().to_string();
         let ledger = Arc::new(SqliteLedger::open(&db_path, Arc::new(SystemClock), Arc::new(OsEntropy)).expect("open"));
@@ -51,7 +59,7 @@ impl TestServer {
             let (_, secret) = create_token(ledger.as_ref(), name, role, now()).await.expect("token");
             secrets.push(secret.expose().to_owned());
         }
-        let app = configure(App::new(Arc::clone(&ledger), &Executors::new().names()));
+        let app = configure(App::with_clock(Arc::clone(&ledger), &Executors::new().names(), clock));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let router = leasehold::serve::router(app.clone());
@@ -84,6 +92,45 @@ impl TestServer {
             .register_plan(plan_spec(name.to_owned(), steps), &Executors::new().names())
             .await
             .expect("register")
+    }
+
+    /// Registers a dry-run plan named `name` with `steps` steps whose `[retry]` table
+    /// allows `max_deliveries` deliveries.
+    pub async fn plan_with_retry(&self, name: &str, steps: u32, max_deliveries: i64) -> Plan {
+        let mut spec = plan_spec(name.to_owned(), steps);
+        spec.retry = Some(RetrySpec {
+            max_deliveries: Some(max_deliveries),
+            ..RetrySpec::default()
+        });
+        self.ledger
+            .register_plan(spec, &Executors::new().names())
+            .await
+            .expect("register")
+    }
+
+    /// Gives the command of `lease` back after a transient `error`, claimable again
+    /// after `delay_ms` (or exhausted, as the plan's policy says): the ledger's reply.
+    pub async fn give_back(&self, lease: &Lease, error: &str, delay_ms: u64) -> Reply {
+        let request = WorkerRequest::GiveBack {
+            error: error.to_owned(),
+            delay_ms,
+        };
+        self.ledger.worker(lease, request).await.expect("give back")
+    }
+
+    /// A plan named `name` that allows one delivery, and its attempt, exhausted: one
+    /// claim, given back with `error`.
+    pub async fn exhausted(&self, name: &str, error: &str) -> AttemptRecord {
+        let plan = self.plan_with_retry(name, 1, 1).await;
+        let record = self.enqueue(&plan).await;
+        let claimed = self.claim(60_000).await;
+        assert_eq!(
+            claimed.lease.attempt_id, record.attempt.id,
+            "the new attempt was claimed"
+        );
+        let reply = self.give_back(&claimed.lease, error, 1_000).await;
+        assert!(matches!(reply, Reply::Exhausted(_)), "{reply:?}");
+        self.ledger.attempt(&record.attempt.id).await.expect("attempt")
     }
 
     /// Enqueues an execute attempt of `plan`.

@@ -280,3 +280,110 @@ async fn bearer_token_changes_need_no_content_type() {
         AttemptStatus::Aborted
     );
 }
+
+/// `GET path` with the session cookie: status and page.
+async fn get_page(client: &Client, server: &TestServer, cookie: &str, path: &str) -> (StatusCode, String) {
+    let answer = client
+        .get(format!("{}{path}", server.base))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .expect("get");
+    (answer.status(), answer.text().await.expect("page"))
+}
+
+/// The console's bulk-recovery form POST with the session cookie: status and page.
+async fn bulk_act(client: &Client, server: &TestServer, cookie: &str, form: &[(&str, &str)]) -> (StatusCode, String) {
+    let answer = client
+        .post(format!("{}/recovery/act", server.base))
+        .header("cookie", cookie)
+        .form(form)
+        .send()
+        .await
+        .expect("post");
+    (answer.status(), answer.text().await.expect("page"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_recovery_in_the_console_is_for_operators_and_counts_before_it_acts() {
+    let server = TestServer::start().await;
+    let first = server.exhausted("first", "target unreachable").await;
+    let second = server.exhausted("second", "target unreachable").await;
+    let client = client();
+    let viewer = login(&client, &server, &server.viewer).await;
+    let operator = login(&client, &server, &server.operator).await;
+    let retry = [("op", "retry"), ("reason", "exhausted")];
+
+    // A viewer sees no way in, and each step refuses them.
+    let (_, attempts) = get_page(&client, &server, &viewer, "/attempts").await;
+    assert!(
+        !attempts.contains("href=\"/recovery\""),
+        "a viewer's navigation has no Recovery"
+    );
+    for path in ["/recovery", "/recovery/confirm?op=retry&reason=exhausted"] {
+        let (status, page) = get_page(&client, &server, &viewer, path).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}");
+        assert!(
+            !page.contains("<form method=\"post\" action=\"/recovery/act\""),
+            "{page}"
+        );
+    }
+    let (status, _) = bulk_act(&client, &server, &viewer, &retry).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    for record in [&first, &second] {
+        let history = server.ledger.history(&record.attempt.plan_id).await.unwrap();
+        assert_eq!(history.len(), 1, "a viewer's POST retried nothing");
+    }
+
+    // An operator: the confirmation counts (and writes nothing), the POST acts.
+    let (_, attempts) = get_page(&client, &server, &operator, "/attempts").await;
+    assert!(attempts.contains("href=\"/recovery\""));
+    let (status, page) = get_page(
+        &client,
+        &server,
+        &operator,
+        "/recovery/confirm?op=retry&reason=exhausted&limit=",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("The filter selects <strong>2</strong>"), "{page}");
+    assert!(page.contains("Yes, retry 2 attempts"), "{page}");
+    assert!(
+        page.contains("<input type=\"hidden\" name=\"limit\" value=\"100\">"),
+        "{page}"
+    );
+    assert_eq!(server.ledger.history(&first.attempt.plan_id).await.unwrap().len(), 1);
+    let (status, page) = bulk_act(&client, &server, &operator, &retry).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("Retry enqueued for 2 failed attempts"), "{page}");
+    for record in [&first, &second] {
+        let history = server.ledger.history(&record.attempt.plan_id).await.unwrap();
+        assert_eq!(history.len(), 2, "one retry each");
+        assert!(
+            page.contains(history[1].attempt.id.as_str()),
+            "the page links the new attempt"
+        );
+    }
+    // Nothing is left to retry: the confirmation says so and offers no button.
+    let (_, page) = get_page(
+        &client,
+        &server,
+        &operator,
+        "/recovery/confirm?op=retry&reason=exhausted",
+    )
+    .await;
+    assert!(page.contains("Nothing matches"), "{page}");
+    assert!(!page.contains("action=\"/recovery/act\""), "{page}");
+    // Bad input is said on the form, naming the field.
+    for (query, said) in [
+        ("op=retry", "a bulk action needs a filter"),
+        ("op=retry&since=soon", "since:"),
+        ("op=retry&reason=x&limit=lots", "limit:"),
+        ("op=abort&reason=x", "reason:"),
+        ("op=delete&plan=first", "op:"),
+    ] {
+        let (status, page) = get_page(&client, &server, &operator, &format!("/recovery/confirm?{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        assert!(page.contains(said), "{query}: {page}");
+    }
+}

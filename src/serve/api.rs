@@ -12,13 +12,16 @@
 //! | `GET /api/v1/plans/{plan}/attempt-comparison`, `GET /api/v1/plans/{plan}/release-gate` | viewer |
 //! | `GET /api/v1/attempts`, `GET /api/v1/attempts/{id}`, `GET /api/v1/counts` | viewer |
 //! | `POST /api/v1/attempts/{id}/reconcile`, `…/abort`, `…/retry`, `…/compensate` | operator |
+//! | `POST /api/v1/attempts:retry`, `POST /api/v1/attempts:abort` (bulk, with a filter) | operator |
 //! | `GET /api/v1/tokens`, `POST /api/v1/tokens`, `POST /api/v1/tokens/{name}/revoke` | admin |
 //! | `GET /metrics` | viewer |
 //! | `GET /api/v1/healthz`, `GET /api/v1/readyz`, `GET /api/v1/openapi.json` | none |
 
 use super::auth::Principal;
 use super::problem::Problem;
+use super::when::{parse_duration_ms, parse_rfc3339};
 use super::App;
+use crate::ledger::bulk::{BulkFilter, BulkOutcome, BULK_LIMIT_DEFAULT, BULK_LIMIT_MAX};
 use crate::ledger::listing::{AttemptCursor, AttemptQuery, DamagedRow, PlanRow, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
 use crate::ledger::LedgerError;
 use crate::report;
@@ -30,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
-use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::transition::{ReconcileOutcome, Start};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, PlanSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -79,7 +82,7 @@ fn audit(who: &Principal, action: &str, target: &str, outcome: &str) {
                        `Content-Type: application/json` (else 415)."
     ),
     modifiers(&BearerAuth),
-    components(schemas(Problem, EnqueueBody, AbortBody, TokenBody, DamagedRow, AttemptPageBody, NotReady))
+    components(schemas(Problem, EnqueueBody, AbortBody, BulkRetryBody, BulkAbortBody, BulkCount, BulkOutcomeBody, TokenBody, DamagedRow, AttemptPageBody, NotReady))
 )]
 struct ApiDoc;
 
@@ -109,6 +112,8 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(abort))
         .routes(routes!(retry))
         .routes(routes!(compensate))
+        .routes(routes!(bulk_retry))
+        .routes(routes!(bulk_abort))
         .routes(routes!(counts))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
@@ -190,6 +195,33 @@ pub struct EnqueueBody {
     /// `execute` (default), `retry` or `compensate`.
     #[serde(default)]
     pub action: Option<String>,
+    /// Claimable from this instant (RFC 3339; one already past means at once). Not
+    /// with `in`.
+    #[serde(default)]
+    pub at: Option<String>,
+    /// Claimable this long after the enqueue (`500ms`, `30s`, `10m`, `2h`, `1d`,
+    /// or a sum such as `1h30m`). Not with `at`.
+    #[serde(default, rename = "in")]
+    pub after: Option<String>,
+}
+
+/// A text field as given: trimmed, and `None` when empty.
+pub(crate) fn given(text: Option<&str>) -> Option<&str> {
+    text.map(str::trim).filter(|t| !t.is_empty())
+}
+
+/// When an enqueued attempt becomes claimable, from `at` and `in` (at most one).
+pub(crate) fn start_of(at: Option<&str>, after: Option<&str>) -> Result<Start, Problem> {
+    match (given(at), given(after)) {
+        (None, None) => Ok(Start::Now),
+        (Some(_), Some(_)) => Err(Problem::bad_input("at and in: give one of them, not both")),
+        (Some(at), None) => parse_rfc3339(at)
+            .map(Start::At)
+            .map_err(|e| Problem::bad_input(format!("at: {e}"))),
+        (None, Some(after)) => parse_duration_ms(after)
+            .map(Start::After)
+            .map_err(|e| Problem::bad_input(format!("in: {e}"))),
+    }
 }
 
 fn parse_action(text: Option<&str>) -> Result<Action, Problem> {
@@ -201,20 +233,25 @@ fn parse_action(text: Option<&str>) -> Result<Action, Problem> {
     }
 }
 
-/// Enqueues an attempt of a plan.
+/// Enqueues an attempt of a plan, claimable at once or from `at` or `in`.
 #[utoipa::path(post, path = "/api/v1/plans/{plan}/attempts", tag = "attempts", security(("token" = [])),
     params(("plan" = String, Path, description = "Plan id or name")),
     request_body(content = EnqueueBody),
-    responses((status = 201, description = "The new attempt's record", body = Value),
+    responses((status = 201, description = "The new attempt's record (`command.available_at`: when it is claimable)", body = Value),
         (status = 409, description = "Refused (an attempt is open, the plan is retired, …)", body = Problem, content_type = "application/problem+json"),
         (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
 async fn enqueue(State(app): State<App>, headers: HeaderMap, Path(plan): Path<String>, bytes: Bytes) -> ApiResult {
     let who = app.require(&headers, Role::Operator).await?;
     let request: EnqueueBody = body(&bytes)?;
     let action = parse_action(request.action.as_deref())?;
+    let start = start_of(request.at.as_deref(), request.after.as_deref())?;
     let plan = app.backend().find_plan(&plan).await?;
-    let record = app.backend().enqueue(&plan.id, action).await?;
-    audit(&who, "enqueue", record.attempt.id.as_str(), action.as_str());
+    let record = app.backend().enqueue_at(&plan.id, action, start).await?;
+    let outcome = match start {
+        Start::Now => action.as_str().to_owned(),
+        _ => format!("{action} from {}", record.command.available_at),
+    };
+    audit(&who, "enqueue", record.attempt.id.as_str(), &outcome);
     created(to_json(&record)?)
 }
 
@@ -529,6 +566,210 @@ async fn compensate(State(app): State<App>, headers: HeaderMap, Path(id): Path<S
     created(to_json(&do_follow_up(&app, &who, &id, Action::Compensate).await?)?)
 }
 
+/// The body of `POST /api/v1/attempts:retry`: a filter (at least one of `plan`,
+/// `reason` and `since`), a bound and whether to only count.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkRetryBody {
+    /// Only this plan's attempts: its id, or its name (the newest READY plan of that name).
+    #[serde(default)]
+    pub plan: Option<String>,
+    /// Only attempts whose error contains this text (`exhausted` selects every
+    /// exhausted attempt).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Only attempts that ended at or after this instant (RFC 3339).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// At most this many attempts, newest first: 1 to 1000 (default 100).
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// Only count what would be retried; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// The body of `POST /api/v1/attempts:abort`: a filter (at least one of `plan` and
+/// `since`), a bound and whether to only count.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BulkAbortBody {
+    /// Only this plan's attempts: its id, or its name (the newest READY plan of that name).
+    #[serde(default)]
+    pub plan: Option<String>,
+    /// Only attempts enqueued at or after this instant (RFC 3339).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// At most this many attempts, newest first: 1 to 1000 (default 100).
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// Only count what would be aborted; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// A bulk action's dry run: how many attempts it would act on now.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct BulkCount {
+    /// The attempts selected (at most the limit).
+    pub count: u64,
+    /// More attempts matched than the limit lets one call act on.
+    pub more: bool,
+}
+
+/// What a bulk action did (the library's `BulkOutcome`, as JSON).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct BulkOutcomeBody {
+    /// The attempts acted on.
+    pub count: u64,
+    /// Their ids: the new retry attempts, or the aborted ones.
+    pub attempts: Vec<String>,
+    /// `[attempt id, why]` for each selected attempt the ledger refused (a race
+    /// with a worker or another operator; nothing was written for it).
+    pub refused: Vec<Vec<String>>,
+    /// More attempts matched than the limit let this call act on: call again.
+    pub more: bool,
+}
+
+/// A bulk recovery action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bulk {
+    /// Retry the FAILED attempts (each its plan's latest).
+    Retry,
+    /// Abort the QUEUED and RUNNING attempts.
+    Abort,
+}
+
+impl Bulk {
+    /// The action's name in the audit log and the console.
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Bulk::Retry => "bulk_retry",
+            Bulk::Abort => "bulk_abort",
+        }
+    }
+}
+
+/// The 400 of a bad bulk `limit`.
+pub(crate) fn bulk_limit_problem() -> Problem {
+    Problem::bad_input(format!("limit: must be a number from 1 to {BULK_LIMIT_MAX}"))
+}
+
+/// A bulk filter's fields as given (empty texts mean "not given"); each bad value
+/// is a 400 naming its field, and `plan` is resolved by id or name.
+pub(crate) async fn bulk_filter(
+    app: &App,
+    plan: Option<&str>,
+    reason: Option<&str>,
+    since: Option<&str>,
+    limit: Option<i64>,
+) -> Result<BulkFilter, Problem> {
+    let reason = given(reason).map(str::to_owned);
+    if reason.as_ref().is_some_and(|r| r.chars().count() > REASON_MAX_CHARS) {
+        return Err(Problem::bad_input(format!(
+            "reason: longer than {REASON_MAX_CHARS} characters"
+        )));
+    }
+    let since = given(since)
+        .map(|s| parse_rfc3339(s).map_err(|e| Problem::bad_input(format!("since: {e}"))))
+        .transpose()?;
+    let limit = match limit {
+        None => BULK_LIMIT_DEFAULT,
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| (1..=BULK_LIMIT_MAX).contains(n))
+            .ok_or_else(bulk_limit_problem)?,
+    };
+    let plan = match given(plan) {
+        Some(plan) => Some(app.backend().find_plan(plan).await?.id),
+        None => None,
+    };
+    Ok(BulkFilter {
+        plan,
+        reason,
+        since,
+        limit,
+    })
+}
+
+/// Runs a bulk action (or its dry run) as `who`, and audits it.
+pub(crate) async fn do_bulk(
+    app: &App,
+    who: &Principal,
+    bulk: Bulk,
+    filter: &BulkFilter,
+    dry_run: bool,
+) -> Result<BulkOutcome, Problem> {
+    let outcome = match bulk {
+        Bulk::Retry => app.backend().retry_failed(filter, dry_run).await?,
+        Bulk::Abort => app.backend().abort_open(filter, &who.name, dry_run).await?,
+    };
+    let target = format!(
+        "plan={} reason={} since={} limit={}",
+        filter.plan.as_ref().map_or("-", PlanId::as_str),
+        filter.reason.as_deref().unwrap_or("-"),
+        filter.since.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339()),
+        filter.limit
+    );
+    let done = if dry_run {
+        format!("dry run: {} selected", outcome.count)
+    } else {
+        format!("{} done, {} refused", outcome.count, outcome.refused.len())
+    };
+    audit(who, bulk.as_str(), &target, &done);
+    Ok(outcome)
+}
+
+/// A bulk answer: [`BulkCount`] for a dry run, else the outcome.
+fn bulk_json(outcome: &BulkOutcome, dry_run: bool) -> Result<Value, Problem> {
+    if dry_run {
+        return to_json(&BulkCount {
+            count: outcome.count,
+            more: outcome.more,
+        });
+    }
+    to_json(outcome)
+}
+
+/// Retries, in bulk, the FAILED attempts a filter selects (each its plan's latest):
+/// one `retry` attempt enqueued per plan, newest first, at most `limit`.
+#[utoipa::path(post, path = "/api/v1/attempts:retry", tag = "attempts", security(("token" = [])),
+    request_body(content = BulkRetryBody),
+    responses((status = 200, description = "What was done; a dry run answers `{\"count\", \"more\"}` (BulkCount) instead", body = BulkOutcomeBody),
+        (status = 400, description = "No filter (plan, reason or since), or a bad value (named)", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, description = "`plan` names no plan", body = Problem, content_type = "application/problem+json")))]
+async fn bulk_retry(State(app): State<App>, headers: HeaderMap, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    let r: BulkRetryBody = body(&bytes)?;
+    let filter = bulk_filter(
+        &app,
+        r.plan.as_deref(),
+        r.reason.as_deref(),
+        r.since.as_deref(),
+        r.limit,
+    )
+    .await?;
+    let outcome = do_bulk(&app, &who, Bulk::Retry, &filter, r.dry_run).await?;
+    ok(bulk_json(&outcome, r.dry_run)?)
+}
+
+/// Aborts, in bulk, the QUEUED and RUNNING attempts a filter selects, newest first,
+/// at most `limit`, each with the reason `aborted in bulk by {token name}`.
+#[utoipa::path(post, path = "/api/v1/attempts:abort", tag = "attempts", security(("token" = [])),
+    request_body(content = BulkAbortBody),
+    responses((status = 200, description = "What was done; a dry run answers `{\"count\", \"more\"}` (BulkCount) instead", body = BulkOutcomeBody),
+        (status = 400, description = "No filter (plan or since), or a bad value (named)", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem),
+        (status = 404, description = "`plan` names no plan", body = Problem, content_type = "application/problem+json")))]
+async fn bulk_abort(State(app): State<App>, headers: HeaderMap, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    let r: BulkAbortBody = body(&bytes)?;
+    let filter = bulk_filter(&app, r.plan.as_deref(), None, r.since.as_deref(), r.limit).await?;
+    let outcome = do_bulk(&app, &who, Bulk::Abort, &filter, r.dry_run).await?;
+    ok(bulk_json(&outcome, r.dry_run)?)
+}
+
 /// Attempts per status, each count exact below the cap and "at least the cap" above.
 #[utoipa::path(get, path = "/api/v1/counts", tag = "attempts", security(("token" = [])),
     responses((status = 200, description = "`{\"cap\": n, \"states\": [{\"status\", \"count\", \"capped\"}]}`", body = Value),
@@ -637,7 +878,7 @@ async fn revoke_token(State(app): State<App>, headers: HeaderMap, Path(name): Pa
 
 async fn metrics_text(app: &App) -> ApiResult {
     let counts = app.backend().count_attempts(app.count_cap()).await?;
-    app.metrics().set_counts(&counts);
+    app.metrics().set_counts(&counts, app.now());
     let mut response = app.metrics().encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,10 +1,11 @@
 //! What the server asks of its ledger, as one object-safe trait: the handlers are
 //! written once, for any ledger and token store.
 
+use crate::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome};
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::{find_plan, Ledger, LedgerError};
 use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
-use leasehold_engine::transition::ReconcileOutcome;
+use leasehold_engine::transition::{ReconcileOutcome, Start};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +14,8 @@ use std::pin::Pin;
 pub type Fut<'a, T> = Pin<Box<dyn Future<Output = Result<T, LedgerError>> + Send + 'a>>;
 
 /// The ledger and token operations the server uses (each one call of
-/// [`Ledger`] or [`TokenStore`], or [`find_plan`]).
+/// [`Ledger`] or [`TokenStore`], or [`find_plan`], [`retry_failed`] or
+/// [`abort_open`]).
 pub trait Backend: Send + Sync + 'static {
     /// [`Ledger::list_plans`].
     fn list_plans(&self) -> Fut<'_, Vec<Plan>>;
@@ -29,6 +31,12 @@ pub trait Backend: Send + Sync + 'static {
     fn register_plan<'a>(&'a self, spec: PlanSpec, known: &'a [&'a str]) -> Fut<'a, Plan>;
     /// [`Ledger::enqueue`].
     fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord>;
+    /// [`Ledger::enqueue_at`].
+    fn enqueue_at<'a>(&'a self, plan: &'a PlanId, action: Action, start: Start) -> Fut<'a, AttemptRecord>;
+    /// [`retry_failed`].
+    fn retry_failed<'a>(&'a self, filter: &'a BulkFilter, dry_run: bool) -> Fut<'a, BulkOutcome>;
+    /// [`abort_open`], as `who`.
+    fn abort_open<'a>(&'a self, filter: &'a BulkFilter, who: &'a str, dry_run: bool) -> Fut<'a, BulkOutcome>;
     /// [`Ledger::list_attempts`].
     fn list_attempts<'a>(&'a self, query: &'a AttemptQuery) -> Fut<'a, AttemptPage>;
     /// [`Ledger::count_attempts`].
@@ -76,6 +84,15 @@ impl<L: Ledger + TokenStore> Backend for L {
     }
     fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord> {
         Box::pin(Ledger::enqueue(self, plan, action))
+    }
+    fn enqueue_at<'a>(&'a self, plan: &'a PlanId, action: Action, start: Start) -> Fut<'a, AttemptRecord> {
+        Box::pin(Ledger::enqueue_at(self, plan, action, start))
+    }
+    fn retry_failed<'a>(&'a self, filter: &'a BulkFilter, dry_run: bool) -> Fut<'a, BulkOutcome> {
+        Box::pin(retry_failed(self, filter, dry_run))
+    }
+    fn abort_open<'a>(&'a self, filter: &'a BulkFilter, who: &'a str, dry_run: bool) -> Fut<'a, BulkOutcome> {
+        Box::pin(abort_open(self, filter, who, dry_run))
     }
     fn list_attempts<'a>(&'a self, query: &'a AttemptQuery) -> Fut<'a, AttemptPage> {
         Box::pin(Ledger::list_attempts(self, query))

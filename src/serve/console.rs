@@ -6,7 +6,11 @@
 //! legal and permitted), `/attempts/{id}/confirm?action=…` (every action asks
 //! first), `/plans`, `/plans/{plan}` (release gate checks, then the evidence
 //! history, then a comparison form), `/plans/{plan}/compare`, `/plans/{plan}/gate`,
-//! and `/login`. After an action, the attempt page shows the fixed notice its
+//! `/recovery` (operators: retry failed or abort open attempts in bulk, counted by a
+//! dry run and confirmed first) and `/login`. The attempt page
+//! leads with what the delivery policy did: an exhausted attempt's reason, a queued
+//! one's next delivery, deliveries so far (of the plan's maximum) and last error.
+//! After an action, the attempt page shows the fixed notice its
 //! redirect names (`?done=requeued`, `unchanged`, `aborted`, `retried`,
 //! `compensated`); any other value shows nothing. The attempts list and an open attempt's page refresh their live
 //! region every 2 s (`?fragment=live` answers just that region); the script pauses
@@ -27,6 +31,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use leasehold_engine::evidence::{compare, raw_fingerprint, semantic_fingerprint, Comparison, Difference};
 use leasehold_engine::gate::{gate, GateReport, Verdict};
+use leasehold_engine::policy::Exhaustion;
 use leasehold_engine::transition::ReconcileOutcome;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId, ReceiptStatus, Timestamp,
@@ -35,6 +40,8 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 use std::time::Instant;
+
+mod recovery;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -52,6 +59,9 @@ pub fn routes() -> Router<App> {
         .route("/attempts/{id}", get(attempt_page))
         .route("/attempts/{id}/confirm", get(confirm_page))
         .route("/attempts/{id}/action", post(act))
+        .route("/recovery", get(recovery::page))
+        .route("/recovery/confirm", get(recovery::confirm))
+        .route("/recovery/act", post(recovery::act))
         .route("/plans", get(plans_page))
         .route("/plans/{plan}", get(plan_page))
         .route("/plans/{plan}/compare", get(compare_page))
@@ -168,9 +178,14 @@ fn layout(title: &str, who: Option<&Principal>, content: &str) -> String {
     if let Some(who) = who {
         let _ = write!(
             out,
-            "<nav aria-label=\"Main\"><ul><li><a href=\"/attempts\">Attempts</a></li><li><a href=\"/plans\">Plans</a></li></ul></nav>\n\
+            "<nav aria-label=\"Main\"><ul><li><a href=\"/attempts\">Attempts</a></li><li><a href=\"/plans\">Plans</a></li>{}</ul></nav>\n\
              <div class=\"who\"><span>{} <span class=\"role\">({})</span></span>\
              <form method=\"post\" action=\"/logout\"><button type=\"submit\" class=\"link\">Log out</button></form></div>\n",
+            if who.role.allows(Role::Operator) {
+                "<li><a href=\"/recovery\">Recovery</a></li>"
+            } else {
+                ""
+            },
             esc(&who.name),
             who.role
         );
@@ -236,22 +251,33 @@ fn time(t: Option<Timestamp>) -> String {
     }
 }
 
-/// "in 12 s" or "expired 3 s ago".
+/// A span of time, roughly: "12 s", "5 min", "3 h".
+fn human(ms: u64) -> String {
+    let s = ms / 1000;
+    if s < 120 {
+        format!("{s} s")
+    } else if s < 7200 {
+        format!("{} min", s / 60)
+    } else {
+        format!("{} h", s / 3600)
+    }
+}
+
+/// "live: 12 s left" or "expired 3 s ago".
 fn time_left(until: Timestamp, now: Timestamp) -> String {
-    let human = |ms: u64| {
-        let s = ms / 1000;
-        if s < 120 {
-            format!("{s} s")
-        } else if s < 7200 {
-            format!("{} min", s / 60)
-        } else {
-            format!("{} h", s / 3600)
-        }
-    };
     if until > now {
         format!("live: {} left", human(until.millis_since(now)))
     } else {
         format!("expired {} ago", human(now.millis_since(until)))
+    }
+}
+
+/// When a queued command is next delivered: "in 12 s", or "now" once claimable.
+fn next_delivery(at: Timestamp, now: Timestamp) -> String {
+    if at > now {
+        format!("{} (in {})", time(Some(at)), human(at.millis_since(now)))
+    } else {
+        format!("{} (claimable now: waiting for a worker)", time(Some(at)))
     }
 }
 
@@ -577,13 +603,15 @@ async fn attempt_page(
         Some(until) => time(Some(until)),
         None => "—".to_owned(),
     };
+    let max = plan.as_ref().map(|p| p.policy_of(&record).max_deliveries);
+    region.push_str(&delivery_summary(&record, max, now));
     region.push_str("<section aria-labelledby=\"outbox\"><h2 id=\"outbox\">Outbox</h2>\n");
     region.push_str(&dl(&[
         ("Status", command_badge(c.status)),
         ("Owner", esc(c.lease_owner.as_deref().unwrap_or("—"))),
         ("Last heartbeat", time(c.last_heartbeat_at)),
         ("Lease deadline", lease),
-        ("Delivery count", c.delivery_count.to_string()),
+        ("Deliveries", deliveries(c.delivery_count, max)),
         ("Last error", esc(c.last_error.as_deref().unwrap_or("—"))),
         ("Available at", time(Some(c.available_at))),
     ]));
@@ -604,6 +632,50 @@ async fn attempt_page(
     }
     let src = format!("/attempts/{}?fragment=live", q(a.id.as_str()));
     Ok(live_response(&params, &title, &who, &before, &region, &src, open))
+}
+
+/// "2 of at most 25" (the plan's policy for the attempt's next step), or the count
+/// alone when the plan cannot be read.
+fn deliveries(count: u32, max: Option<u32>) -> String {
+    match max {
+        Some(max) => format!("{count} of at most {max}"),
+        None => count.to_string(),
+    }
+}
+
+/// The reason of an attempt that ended because its delivery policy ran out.
+fn exhausted_reason(record: &AttemptRecord) -> Option<&str> {
+    let error = record.attempt.error.as_deref()?;
+    let exhausted =
+        record.attempt.status == AttemptStatus::Failed && Exhaustion::ALL.iter().any(|e| error.starts_with(e.as_str()));
+    exhausted.then_some(error)
+}
+
+/// What the delivery policy did with an attempt, ahead of the details: an
+/// exhausted attempt's reason; a queued one's next delivery, deliveries so far and
+/// last error.
+fn delivery_summary(record: &AttemptRecord, max: Option<u32>, now: Timestamp) -> String {
+    let c = &record.command;
+    if let Some(reason) = exhausted_reason(record) {
+        return format!(
+            "<div class=\"exhausted\" role=\"note\" aria-label=\"Exhausted\"><strong>No further delivery:</strong> {}</div>\n",
+            esc(reason)
+        );
+    }
+    if record.attempt.status != AttemptStatus::Queued {
+        return String::new();
+    }
+    let mut items = vec![
+        ("Next delivery", next_delivery(c.available_at, now)),
+        ("Deliveries so far", deliveries(c.delivery_count, max)),
+    ];
+    if let Some(error) = &c.last_error {
+        items.push(("Last error", esc(error)));
+    }
+    format!(
+        "<section class=\"delivery\" aria-labelledby=\"delivery\"><h2 id=\"delivery\">Delivery</h2>\n{}</section>\n",
+        dl(&items)
+    )
 }
 
 /// The notice an action's redirect names (`?done=KEY`): a fixed text per key, and

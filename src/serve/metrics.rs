@@ -5,13 +5,26 @@
 //! `leasehold_commands{status}` (a QUEUED attempt's command is PENDING, RUNNING's
 //! PROCESSING, SUCCEEDED's DELIVERED, FAILED's FAILED, ABORTED's ABORTED: every
 //! transition moves both together), with `leasehold_attempts_capped{status}` 1 where
-//! the count stopped at the cap. Counters and histograms come from this process's
-//! in-process workers ([`crate::worker::WorkerEvent`]) and API calls:
+//! the count stopped at the cap. From the same read:
+//!
+//! - `leasehold_attempts_exhausted_total`: attempts that ended FAILED because
+//!   their delivery policy ran out (deliveries or deadline), across the ledger (a
+//!   counter: an exhausted attempt stays so; every server reports the ledger's
+//!   number, capped like the others, with `leasehold_attempts_exhausted_capped`),
+//! - `leasehold_oldest_queued_attempt_age_seconds`: how long the queued command
+//!   that became claimable first has been waiting for a worker (0 when nothing is
+//!   queued, or when every queued command waits for a later instant: a schedule or
+//!   a backoff).
+//!
+//! Counters and histograms come from this process's in-process workers
+//! ([`crate::worker::WorkerEvent`]) and API calls:
 //!
 //! - `leasehold_claims_total{plan}`, `leasehold_takeovers_total{plan}` (a claim of a
 //!   command delivered before),
 //! - `leasehold_deliveries_total{plan,outcome}` (`delivered`, `failed`, `refused`,
-//!   `abandoned`),
+//!   `abandoned`, `gave_back`: given back after a transient failure, to be delivered
+//!   again after its backoff, `exhausted`: its policy ran out and the attempt
+//!   FAILED),
 //! - `leasehold_stale_writes_refused_total{plan}`: writes the ledger refused because
 //!   this worker's lease was no longer the command's (fencing at work),
 //! - `leasehold_lease_expirations_total{reason}`: leases this process left to expire
@@ -27,7 +40,7 @@
 use crate::ledger::listing::AttemptCounts;
 use crate::worker::WorkerEvent;
 use leasehold_engine::driver::Outcome;
-use leasehold_engine::{AttemptId, AttemptStatus};
+use leasehold_engine::{AttemptId, AttemptStatus, Timestamp};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -35,6 +48,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -91,6 +105,12 @@ pub struct Metrics {
     attempts: Family<StatusLabel, Gauge>,
     attempts_capped: Family<StatusLabel, Gauge>,
     commands: Family<StatusLabel, Gauge>,
+    /// Raised to the ledger's count at each scrape (under `exhausted_raise`, so
+    /// that two scrapes at once add it once).
+    exhausted: Counter,
+    exhausted_raise: Mutex<()>,
+    exhausted_capped: Gauge,
+    oldest_queued_age: Gauge<f64, AtomicU64>,
     claims: Family<PlanLabel, Counter>,
     takeovers: Family<PlanLabel, Counter>,
     deliveries: Family<DeliveryLabels, Counter>,
@@ -123,6 +143,9 @@ impl Metrics {
         let attempts = Family::<StatusLabel, Gauge>::default();
         let attempts_capped = Family::<StatusLabel, Gauge>::default();
         let commands = Family::<StatusLabel, Gauge>::default();
+        let exhausted = Counter::default();
+        let exhausted_capped = Gauge::default();
+        let oldest_queued_age = Gauge::<f64, AtomicU64>::default();
         let claims = Family::<PlanLabel, Counter>::default();
         let takeovers = Family::<PlanLabel, Counter>::default();
         let deliveries = Family::<DeliveryLabels, Counter>::default();
@@ -146,6 +169,22 @@ impl Metrics {
             "leasehold_commands",
             "Outbox commands per status (capped like leasehold_attempts)",
             commands.clone(),
+        );
+        registry.register(
+            "leasehold_attempts_exhausted",
+            "Attempts that ended FAILED because their delivery policy ran out (deliveries or deadline), \
+             across the ledger (capped like leasehold_attempts)",
+            exhausted.clone(),
+        );
+        registry.register(
+            "leasehold_attempts_exhausted_capped",
+            "1 where the exhausted count stopped at the cap",
+            exhausted_capped.clone(),
+        );
+        registry.register(
+            "leasehold_oldest_queued_attempt_age_seconds",
+            "How long the earliest claimable queued command has been claimable (0: none)",
+            oldest_queued_age.clone(),
         );
         registry.register(
             "leasehold_claims",
@@ -197,6 +236,10 @@ impl Metrics {
             attempts,
             attempts_capped,
             commands,
+            exhausted,
+            exhausted_raise: Mutex::default(),
+            exhausted_capped,
+            oldest_queued_age,
             claims,
             takeovers,
             deliveries,
@@ -225,8 +268,17 @@ impl Metrics {
         PlanLabel { plan }
     }
 
-    /// Sets the gauges from capped counts.
-    pub fn set_counts(&self, counts: &AttemptCounts) {
+    /// Sets the gauges, and raises the exhausted counter, from capped counts read at
+    /// `now`.
+    pub fn set_counts(&self, counts: &AttemptCounts, now: Timestamp) {
+        {
+            let _one_at_a_time = self.exhausted_raise.lock().unwrap_or_else(|e| e.into_inner());
+            let shown = self.exhausted.get();
+            self.exhausted.inc_by(counts.exhausted.saturating_sub(shown));
+        }
+        self.exhausted_capped.set(i64::from(counts.exhausted_capped));
+        let age_ms = counts.oldest_queued_at.map_or(0, |at| now.millis_since(at));
+        self.oldest_queued_age.set(age_ms as f64 / 1000.0);
         for c in &counts.states {
             let status = StatusLabel {
                 status: c.status.as_str().to_owned(),
@@ -439,5 +491,77 @@ pub fn log_event(worker: &str, event: &WorkerEvent, context: Option<(&str, u32)>
                 "grace period over; leases left to expire"
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, name: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.split(' ').next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    }
+
+    fn counts(exhausted: u64, oldest: Option<Timestamp>) -> AttemptCounts {
+        AttemptCounts::capped(10, |_| 0).with_delivery(exhausted, oldest)
+    }
+
+    #[test]
+    fn the_oldest_queued_age_is_from_now_and_never_negative() {
+        let metrics = Metrics::new();
+        let now = Timestamp::from_millis(1_000_000);
+        let age = "leasehold_oldest_queued_attempt_age_seconds";
+        metrics.set_counts(&counts(0, Some(Timestamp::from_millis(1_000_000 - 2_500))), now);
+        assert_eq!(line(&metrics.encode(), age), format!("{age} 2.5"));
+        metrics.set_counts(&counts(0, Some(now.plus_ms(60_000))), now);
+        assert_eq!(line(&metrics.encode(), age), format!("{age} 0.0"));
+        metrics.set_counts(&counts(0, Some(Timestamp::from_millis(1))), now);
+        metrics.set_counts(&counts(0, None), now);
+        assert_eq!(line(&metrics.encode(), age), format!("{age} 0.0"));
+    }
+
+    #[test]
+    fn the_exhausted_counter_follows_the_ledger_and_never_falls() {
+        let metrics = Metrics::new();
+        let now = Timestamp::from_millis(0);
+        let total = "leasehold_attempts_exhausted_total";
+        let capped = "leasehold_attempts_exhausted_capped";
+        metrics.set_counts(&counts(3, None), now);
+        metrics.set_counts(&counts(3, None), now);
+        assert_eq!(line(&metrics.encode(), total), format!("{total} 3"));
+        assert_eq!(line(&metrics.encode(), capped), format!("{capped} 0"));
+        // A scrape that read an older count does not lower it.
+        metrics.set_counts(&counts(2, None), now);
+        assert_eq!(line(&metrics.encode(), total), format!("{total} 3"));
+        // Past the cap (10): the cap, flagged.
+        metrics.set_counts(&counts(25, None), now);
+        assert_eq!(line(&metrics.encode(), total), format!("{total} 10"));
+        assert_eq!(line(&metrics.encode(), capped), format!("{capped} 1"));
+        assert!(metrics.encode().contains("# TYPE leasehold_attempts_exhausted counter"));
+    }
+
+    #[test]
+    fn scrapes_at_once_raise_the_exhausted_counter_once() {
+        let metrics = Arc::new(Metrics::new());
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let metrics = Arc::clone(&metrics);
+                std::thread::spawn(move || {
+                    for n in 0..=5 {
+                        metrics.set_counts(&counts(n, None), Timestamp::from_millis(0));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("a scraping thread");
+        }
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "leasehold_attempts_exhausted_total"),
+            "leasehold_attempts_exhausted_total 5"
+        );
     }
 }

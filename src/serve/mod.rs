@@ -11,6 +11,7 @@
 //! - [`auth`]: API tokens with roles ([`crate::tokens`]), console sessions, CSRF
 //!   and security headers.
 //! - [`metrics`] and [`logs`]: `/metrics` and structured `tracing` logs.
+//! - [`when`]: the RFC 3339 instants and short durations requests carry.
 //!
 //! A request that would change something (any method but GET, HEAD and OPTIONS,
 //! other than the login form's POST) from a caller without a valid token or session
@@ -30,6 +31,7 @@ pub mod console;
 pub mod logs;
 pub mod metrics;
 pub mod problem;
+pub mod when;
 
 pub use backend::Backend;
 
@@ -294,6 +296,7 @@ pub async fn run<L: Ledger, E: Executor>(
             report.workers.failed += r.failed;
             report.workers.refused += r.refused;
             report.workers.abandoned += r.abandoned;
+            report.workers.gave_back += r.gave_back;
         }
     }
     if let Some(scrape) = scrape {
