@@ -1282,7 +1282,7 @@ async fn an_enqueue_starts_at_once_at_an_instant_or_after_a_delay() {
         (json!({"at": "2999-01-01T00:00:00Z", "in": "1m"}), "at and in:"),
         (json!({"at": "tomorrow"}), "at:"),
         (json!({"at": "2999-02-30T00:00:00Z"}), "at:"),
-        (json!({"in": "10 minutes"}), "in:"),
+        (json!({"in": "ten minutes"}), "in:"),
         (json!({"in": "-5s"}), "in:"),
         (json!({"in": "99999d"}), "in:"),
     ] {

@@ -4,33 +4,25 @@
 //! bounds, is refused with a one-line message naming the flag.
 
 use super::Failure;
+use leasehold::serve::when;
 use leasehold_engine::Timestamp;
 use std::time::Duration;
 
 /// How far ahead a start may be scheduled (`--at`, `--in`): a year and a day.
 pub const MAX_AHEAD: Duration = Duration::from_secs(366 * 86_400);
 
-/// An RFC 3339 time, e.g. `2026-05-01T09:00:00Z` or `2026-05-01T11:00:00.250+02:00`.
+/// An RFC 3339 time, e.g. `2026-05-01T09:00:00Z` or `2026-05-01T11:00:00.250+02:00`
+/// ([`leasehold::serve::when::parse_rfc3339`]).
 pub fn parse_time(flag: &str, text: &str) -> Result<Timestamp, Failure> {
-    let parsed =
-        time::OffsetDateTime::parse(text.trim(), &time::format_description::well_known::Rfc3339).map_err(|e| {
-            Failure::bad_input(format!(
-                "{flag} {text:?}: not an RFC 3339 time such as 2026-05-01T09:00:00Z ({e})"
-            ))
-        })?;
-    let ms = parsed.unix_timestamp_nanos() / 1_000_000;
-    let ms = i64::try_from(ms).map_err(|_| Failure::bad_input(format!("{flag} {text:?}: out of range")))?;
-    Ok(Timestamp::from_millis(ms))
+    when::parse_rfc3339(text).map_err(|e| Failure::bad_input(format!("{flag} {e}")))
 }
 
 /// A duration such as `500ms`, `30s`, `10m`, `1h` or `1h30m` (a number without a
-/// unit is refused: it would be ambiguous).
+/// unit is refused: it would be ambiguous) ([`leasehold::serve::when::parse_duration_ms`]).
 pub fn parse_duration(flag: &str, text: &str) -> Result<Duration, Failure> {
-    humantime::parse_duration(text.trim()).map_err(|e| {
-        Failure::bad_input(format!(
-            "{flag} {text:?}: not a duration such as 500ms, 30s, 10m or 1h ({e})"
-        ))
-    })
+    when::parse_duration_ms(text)
+        .map(Duration::from_millis)
+        .map_err(|e| Failure::bad_input(format!("{flag} {e}")))
 }
 
 /// Refuses a start more than [`MAX_AHEAD`] after `now`.
