@@ -292,6 +292,40 @@ pub fn enqueue_at(
     })
 }
 
+/// Whether an operator who names `record` may ask for its follow-up `action` (a
+/// `retry` of a FAILED or ABORTED attempt, a `compensate` of a FAILED forward one):
+/// the attempt must be its plan's latest (its latest forward one, to compensate),
+/// so that the follow-up is of what was named. `history` holds every attempt of the
+/// plan. The enqueue that follows applies its own guards.
+pub fn follow_up_of(record: &AttemptRecord, history: &[AttemptRecord], action: Action) -> Result<(), Refusal> {
+    let (a, id) = (&record.attempt, &record.attempt.id);
+    let refuse = |reason: String| Err(Refusal::Guard { action, reason });
+    match action {
+        Action::Retry if !matches!(a.status, AttemptStatus::Failed | AttemptStatus::Aborted) => {
+            return refuse(format!("attempt {id} is {}, not FAILED or ABORTED", a.status));
+        }
+        Action::Compensate if a.status != AttemptStatus::Failed || !a.action.is_forward() => {
+            return refuse(format!(
+                "attempt {id} is a {} attempt that is {}: only a FAILED forward attempt is compensated",
+                a.action, a.status
+            ));
+        }
+        _ => {}
+    }
+    let latest = history
+        .iter()
+        .filter(|r| action == Action::Retry || r.attempt.action.is_forward())
+        .max_by_key(|r| r.attempt.number);
+    if latest.map(|r| &r.attempt.id) != Some(id) {
+        let forward = if action == Action::Retry { "" } else { "forward " };
+        return refuse(format!(
+            "attempt {id} is not the latest {forward}attempt of plan {}",
+            a.plan_id
+        ));
+    }
+    Ok(())
+}
+
 /// The step codes an enqueue of `action` delivers, in order, or the action guard's
 /// refusal: every step for `execute`; every step after a FAILED or ABORTED latest
 /// attempt for `retry`; the latest forward attempt's succeeded steps, reversed, for a

@@ -301,3 +301,26 @@ fn enqueue_with_a_tampered_plan_fingerprint_is_refused() {
         Refusal::Guard { .. }
     ));
 }
+
+#[test]
+fn a_follow_up_is_asked_of_the_plans_latest_attempt_in_the_right_state() {
+    let plan = resume_plan();
+    let failed = failed_at(&plan, 2);
+    let history = [failed.clone()];
+    assert_eq!(transition::follow_up_of(&failed, &history, Action::Retry), Ok(()));
+    assert_eq!(transition::follow_up_of(&failed, &history, Action::Compensate), Ok(()));
+    let done = delivered(&plan);
+    let refused = transition::follow_up_of(&done, &[done.clone()], Action::Retry).unwrap_err();
+    assert!(
+        refused.to_string().contains("is SUCCEEDED, not FAILED or ABORTED"),
+        "{refused}"
+    );
+    let mut newer = failed.clone();
+    newer.attempt.number = 2;
+    newer.attempt.id = attempt_id(2);
+    let refused = transition::follow_up_of(&failed, &[failed.clone(), newer], Action::Retry).unwrap_err();
+    assert!(
+        refused.to_string().contains("is not the latest attempt of plan"),
+        "{refused}"
+    );
+}

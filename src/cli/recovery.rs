@@ -10,8 +10,8 @@ use leasehold::clock::{Clock, SystemClock};
 use leasehold::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome, BULK_LIMIT_DEFAULT};
 use leasehold::ledger::{find_plan, Ledger, LedgerError};
 use leasehold::text::clean;
-use leasehold_engine::transition::Start;
-use leasehold_engine::{Action, AttemptId, AttemptStatus, Refusal, Timestamp};
+use leasehold_engine::transition::{follow_up_of, Start};
+use leasehold_engine::{Action, AttemptId, Timestamp};
 use std::fmt::Write as _;
 
 /// `enqueue`'s start: at once, at a time, or after a while.
@@ -145,25 +145,8 @@ pub(super) async fn retry<L: Ledger>(ledger: &L, args: RetryArgs, json: bool) ->
         return report(&outcome, args.filter.dry_run, Bulk::Retry, json);
     };
     let record = ledger.attempt(&AttemptId::new(&id)).await?;
-    let status = record.attempt.status;
-    let refuse = |reason: String| -> Failure {
-        LedgerError::Refused(Refusal::Guard {
-            action: Action::Retry,
-            reason,
-        })
-        .into()
-    };
-    if !matches!(status, AttemptStatus::Failed | AttemptStatus::Aborted) {
-        return Err(refuse(format!("attempt {id} is {status}, not FAILED or ABORTED")));
-    }
     let history = ledger.history(&record.attempt.plan_id).await?;
-    let latest = history.iter().max_by_key(|r| r.attempt.number);
-    if latest.map(|r| &r.attempt.id) != Some(&record.attempt.id) {
-        return Err(refuse(format!(
-            "attempt {id} is not the latest attempt of plan {}",
-            record.attempt.plan_id
-        )));
-    }
+    follow_up_of(&record, &history, Action::Retry).map_err(LedgerError::Refused)?;
     let new = ledger.enqueue(&record.attempt.plan_id, Action::Retry).await?;
     emit(json, &new, || {
         format!(

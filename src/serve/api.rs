@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
-use leasehold_engine::transition::{ReconcileOutcome, Start};
+use leasehold_engine::transition::{follow_up_of, ReconcileOutcome, Start};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, PlanSpec};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -511,34 +511,8 @@ pub(crate) async fn do_follow_up(
     action: Action,
 ) -> Result<AttemptRecord, Problem> {
     let record = app.backend().attempt(&AttemptId::new(id)).await?;
-    let status = record.attempt.status;
-    let refuse = |why: String| -> Problem {
-        LedgerError::Refused(leasehold_engine::Refusal::Guard { action, reason: why }).into()
-    };
-    match action {
-        Action::Retry if !matches!(status, AttemptStatus::Failed | AttemptStatus::Aborted) => {
-            return Err(refuse(format!("attempt {id} is {status}, not FAILED or ABORTED")));
-        }
-        Action::Compensate if status != AttemptStatus::Failed || !record.attempt.action.is_forward() => {
-            return Err(refuse(format!(
-                "attempt {id} is a {} attempt that is {status}: only a FAILED forward attempt is compensated",
-                record.attempt.action
-            )));
-        }
-        _ => {}
-    }
     let history = app.backend().history(&record.attempt.plan_id).await?;
-    let latest = history
-        .iter()
-        .filter(|r| action == Action::Retry || r.attempt.action.is_forward())
-        .max_by_key(|r| r.attempt.number);
-    if latest.map(|r| &r.attempt.id) != Some(&record.attempt.id) {
-        return Err(refuse(format!(
-            "attempt {id} is not the latest {}attempt of plan {}",
-            if action == Action::Retry { "" } else { "forward " },
-            record.attempt.plan_id
-        )));
-    }
+    follow_up_of(&record, &history, action).map_err(LedgerError::Refused)?;
     let new = app.backend().enqueue(&record.attempt.plan_id, action).await?;
     audit(who, action.as_str(), id, new.attempt.id.as_str());
     Ok(new)
