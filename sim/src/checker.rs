@@ -479,7 +479,7 @@ fn delivery_counts(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
         let (Some(id), Some(a)) = (&e.attempt, &e.after) else {
             continue;
         };
-        if e.op.is_claim() && e.outcome == EventOutcome::Applied {
+        if e.is_delivery() {
             *claims.entry(id).or_default() += 1;
         }
         let n = claims.get(id).copied().unwrap_or(0);

@@ -33,7 +33,7 @@ use leasehold::ledger::sqlite::SqliteCore;
 use leasehold::ledger::WritesHook;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
-use leasehold_engine::transition::next_step;
+use leasehold_engine::transition::{is_claimable, next_step, Start};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, CommandStatus, Decision, Guard, Lease, Op, OperatorRequest, Plan, PlanId,
     PlanSpec, ReceiptStatus, Recovery, Refusal, Reply, Timestamp, WorkerRequest, Writes,
@@ -161,6 +161,17 @@ pub struct DbEvent {
 }
 
 impl DbEvent {
+    /// An applied claim that delivered the command: every applied claim but one that
+    /// found its attempt exhausted and ended it instead (no lease, no delivery).
+    pub fn is_delivery(&self) -> bool {
+        self.op.is_claim()
+            && self.outcome == EventOutcome::Applied
+            && self
+                .after
+                .as_ref()
+                .is_some_and(|a| !a.record.attempt.status.is_terminal())
+    }
+
     /// Refused because the presented token was not the command's current one.
     pub fn is_stale_refusal(&self) -> bool {
         matches!(self.outcome, EventOutcome::Refused(_))
@@ -675,7 +686,7 @@ impl DbState {
             DbRequest::Plan { id } => call!(&self.backend, plan(id)).map(DbReply::Plan),
             DbRequest::ListPlans => call!(&self.backend, list_plans()).map(DbReply::Plans),
             DbRequest::RetirePlan { id } => call!(&self.backend, retire_plan(id)).map(DbReply::Plan),
-            DbRequest::Enqueue { plan, action } => self.enqueue(env, times, plan, *action),
+            DbRequest::Enqueue { plan, action, start } => self.enqueue(env, times, plan, (*action, *start)),
             DbRequest::Claim(request) => {
                 self.claim((env, request.op()), times, |b| call!(b, claim_batch(request.clone())))
             }
@@ -719,10 +730,10 @@ impl DbState {
         env: &DbEnvelope,
         (db_now, decided_at): (Timestamp, Timestamp),
         plan: &PlanId,
-        action: Action,
+        (action, start): (Action, Start),
     ) -> Result<DbReply, LedgerError> {
         let count_before = self.plan_attempt_count(plan);
-        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue(plan, action));
+        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue_at(plan, action, start));
         let count_after = self.plan_attempt_count(plan);
         let (attempt, after) = match &result {
             Ok(record) => {
@@ -754,6 +765,15 @@ impl DbState {
         (db_now, decided_at): (Timestamp, Timestamp),
         run: impl FnOnce(&Backend) -> Result<Vec<Claimed>, LedgerError>,
     ) -> Result<DbReply, LedgerError> {
+        // The ledger answers only the claims that granted a lease: a candidate it
+        // found exhausted (and ended) is read back from the rows of every command
+        // that was claimable.
+        let candidates: Vec<AttemptId> = self
+            .latest
+            .iter()
+            .filter(|(_, s)| !s.record.attempt.status.is_terminal() && is_claimable(&s.record.command, decided_at))
+            .map(|(id, _)| id.clone())
+            .collect();
         let result = run(&self.backend);
         let claimed = match result {
             Ok(c) => c,
@@ -766,24 +786,41 @@ impl DbState {
         for c in &claimed {
             let attempt = c.lease.attempt_id.clone();
             self.ordinal_of(c.lease.token.expose());
-            let before = self.latest.get(&attempt).cloned();
             let after = self.snap(c.record.clone());
-            self.latest.insert(attempt.clone(), after.clone());
-            let granted = after.token;
-            self.log(
-                env,
-                db_now,
-                decided_at,
-                Some(attempt),
-                None,
-                granted,
-                before,
-                Some(after),
-                EventOutcome::Applied,
-                None,
-            );
+            self.log_claim(env, (db_now, decided_at), attempt, after);
+        }
+        for attempt in candidates {
+            if claimed.iter().any(|c| c.lease.attempt_id == attempt) {
+                continue;
+            }
+            match self.read_snap(&attempt) {
+                Some(after) if self.latest.get(&attempt) != Some(&after) => {
+                    self.log_claim(env, (db_now, decided_at), attempt, after);
+                }
+                _ => {}
+            }
         }
         Ok(DbReply::Claimed(claimed.iter().map(WireClaimed::of).collect()))
+    }
+
+    /// Logs one applied claim of `attempt` that left `after` (the token it granted,
+    /// if any, is the one the request presented).
+    fn log_claim(&mut self, env: (&DbEnvelope, Op), times: (Timestamp, Timestamp), attempt: AttemptId, after: Snap) {
+        let before = self.latest.get(&attempt).cloned();
+        self.latest.insert(attempt.clone(), after.clone());
+        let granted = after.token;
+        self.log(
+            env,
+            times.0,
+            times.1,
+            Some(attempt),
+            None,
+            granted,
+            before,
+            Some(after),
+            EventOutcome::Applied,
+            None,
+        );
     }
 
     fn operator_op(

@@ -12,6 +12,7 @@
 //! shows the text, and nothing here prints a frame.
 
 use leasehold::ledger::{Claimed, LedgerError};
+use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, LeaseToken, Op, OperatorRequest, Plan, PlanId,
     PlanSpec, Refusal, Reply, Timestamp, WorkerRequest,
@@ -207,12 +208,14 @@ pub enum DbRequest {
         /// The plan.
         id: PlanId,
     },
-    /// `Ledger::enqueue`.
+    /// `Ledger::enqueue_at`.
     Enqueue {
         /// The plan.
         plan: PlanId,
         /// What the attempt does.
         action: Action,
+        /// When its command becomes claimable.
+        start: Start,
     },
     /// `Ledger::claim_batch` (one transaction in the db host).
     Claim(ClaimRequest),

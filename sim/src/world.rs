@@ -684,7 +684,7 @@ fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, endin
         takeovers: db
             .events
             .iter()
-            .filter(|e| e.op.is_claim() && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2))
+            .filter(|e| e.is_delivery() && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2))
             .count() as u64,
         stale_refused: db.events.iter().filter(|e| e.is_stale_refusal()).count() as u64,
         duplicates: tgt.duplicates,

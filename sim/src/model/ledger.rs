@@ -168,7 +168,8 @@ impl Ledger<'_> {
         req: &Req<'_>,
         now: Timestamp,
     ) -> Result<(leasehold_engine::Writes, Reply), Refusal> {
-        let recovery = self.plan_of(record).recovery;
+        let plan = self.plan_of(record);
+        let recovery = plan.recovery;
         let lease_ms = self.config.lease_ms();
         let decided = match req {
             Req::Claim(owner, n, _) => {
@@ -178,14 +179,18 @@ impl Ledger<'_> {
                     lease_ms,
                     begin: true,
                 };
-                decide(record, Request::Claim(&claim, &token(*n), recovery), now)
+                decide(record, Request::Claim(&claim, &token(*n), plan), now)
             }
             Req::Worker(w, n, _) => {
                 let presented = match &record.command.lease_token {
                     Some(current) if skips_token_check(self.bugs(), w.op()) => current.clone(),
                     _ => token(*n),
                 };
-                decide(record, Request::Worker(w, &presented), now)
+                decide(
+                    record,
+                    Request::Worker(w, &presented, w.needs_plan().then_some(plan)),
+                    now,
+                )
             }
             Req::Operator(o) => decide(record, Request::Operator(o, recovery), now),
         };

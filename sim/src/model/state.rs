@@ -458,6 +458,8 @@ fn outcome_text(o: &Outcome) -> String {
         Outcome::Failed(e) => format!("failed ({e})"),
         Outcome::Refused(r) => format!("refused ({r})"),
         Outcome::Abandoned(why) => format!("abandoned ({why})"),
+        Outcome::GaveBack { until, error } => format!("gave back until {until} ({error})"),
+        Outcome::Exhausted { why, error } => format!("{} ({error})", why.as_str()),
     }
 }
 
@@ -562,8 +564,12 @@ fn claim_next(
     if let Some(e) = answer.event {
         log(s, e, done);
     }
-    answer.reply.ok()?;
+    let reply = answer.reply.ok()?;
     s.minted = token;
+    // A claim that found its attempt exhausted ended it and granted no lease.
+    if matches!(reply, leasehold_engine::Reply::Exhausted(_)) {
+        return None;
+    }
     let record = super::ledger::record_of(&s.attempts[k]);
     let until = record.command.lease_until.map_or(0, ticks);
     let driver = Driver::fused(&record, ledger.config.lease_ms(), sent_at);
