@@ -926,6 +926,7 @@ mod tests {
             let r = self.record.receipt(o).expect("a step");
             CallRecord {
                 at_ms: 0,
+                sent_ms: 0,
                 attempt: self.record.attempt.id.clone(),
                 ordinal: o,
                 key: r.idempotency_key.clone(),
@@ -933,7 +934,8 @@ mod tests {
                     .then(|| plans::sandbox_id(&self.record.attempt.id, delivery)),
                 delivery,
                 worker: "w1".into(),
-                duplicate: false,
+                answer: crate::target::CallAnswer::Applied,
+                reply_lost: false,
             }
         }
 

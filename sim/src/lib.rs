@@ -22,6 +22,7 @@ pub mod checker;
 pub mod clients;
 pub mod clock;
 pub mod db;
+pub mod delivery;
 pub mod history;
 pub mod model;
 pub mod plans;

@@ -15,6 +15,7 @@ use crate::checker::{self, CheckInput, FaultLog, Violation};
 use crate::clients::{self, ClientCtx, ClientLog};
 use crate::clock::{ClockParams, DbClock, SimClock, EPOCH_MS};
 use crate::db::{self, BackendKind, DbState};
+use crate::delivery::Timing;
 use crate::profile::{FaultParams, Profile, WorldParams};
 use crate::rng::Rng;
 use crate::rpc::RpcLedger;
@@ -525,7 +526,7 @@ fn start_hosts(sim: &mut turmoil::Sim<'_>, config: &RunConfig, plan: &Schedule, 
     };
     sim.client(
         "enqueuer",
-        clients::enqueuer(ctx.clone(), config.profile.clients.enqueue_every_ms),
+        clients::enqueuer(ctx.clone(), config.profile.clients.clone()),
     );
     sim.client("operator", clients::operator(ctx, plan.operator.clone()));
 }
@@ -652,6 +653,14 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
         clients: &clients,
         liveness: ending.liveness.as_deref(),
         faults: Some(&fault_log(plan, w.safety_ms + w.lease_ms, w.lease_ms, &hosts.failures)),
+        timing: Some(&Timing {
+            lease_ms: w.lease_ms,
+            poll_interval_ms: w.poll_interval_ms,
+            rpc_timeout_ms: w.rpc_timeout_ms,
+            latency_max_ms: w.latency_ms[1].max(w.latency_ms[0]),
+            target_slowdown: w.target_slowdown.max(1),
+            end_ms: ending.sim_ms,
+        }),
     };
     let mut violations = ending.violations;
     violations.extend(checker::check(&input));
