@@ -339,6 +339,10 @@ fn timer_clock(params: &ClockParams, bugs: &[Bug]) -> ClockParams {
     params
 }
 
+/// How long after a call that got no success the planted
+/// `executor-retries-detached` sends it again.
+pub const DETACHED_RETRY_MS: u64 = 4_000;
+
 /// The most a clock may drift (parts per million) and still not excuse a lost
 /// lease: a heartbeat due at a third of the lease then still lands inside it.
 pub const DRIFT_BOUND_PPM: i64 = 500_000;
@@ -513,7 +517,7 @@ fn start_hosts(sim: &mut turmoil::Sim<'_>, config: &RunConfig, plan: &Schedule, 
             params,
             &config.profile.world,
             trace,
-            &hosts.failures,
+            (&hosts.failures, config.bugs.contains(&Bug::ExecutorRetriesDetached)),
         );
     }
     let w = &config.profile.world;
@@ -539,7 +543,7 @@ fn start_worker(
     params: ClockParams,
     w: &WorldParams,
     trace: &Trace,
-    failures: &FailureLog,
+    (failures, detached): (&FailureLog, bool),
 ) {
     let config_w = WorkerConfig::clamped(true, w.poll_interval_ms, w.batch_size, w.lease_ms);
     let (trace, failures) = (trace.clone(), failures.clone());
@@ -550,7 +554,11 @@ fn start_worker(
         async move {
             let clock = Arc::new(SimClock::new(params));
             let ledger = Arc::new(RpcLedger::new(name.clone(), Arc::clone(&clock), rpc_timeout_ms));
-            let executor = Arc::new(TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures));
+            let mut executor = TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures);
+            if detached {
+                executor = executor.retrying_detached(DETACHED_RETRY_MS);
+            }
+            let executor = Arc::new(executor);
             trace.line(&name, "worker up");
             let (t, n) = (trace.clone(), name.clone());
             let worker = Worker::new(name, ledger, executor, clock, config_w).on_event(move |e| t.line(&n, e));

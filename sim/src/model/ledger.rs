@@ -95,14 +95,15 @@ impl Ledger<'_> {
     /// The instant the ledger decides `req` at, given its own clock `db_now`.
     pub fn decided_at(&self, rows: &Snap, req: &Req<'_>, db_now: Timestamp) -> Timestamp {
         let reconciled = matches!(req, Req::Operator(OperatorRequest::Reconcile)).then_some(rows);
-        planted_instant(self.bugs(), req.sent_at(), reconciled, db_now).unwrap_or(db_now)
+        planted_instant(self.bugs(), (Some(req.op()), req.sent_at()), reconciled, db_now).unwrap_or(db_now)
     }
 
     /// The attempt (its index in `attempts`) a claim sent at `sent_at` (worker
     /// clock) takes, as the memory ledger picks it: the first claimable command in
     /// claim order, oldest `available_at` first, then command id.
     pub fn claim_candidate(&self, attempts: &[Snap], sent_at: Timestamp, db_now: Timestamp) -> Option<usize> {
-        let now = planted_instant(self.bugs(), Some(sent_at), None, db_now).unwrap_or(db_now);
+        let now =
+            planted_instant(self.bugs(), (Some(Op::ClaimAndBegin), Some(sent_at)), None, db_now).unwrap_or(db_now);
         attempts
             .iter()
             .enumerate()
