@@ -154,7 +154,7 @@ fn steps_of<'p>(plan: &'p Plan, s: &Snap) -> Vec<&'p Step> {
 pub fn exhaustion_bound_ms(plan: &Plan, steps: &[&Step], t: &Timing) -> u64 {
     let down = steps.iter().find(|s| plans::is_down(s)).map_or("", |s| s.code.as_str());
     let policy = plan.policy(down);
-    let pause = heartbeat_ms(t.lease_ms) / 4 << policy.step_max_tries.saturating_sub(1).min(20);
+    let pause = (heartbeat_ms(t.lease_ms) / 4) << policy.step_max_tries.saturating_sub(1).min(20);
     let calls: u64 = steps
         .iter()
         .map(|s| {
@@ -367,5 +367,51 @@ pub fn flaky_recovers(input: &CheckInput<'_>, t: &Timing, faults: &FaultLog, pus
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use leasehold_engine::{PlanId, Timestamp};
+
+    fn timing() -> Timing {
+        Timing {
+            lease_ms: 3_000,
+            poll_interval_ms: 250,
+            rpc_timeout_ms: 600,
+            latency_max_ms: 10,
+            target_slowdown: 1,
+            end_ms: 60_000,
+        }
+    }
+
+    fn plan(name: &str) -> Plan {
+        let spec = plans::named(&[name.to_owned()]).expect("a known plan").remove(0);
+        spec.into_plan(plans::KNOWN, PlanId::new("p"), Timestamp::from_millis(0))
+            .expect("a valid plan")
+    }
+
+    #[test]
+    fn covered_time_counts_overlaps_once_and_clips_to_the_interval() {
+        let windows = [(0, 10), (5, 20), (30, 40), (100, 200)];
+        assert_eq!(FaultLog::covered_ms(&windows, (8, 35)), 12 + 5);
+        assert_eq!(FaultLog::covered_ms(&windows, (50, 90)), 0);
+        assert_eq!(FaultLog::covered_ms(&[(0, u64::MAX)], (7, 9)), 2);
+    }
+
+    #[test]
+    fn the_bound_follows_the_policy_and_the_deadline_caps_it() {
+        let t = timing();
+        let dead = plan("dead-target");
+        let steps: Vec<&Step> = dead.steps.iter().collect();
+        // Per delivery: lease, poll, rpc deadline, and two tries of each step, each
+        // its answer time (delay + two latencies) and a pause of 250 << 1.
+        let delivery = 3_000 + 250 + 600 + 2 * ((150 + 20 + 500) + (200 + 20 + 500));
+        assert_eq!(exhaustion_bound_ms(&dead, &steps, &t), 4 * (delivery + 400));
+        let deadline = plan("dead-deadline");
+        let steps: Vec<&Step> = deadline.steps.iter().collect();
+        let delivery = 3_000 + 250 + 600 + 2 * (100 + 20 + 500);
+        assert_eq!(exhaustion_bound_ms(&deadline, &steps, &t), 3_000 + delivery + 400);
     }
 }

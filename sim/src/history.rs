@@ -791,6 +791,11 @@ mod tests {
     }
 
     fn plan(recovery: &str) -> Plan {
+        plan_with(recovery, None)
+    }
+
+    /// A plan of three durable steps, with this delivery policy.
+    fn plan_with(recovery: &str, retry: Option<leasehold_engine::RetrySpec>) -> Plan {
         let spec = leasehold_engine::PlanSpec {
             name: "p".into(),
             recovery: recovery.into(),
@@ -804,7 +809,7 @@ mod tests {
                     retry: None,
                 })
                 .collect(),
-            retry: None,
+            retry,
         };
         spec.into_plan(plans::KNOWN, PlanId::new("plan-1"), Timestamp::from_millis(0))
             .expect("a valid plan")
@@ -812,7 +817,22 @@ mod tests {
 
     impl History {
         fn new(recovery: &str) -> Self {
-            let plan = plan(recovery);
+            Self::with_plan(plan(recovery))
+        }
+
+        /// A resume plan's history under the policy of `max_deliveries` deliveries
+        /// and backoffs of at most 400 ms.
+        fn capped(max_deliveries: i64) -> Self {
+            let retry = leasehold_engine::RetrySpec {
+                max_deliveries: Some(max_deliveries),
+                backoff_base_ms: Some(50),
+                backoff_max_ms: Some(400),
+                ..Default::default()
+            };
+            Self::with_plan(plan_with("resume", Some(retry)))
+        }
+
+        fn with_plan(plan: Plan) -> Self {
             let ids = NewIds {
                 attempt: AttemptId::new("att-1"),
                 command: CommandId::new("cmd-1"),
@@ -900,6 +920,23 @@ mod tests {
             )
             .expect("claim");
             self.apply(Op::Claim, None, w, tamper);
+        }
+
+        /// A claim that finds the attempt exhausted, as the engine decides it.
+        fn claim_exhausting(&mut self) {
+            self.now += 100_000;
+            let now = Timestamp::from_millis(self.now);
+            let why = transition::claim_exhausts(&self.record, &self.plan, now).expect("exhausted");
+            let w = transition::exhaust(&self.record, why, now);
+            self.apply(Op::Claim, None, w, |_| {});
+        }
+
+        /// The lease holder gives the command back after `delay_ms`.
+        fn give_back(&mut self, delay_ms: u64, tamper: impl FnOnce(&mut AttemptRecord)) {
+            let now = Timestamp::from_millis(self.now);
+            let (_, w) = transition::give_back(&self.record, &self.plan, "503", delay_ms, &self.token(), now)
+                .expect("give-back");
+            self.apply(Op::GiveBack, None, w, tamper);
         }
 
         fn begin(&mut self, o: u32) {
@@ -1177,5 +1214,110 @@ mod tests {
                 .any(|(i, m)| *i == 11 && m.contains("differ from what the previous event left")),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_give_back_and_a_claim_that_exhausts_pass() {
+        let mut h = History::capped(2);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(100, |_| {});
+        assert_eq!(h.record.command.status, CommandStatus::Pending);
+        h.claim(|_| {});
+        h.begin(1);
+        h.claim_exhausting();
+        assert_eq!(h.record.attempt.status, AttemptStatus::Failed);
+        let calls = [h.call(1, 1), h.call(1, 2)];
+        assert_eq!(h.violations(&calls), vec![]);
+    }
+
+    #[test]
+    fn a_give_back_that_exhausts_passes() {
+        let mut h = History::capped(1);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(100, |_| {});
+        assert!(h
+            .record
+            .attempt
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("exhausted: deliveries")));
+        assert_eq!(h.violations(&[h.call(1, 1)]), vec![]);
+    }
+
+    #[test]
+    fn a_give_back_past_the_longest_backoff_fires() {
+        let mut h = History::capped(4);
+        h.claim(|_| {});
+        h.begin(1);
+        let late = Timestamp::from_millis(h.now + 5_000);
+        h.give_back(100, |r| r.command.available_at = late);
+        let v = h.violations(&[h.call(1, 1)]);
+        assert!(
+            v.iter().any(|(i, m)| *i == 11 && m.contains("available_at is 5000 ms")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_give_back_that_keeps_the_step_running_fires() {
+        let mut h = History::capped(4);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(100, |r| r.receipts[0].status = ReceiptStatus::Running);
+        let v = h.violations(&[h.call(1, 1)]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("step 1 went RUNNING -> RUNNING")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_past_the_delivery_cap_fires_11_and_15() {
+        let mut h = History::capped(1);
+        h.claim(|_| {});
+        h.begin(1);
+        h.claim(|_| {});
+        let v = h.violations(&[h.call(1, 1)]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("though it was exhausted: deliveries")),
+            "{v:?}"
+        );
+        let mut cap = Vec::new();
+        crate::delivery::delivery_cap(&h.events, &h.plans, &mut |i, m| cap.push((i, m)));
+        assert_eq!(cap.len(), 1, "{cap:?}");
+        assert!(
+            cap[0].1.contains("delivery 2") && cap[0].1.contains("max_deliveries 1"),
+            "{cap:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_before_available_at_fires_14() {
+        let mut h = History::capped(4);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(300, |_| {});
+        let mut v = Vec::new();
+        crate::delivery::claims_after_available(&h.events, &mut |i, m| v.push((i, m)));
+        assert_eq!(v, vec![], "a give-back is no claim");
+        let before = h.snap(&h.record);
+        let mut after = before.clone();
+        after.record.command.status = CommandStatus::Processing;
+        h.now += 10;
+        h.push(
+            Op::Claim,
+            None,
+            Some(9),
+            Some(before),
+            Some(after),
+            EventOutcome::Applied,
+        );
+        crate::delivery::claims_after_available(&h.events, &mut |i, m| v.push((i, m)));
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].1.contains("(290 ms early)"), "{v:?}");
     }
 }

@@ -418,3 +418,44 @@ impl Executor for TargetExecutor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_payload_names_its_target_mode() {
+        assert_eq!(TargetMode::of(&json!({ "delay_ms": 5 })), TargetMode::Healthy);
+        assert_eq!(TargetMode::of(&json!({ "down": true })), TargetMode::Down);
+        assert_eq!(
+            TargetMode::of(&json!({ "flaky_calls": 3 })),
+            TargetMode::Flaky { calls: 3 }
+        );
+        assert_eq!(
+            TargetMode::of(&json!({ "throttle_calls": 1, "retry_after_ms": 300 })),
+            TargetMode::Throttled {
+                calls: 1,
+                retry_after_ms: 300
+            }
+        );
+    }
+
+    #[test]
+    fn a_flaky_or_throttled_key_is_refused_for_its_window_then_served() {
+        let flaky = TargetMode::Flaky { calls: 2 };
+        assert_eq!(refusal(flaky, 1), Some(TargetAnswer::Unavailable));
+        assert_eq!(refusal(flaky, 2), Some(TargetAnswer::Unavailable));
+        assert_eq!(refusal(flaky, 3), None);
+        let throttled = TargetMode::Throttled {
+            calls: 1,
+            retry_after_ms: 300,
+        };
+        assert_eq!(
+            refusal(throttled, 1),
+            Some(TargetAnswer::Throttled { retry_after_ms: 300 })
+        );
+        assert_eq!(refusal(throttled, 2), None);
+        assert_eq!(refusal(TargetMode::Down, 1_000), Some(TargetAnswer::Unavailable));
+        assert_eq!(refusal(TargetMode::Healthy, 1), None);
+    }
+}
