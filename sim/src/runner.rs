@@ -127,15 +127,16 @@ impl Summary {
         );
         let _ = writeln!(
             out,
-            "faults injected: {}   takeovers: {}   stale writes refused: {}   duplicates deduplicated: {}",
-            s.faults, s.takeovers, s.stale_refused, s.duplicates
+            "faults injected: {}   takeovers: {}   given back: {}   stale writes refused: {}   duplicates deduplicated: {}",
+            s.faults, s.takeovers, s.gave_back, s.stale_refused, s.duplicates
         );
         let _ = writeln!(
             out,
-            "attempts: {} (succeeded {}, failed {}, aborted {})   simulated: {:.0} s",
+            "attempts: {} (succeeded {}, failed {} of which exhausted {}, aborted {})   simulated: {:.0} s",
             s.attempts,
             s.succeeded,
             s.failed,
+            s.exhausted,
             s.aborted,
             s.sim_ms as f64 / 1000.0
         );

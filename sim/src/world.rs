@@ -25,6 +25,7 @@ use leasehold::entropy::SeededEntropy;
 use leasehold::ledger::LedgerError;
 use leasehold::worker::{RunOptions, Worker};
 use leasehold_engine::lease::WorkerConfig;
+use leasehold_engine::Op;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -52,8 +53,11 @@ pub struct RunConfig {
 pub struct Stats {
     /// Faults injected: crashes, partitions, holds, db restarts, lost replies, clock jumps.
     pub faults: u64,
-    /// Claims of a command that had been claimed before.
+    /// Claims of a command that had been claimed before and not given back since:
+    /// its lease had expired, or reconcile had requeued it.
     pub takeovers: u64,
+    /// Give-backs that requeued a command after a transient failure.
+    pub gave_back: u64,
     /// Worker writes refused because their token was not current.
     pub stale_refused: u64,
     /// Repeated deliveries of a key that the target answered from its record.
@@ -64,6 +68,8 @@ pub struct Stats {
     pub succeeded: u64,
     /// Attempts FAILED.
     pub failed: u64,
+    /// Of those, FAILED exhausted (by deliveries or deadline).
+    pub exhausted: u64,
     /// Attempts ABORTED.
     pub aborted: u64,
     /// Simulated time, ms.
@@ -75,6 +81,8 @@ impl Stats {
     pub fn add(&mut self, o: &Stats) {
         self.faults += o.faults;
         self.takeovers += o.takeovers;
+        self.gave_back += o.gave_back;
+        self.exhausted += o.exhausted;
         self.stale_refused += o.stale_refused;
         self.duplicates += o.duplicates;
         self.attempts += o.attempts;
@@ -689,6 +697,26 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
 
 /// What the run counted: faults (episodes, lost replies and clock jumps during the
 /// safety phase), takeovers, stale refusals, duplicates and attempts by outcome.
+/// Deliveries after the first that took over a lease lost or requeued (not one
+/// given back), and the give-backs that requeued a command.
+fn redeliveries(events: &[crate::db::DbEvent]) -> (u64, u64) {
+    let mut last: BTreeMap<&leasehold_engine::AttemptId, Op> = BTreeMap::new();
+    let (mut takeovers, mut gave_back) = (0, 0);
+    for e in events.iter().filter(|e| e.outcome == crate::db::EventOutcome::Applied) {
+        let (Some(id), Some(a)) = (&e.attempt, &e.after) else {
+            continue;
+        };
+        if e.is_delivery() && a.record.command.delivery_count >= 2 && last.get(id) != Some(&Op::GiveBack) {
+            takeovers += 1;
+        }
+        if e.op == Op::GiveBack && a.record.command.status == leasehold_engine::CommandStatus::Pending {
+            gave_back += 1;
+        }
+        last.insert(id, e.op);
+    }
+    (takeovers, gave_back)
+}
+
 fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, ending: &Ending) -> Stats {
     let jumps: u64 = plan
         .worker_clocks
@@ -696,13 +724,11 @@ fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, endin
         .chain(std::iter::once(&plan.db_clock))
         .map(|c| c.jumps.iter().filter(|(at, _)| *at < safety_ms).count() as u64)
         .sum();
+    let (takeovers, gave_back) = redeliveries(&db.events);
     let mut stats = Stats {
         faults: ending.faults_applied + db.replies_lost + tgt.replies_lost + jumps,
-        takeovers: db
-            .events
-            .iter()
-            .filter(|e| e.is_delivery() && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2))
-            .count() as u64,
+        takeovers,
+        gave_back,
         stale_refused: db.events.iter().filter(|e| e.is_stale_refusal()).count() as u64,
         duplicates: tgt.duplicates,
         attempts: db.latest.len() as u64,
@@ -710,9 +736,13 @@ fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, endin
         ..Stats::default()
     };
     for s in db.latest.values() {
-        match s.record.attempt.status {
+        let a = &s.record.attempt;
+        match a.status {
             leasehold_engine::AttemptStatus::Succeeded => stats.succeeded += 1,
-            leasehold_engine::AttemptStatus::Failed => stats.failed += 1,
+            leasehold_engine::AttemptStatus::Failed => {
+                stats.failed += 1;
+                stats.exhausted += u64::from(a.error.as_deref().is_some_and(|e| e.starts_with("exhausted: ")));
+            }
             leasehold_engine::AttemptStatus::Aborted => stats.aborted += 1,
             _ => {}
         }
