@@ -30,6 +30,9 @@
 //!     to it, a clock of it or of the db beyond the bound, or the executor failing
 //!     as often as the driver tolerates). The design renews a lease at a third of
 //!     its length so that this never happens.
+//! 14–18. The delivery policy: no claim before `available_at`, no delivery past
+//!     the cap, a dead target's attempts exhausted within the policy's bound, no call
+//!     after the end, flaky targets recovered from ([`crate::delivery`]).
 //!
 //! Messages name attempts, steps and token ordinals (`token#3`), never token text.
 
@@ -160,7 +163,7 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
 }
 
 /// The invariants of one transition, for a checker that keeps only a summary of the
-/// past (the model checker, [`crate::model`]): 1–4 and 11 on `step`, the transition's
+/// past (the model checker, [`crate::model`]): 1–4, 11, 14 and 15 on `step`, the transition's
 /// own events (their rows before are the rows the previous transition left); 5, 7
 /// and 9 on the latest rows and the target; 6 and 12 on `input.events`, which must
 /// hold the enqueues, every applied claim so far and `step`'s other events.
