@@ -30,9 +30,13 @@
 //!     to it, a clock of it or of the db beyond the bound, or the executor failing
 //!     as often as the driver tolerates). The design renews a lease at a third of
 //!     its length so that this never happens.
-//! 14–18. The delivery policy: no claim before `available_at`, no delivery past
-//!     the cap, a dead target's attempts exhausted within the policy's bound, no call
-//!     after the end, flaky targets recovered from ([`crate::delivery`]).
+//! 14. No claim of a command before its `available_at` ([`crate::delivery`], as are
+//!     15–18).
+//! 15. No delivery past the policy's `max_deliveries`.
+//! 16. An attempt whose target is down ends exhausted within the policy's bound.
+//! 17. No call of a step after its attempt ended.
+//! 18. An attempt through flaky targets that no fault touched ends SUCCEEDED, each
+//!     key applied once.
 //!
 //! Messages name attempts, steps and token ordinals (`token#3`), never token text.
 
