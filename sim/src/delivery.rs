@@ -171,56 +171,63 @@ pub fn exhaustion_bound_ms(plan: &Plan, steps: &[&Step], t: &Timing) -> u64 {
 }
 
 /// The fault log's windows, plus a lease after every lost reply and every call
-/// that failed in transit: what may slow or disturb a delivery. With `of`, only
-/// what touched that attempt: the windows of the workers that delivered or called
-/// it (and of every worker), its lost replies and its holders' failed calls.
-fn disturbances(input: &CheckInput<'_>, faults: &FaultLog, lease_ms: u64, of: Option<&AttemptId>) -> Vec<(u64, u64)> {
-    let holders: Option<BTreeSet<&str>> = of.map(|id| {
-        let claims = input
-            .events
-            .iter()
-            .filter(|e| e.attempt.as_ref() == Some(id) && e.is_delivery())
-            .map(|e| e.from.as_str());
-        let callers = input
-            .target
-            .calls
-            .iter()
-            .filter(|c| c.attempt == *id)
-            .map(|c| c.worker.as_str());
-        claims.chain(callers).collect()
-    });
-    let touched = |w: &str| w == "*" || holders.as_ref().is_none_or(|h| h.contains(w));
-    let mine = |a: Option<&AttemptId>| of.is_none() || a == of;
-    let mut windows: Vec<(u64, u64)> = faults
-        .windows
-        .iter()
-        .filter(|(w, _, _)| touched(w))
-        .map(|(_, a, b)| (*a, *b))
-        .collect();
-    let lost_db = input
-        .events
-        .iter()
-        .filter(|e| e.reply_lost && mine(e.attempt.as_ref()))
-        .map(|e| e.at_ms);
-    let lost_target = input
-        .target
-        .calls
-        .iter()
-        .filter(|c| c.reply_lost && mine(Some(&c.attempt)))
-        .map(|c| c.at_ms);
-    let failed = faults
-        .executor_failures
-        .iter()
-        .filter(|(w, _)| touched(w))
-        .map(|(_, at)| *at);
+/// that failed in transit: what may slow or disturb a delivery.
+fn disturbances(input: &CheckInput<'_>, faults: &FaultLog, lease_ms: u64) -> Vec<(u64, u64)> {
+    let mut windows: Vec<(u64, u64)> = faults.windows.iter().map(|(_, a, b)| (*a, *b)).collect();
+    let lost_db = input.events.iter().filter(|e| e.reply_lost).map(|e| e.at_ms);
+    let lost_target = input.target.calls.iter().filter(|c| c.reply_lost).map(|c| c.at_ms);
+    let failed = faults.executor_failures.iter().map(|(_, at)| *at);
     windows.extend(lost_db.chain(lost_target).chain(failed).map(|at| (at, at + lease_ms)));
     windows
+}
+
+/// Whether a fault touched attempt `id` during its `life`: a fault window of a
+/// worker while it held one of the attempt's deliveries (from its claim to the next
+/// claim, or the end), a window of every worker (a db restart), a failed call of a
+/// holder during its delivery, a lost reply of the attempt's own, or a reconcile of it.
+fn touched(input: &CheckInput<'_>, faults: &FaultLog, id: &AttemptId, life: Life) -> bool {
+    let claims: Vec<(&str, u64)> = input
+        .events
+        .iter()
+        .filter(|e| e.attempt.as_ref() == Some(id) && e.is_delivery())
+        .map(|e| (e.from.as_str(), e.at_ms))
+        .collect();
+    let overlaps = |(a, b): (u64, u64), (from, to): (u64, u64)| a <= to && b >= from;
+    let held = claims
+        .iter()
+        .enumerate()
+        .map(|(i, (w, from))| (*w, (*from, claims.get(i + 1).map_or(life.end_ms, |(_, at)| *at))));
+    for (w, during) in held {
+        let window = faults
+            .windows
+            .iter()
+            .any(|(x, a, b)| x == w && overlaps((*a, *b), during));
+        let failed = faults
+            .executor_failures
+            .iter()
+            .any(|(x, at)| x == w && (during.0..=during.1).contains(at));
+        if window || failed {
+            return true;
+        }
+    }
+    let everyone = faults
+        .windows
+        .iter()
+        .any(|(x, a, b)| x == "*" && overlaps((*a, *b), (life.start_ms, life.end_ms)));
+    let mine = |e: &&DbEvent| e.attempt.as_ref() == Some(id);
+    everyone
+        || input
+            .events
+            .iter()
+            .filter(mine)
+            .any(|e| e.reply_lost || e.op == Op::Reconcile)
+        || input.target.calls.iter().any(|c| c.attempt == *id && c.reply_lost)
 }
 
 /// Invariant 16: an attempt through a down step ends exhausted within its bound.
 pub fn exhausts_in_time(input: &CheckInput<'_>, t: &Timing, faults: &FaultLog, push: &mut impl FnMut(u8, String)) {
     let lives = lives(input.events, t.end_ms);
-    let windows = disturbances(input, faults, t.lease_ms, None);
+    let windows = disturbances(input, faults, t.lease_ms);
     for (id, s) in input.latest {
         let Some(plan) = input.plans.get(&s.record.attempt.plan_id) else {
             continue;
@@ -247,8 +254,10 @@ pub fn exhausts_in_time(input: &CheckInput<'_>, t: &Timing, faults: &FaultLog, p
             _ => {}
         }
         let bound = exhaustion_bound_ms(plan, &steps, t);
-        let open =
-            (life.end_ms - life.start_ms).saturating_sub(FaultLog::covered_ms(&windows, (life.start_ms, life.end_ms)));
+        let open = life
+            .end_ms
+            .saturating_sub(life.start_ms)
+            .saturating_sub(FaultLog::covered_ms(&windows, (life.start_ms, life.end_ms)));
         if open > bound && a.status != AttemptStatus::Aborted {
             push(
                 16,
@@ -328,13 +337,7 @@ pub fn flaky_recovers(input: &CheckInput<'_>, t: &Timing, faults: &FaultLog, pus
         let Some(life) = lives.get(id).filter(|_| recovering) else {
             continue;
         };
-        let windows = disturbances(input, faults, t.lease_ms, Some(id));
-        let touched = FaultLog::covered_ms(&windows, (life.start_ms, life.end_ms)) > 0
-            || input
-                .events
-                .iter()
-                .any(|e| e.attempt.as_ref() == Some(id) && e.op == Op::Reconcile);
-        if touched || s.record.attempt.status == AttemptStatus::Aborted {
+        if touched(input, faults, id, *life) || s.record.attempt.status == AttemptStatus::Aborted {
             continue;
         }
         if s.record.attempt.status != AttemptStatus::Succeeded {
