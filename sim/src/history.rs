@@ -13,7 +13,12 @@
 //!     PENDING with its evidence dropped; a `resume` takeover only puts the ambiguous
 //!     RUNNING receipt back to PENDING, with the same key. A refused or failed request
 //!     changed nothing, and an event's rows before are the rows the previous event of
-//!     that attempt left.
+//!     that attempt left. The delivery policy is decided with the attempt's plan: a
+//!     claim that finds the cap reached or the deadline passed ends the attempt
+//!     FAILED `exhausted: ...` (and no other claim may deliver it then); a give-back
+//!     requeues the command with `available_at` within the longest backoff (the
+//!     RUNNING receipt PENDING, same key), or ends the attempt exhausted when the
+//!     policy allows no further delivery by then.
 //! 12. The target's calls keep the recovery promises. Each call names the delivery it
 //!     came from; that delivery's claim must exist, the call must carry the receipt's
 //!     key, and under `resume` the step must not have SUCCEEDED before that claim
