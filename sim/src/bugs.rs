@@ -9,8 +9,11 @@
 //! - **`now`**: it makes the ledger decide at another instant than its own clock;
 //! - **writes**: through the ledger's [`leasehold::ledger::WritesHook`], it rewrites
 //!   the engine's [`leasehold_engine::Writes`] of one transition (or replaces its
-//!   refusal) before they are applied, exactly as a wrong transition rule would have
-//!   decided.
+//!   refusal, or decides it again under another policy) before they are applied,
+//!   exactly as a wrong transition rule would have decided;
+//!
+//! and the workers make theirs in their own seams: their timers' clock, and the
+//! executor's client of the target.
 //!
 //! Each bug names the invariant that must catch it ([`Bug::caught_by`]); the catch
 //! tests in `sim/tests/planted_bugs.rs` run each one over the CI window on both
@@ -52,6 +55,22 @@ pub enum Bug {
     /// late (the model checker), so a healthy worker's lease expires and is taken
     /// over.
     LateHeartbeat,
+    /// Claims read the clock half a second ahead (the db host decides every claim
+    /// 500 ms past its own clock), so a command is claimed before its `available_at`:
+    /// before a give-back's backoff or a scheduled start has passed.
+    ClaimBeforeAvailable,
+    /// The delivery cap is off by one: a claim or give-back that the engine finds
+    /// exhausted by deliveries is decided again under a policy that allows one more
+    /// delivery (the db host's writes seam, with the token the claim minted).
+    DeliveryCapOffByOne,
+    /// A give-back reads its delay in seconds: the db host stretches the command's
+    /// `available_at` to a thousand times the backoff, so an attempt whose target is
+    /// down waits minutes between deliveries instead of exhausting.
+    BackoffInSeconds,
+    /// The executor's HTTP client retries on its own: every call that got no
+    /// success is sent again, detached from the driver, four seconds later, whatever
+    /// has become of the attempt by then.
+    ExecutorRetriesDetached,
 }
 
 impl Bug {
@@ -67,6 +86,10 @@ impl Bug {
         Bug::AbortRewritesSucceeded,
         Bug::ReconcileKeepsRunning,
         Bug::LateHeartbeat,
+        Bug::ClaimBeforeAvailable,
+        Bug::DeliveryCapOffByOne,
+        Bug::BackoffInSeconds,
+        Bug::ExecutorRetriesDetached,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -82,6 +105,10 @@ impl Bug {
             Bug::AbortRewritesSucceeded => "abort-rewrites-succeeded",
             Bug::ReconcileKeepsRunning => "reconcile-keeps-running",
             Bug::LateHeartbeat => "late-heartbeat",
+            Bug::ClaimBeforeAvailable => "claim-before-available",
+            Bug::DeliveryCapOffByOne => "delivery-cap-off-by-one",
+            Bug::BackoffInSeconds => "backoff-in-seconds",
+            Bug::ExecutorRetriesDetached => "executor-retries-detached",
         }
     }
 
@@ -103,23 +130,33 @@ impl Bug {
             Bug::AbortRewritesSucceeded => (11, "mixed"),
             Bug::ReconcileKeepsRunning => (11, "mixed"),
             Bug::LateHeartbeat => (13, "lost-replies"),
+            Bug::ClaimBeforeAvailable => (14, "flaky-targets"),
+            Bug::DeliveryCapOffByOne => (15, "flaky-targets"),
+            Bug::BackoffInSeconds => (16, "flaky-targets"),
+            Bug::ExecutorRetriesDetached => (17, "flaky-targets"),
         }
     }
 }
 
 impl Bug {
     /// The invariant the model checker ([`crate::model`]) finds it by first, and the
-    /// recovery mode of the configuration it is found in.
-    pub const fn found_by_model(self) -> (u8, leasehold_engine::Recovery) {
+    /// recovery mode of the configuration it is found in; `None` for the delivery
+    /// policy's bugs, which need what the model does not explore (a target failing
+    /// past a step's tries, a backoff or a scheduled start, the executor's client).
+    pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
-        match self {
+        Some(match self {
             Bug::CompleteSkipsTokenCheck | Bug::HeartbeatIgnoresToken => (1, Resume),
             Bug::ReconcileStealsLiveLease | Bug::LeaseOnWorkerClock => (2, Resume),
             Bug::ReplayKeepsReceipts => (11, Replay),
             Bug::FingerprintKeepsVolatile => (9, Replay),
             Bug::ResumeRedeliversSucceeded | Bug::AbortRewritesSucceeded | Bug::ReconcileKeepsRunning => (11, Resume),
             Bug::LateHeartbeat => (13, Resume),
-        }
+            Bug::ClaimBeforeAvailable
+            | Bug::DeliveryCapOffByOne
+            | Bug::BackoffInSeconds
+            | Bug::ExecutorRetriesDetached => return None,
+        })
     }
 }
 

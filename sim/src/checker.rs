@@ -30,11 +30,19 @@
 //!     to it, a clock of it or of the db beyond the bound, or the executor failing
 //!     as often as the driver tolerates). The design renews a lease at a third of
 //!     its length so that this never happens.
+//! 14. No claim of a command before its `available_at` ([`crate::delivery`], as are
+//!     15–18).
+//! 15. No delivery past the policy's `max_deliveries`.
+//! 16. An attempt whose target is down ends exhausted within the policy's bound.
+//! 17. No call of a step after its attempt ended.
+//! 18. An attempt through flaky targets that no fault touched ends SUCCEEDED, each
+//!     key applied once.
 //!
 //! Messages name attempts, steps and token ordinals (`token#3`), never token text.
 
 use crate::clients::ClientLog;
 use crate::db::{lease_live, DbEvent, EventOutcome, Snap};
+use crate::delivery::{self, Timing};
 use crate::history;
 use crate::plans;
 use crate::target::TargetState;
@@ -75,8 +83,11 @@ pub struct CheckInput<'a> {
     pub clients: &'a ClientLog,
     /// The liveness failure, if the run had one.
     pub liveness: Option<&'a str>,
-    /// What touched each worker, for invariant 13 (`None`: not checked here).
+    /// What touched each worker, for invariants 13 and 16–18 (`None`: not checked
+    /// here).
     pub faults: Option<&'a FaultLog>,
+    /// The run's timing, for invariants 16–18 (`None`: not checked here).
+    pub timing: Option<&'a Timing>,
 }
 
 /// What may make a lease's holder lose it (invariant 13), per worker.
@@ -105,9 +116,29 @@ impl FaultLog {
             .count();
         touched || failures >= leasehold_engine::driver::EXECUTOR_ATTEMPTS_MAX as usize
     }
+
+    /// How much of `(from, to)` the `windows` cover together, each instant counted
+    /// once.
+    pub fn covered_ms(windows: &[(u64, u64)], (from, to): (u64, u64)) -> u64 {
+        let mut clipped: Vec<(u64, u64)> = windows
+            .iter()
+            .map(|(a, b)| ((*a).max(from), (*b).min(to)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        clipped.sort_unstable();
+        let (mut total, mut reach) = (0, from);
+        for (a, b) in clipped {
+            let a = a.max(reach);
+            if b > a {
+                total += b - a;
+                reach = b;
+            }
+        }
+        total
+    }
 }
 
-/// Checks invariants 1–9 and 11–13.
+/// Checks invariants 1–9 and 11–18.
 pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
     let mut v = Vec::new();
     let mut push = |invariant: u8, message: String| v.push(Violation { invariant, message });
@@ -125,11 +156,18 @@ pub fn check(input: &CheckInput<'_>) -> Vec<Violation> {
     history::transitions(input.events, input.plans, &mut push);
     history::recovery_promises(input.events, input.plans, &input.target.calls, &mut push);
     healthy_holders(input, &mut push);
+    delivery::claims_after_available(input.events, &mut push);
+    delivery::delivery_cap(input.events, input.plans, &mut push);
+    if let (Some(t), Some(f)) = (input.timing, input.faults) {
+        delivery::exhausts_in_time(input, t, f, &mut push);
+        delivery::no_calls_after_the_end(input, t, f, &mut push);
+        delivery::flaky_recovers(input, t, f, &mut push);
+    }
     v
 }
 
 /// The invariants of one transition, for a checker that keeps only a summary of the
-/// past (the model checker, [`crate::model`]): 1–4 and 11 on `step`, the transition's
+/// past (the model checker, [`crate::model`]): 1–4, 11, 14 and 15 on `step`, the transition's
 /// own events (their rows before are the rows the previous transition left); 5, 7
 /// and 9 on the latest rows and the target; 6 and 12 on `input.events`, which must
 /// hold the enqueues, every applied claim so far and `step`'s other events.
@@ -147,6 +185,8 @@ pub fn check_transition(input: &CheckInput<'_>, step: &[DbEvent]) -> Vec<Violati
     fingerprints(input, &mut push);
     history::transitions(step, input.plans, &mut push);
     history::recovery_promises(input.events, input.plans, &input.target.calls, &mut push);
+    delivery::claims_after_available(step, &mut push);
+    delivery::delivery_cap(step, input.plans, &mut push);
     v
 }
 
@@ -384,7 +424,8 @@ fn parse(text: Option<&str>) -> Option<Value> {
     text.and_then(|t| serde_json::from_str(t).ok())
 }
 
-fn sandbox_of(receipt: &Receipt) -> Option<String> {
+/// The sandbox a receipt's evidence names, if any.
+pub(crate) fn sandbox_of(receipt: &Receipt) -> Option<String> {
     parse(receipt.evidence.as_deref())?
         .get("sandbox_id")?
         .as_str()
@@ -479,7 +520,7 @@ fn delivery_counts(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
         let (Some(id), Some(a)) = (&e.attempt, &e.after) else {
             continue;
         };
-        if e.op.is_claim() && e.outcome == EventOutcome::Applied {
+        if e.is_delivery() {
             *claims.entry(id).or_default() += 1;
         }
         let n = claims.get(id).copied().unwrap_or(0);

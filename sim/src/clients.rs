@@ -2,17 +2,20 @@
 //! operator reconciles and aborts at seed-chosen moments.
 //!
 //! Contract: clients talk to the db host through the same [`RpcLedger`] as the
-//! workers (true clocks) and tolerate every transport error. The enqueuer records
+//! workers (true clocks) and tolerate every transport error. The enqueuer delivers
+//! the profile's plans, some attempts with a scheduled start, and records
 //! each acknowledged and each refused enqueue in the [`ClientLog`] (invariant 7);
 //! an enqueue whose outcome is unknown is counted as ambiguous. Both clients stop
 //! acting when the safety phase ends and then mark themselves done.
 
 use crate::clock::{elapsed_ms, SimClock};
 use crate::plans;
+use crate::profile::ClientParams;
 use crate::rng::Rng;
 use crate::rpc::RpcLedger;
 use crate::trace::Trace;
 use leasehold::ledger::{Ledger, LedgerError};
+use leasehold_engine::transition::Start;
 use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -63,13 +66,14 @@ async fn sleep_ms(ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-/// Registers the plans (retrying through faults), then enqueues attempts until the
-/// safety phase ends.
-pub async fn enqueuer(ctx: ClientCtx, every_ms: [u64; 2]) -> turmoil::Result {
+/// Registers the profile's plans (retrying through faults), then enqueues attempts
+/// until the safety phase ends, some of them (the profile's `scheduled_share`) to
+/// start later.
+pub async fn enqueuer(ctx: ClientCtx, clients: ClientParams) -> turmoil::Result {
     let ledger = ctx.ledger("enqueuer");
     let mut rng = Rng::new(ctx.seed, "enqueuer");
     let mut plans = Vec::new();
-    for spec in plans::specs() {
+    for spec in plans::named(&clients.plans)? {
         loop {
             match ledger.register_plan(spec.clone(), plans::KNOWN).await {
                 Ok(p) => {
@@ -82,6 +86,7 @@ pub async fn enqueuer(ctx: ClientCtx, every_ms: [u64; 2]) -> turmoil::Result {
         }
     }
     ctx.log.borrow_mut().plans = plans.clone();
+    let every_ms = clients.enqueue_every_ms;
     while elapsed_ms() < ctx.safety_ms {
         sleep_ms(rng.range(every_ms[0], every_ms[1])).await;
         if elapsed_ms() >= ctx.safety_ms {
@@ -92,37 +97,58 @@ pub async fn enqueuer(ctx: ClientCtx, every_ms: [u64; 2]) -> turmoil::Result {
             continue;
         };
         let action = choose_action(&history, &mut rng);
-        match ledger.enqueue(&plan.id, action).await {
-            Ok(record) => {
-                ctx.trace.line(
-                    "enqueuer",
-                    format!(
-                        "enqueued {} #{} of {} ({action})",
-                        record.attempt.id, record.attempt.number, plan.name
-                    ),
-                );
-                ctx.log
-                    .borrow_mut()
-                    .acked
-                    .push((plan.id.clone(), action, record.attempt.id));
-            }
-            Err(LedgerError::Refused(r)) => {
-                ctx.trace
-                    .line("enqueuer", format!("enqueue {action} of {} refused: {r}", plan.name));
-                ctx.log
-                    .borrow_mut()
-                    .refused
-                    .push((plan.id.clone(), action, r.to_string()));
-            }
-            Err(e) => {
-                ctx.trace
-                    .line("enqueuer", format!("enqueue {action} of {} unknown: {e}", plan.name));
-                ctx.log.borrow_mut().ambiguous += 1;
-            }
-        }
+        let start = choose_start(&clients, &mut rng);
+        enqueue_one(&ctx, &ledger, plan, (action, start)).await;
     }
     ctx.log.borrow_mut().enqueuer_done = true;
     Ok(())
+}
+
+/// When an enqueue's command starts: now, or (for the profile's scheduled share)
+/// after a drawn delay.
+fn choose_start(clients: &ClientParams, rng: &mut Rng) -> Start {
+    if clients.scheduled_share > 0.0 && rng.chance(clients.scheduled_share) {
+        Start::After(rng.range(clients.scheduled_ms[0], clients.scheduled_ms[1]))
+    } else {
+        Start::Now
+    }
+}
+
+/// Enqueues one attempt and records how it went.
+async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, (action, start): (Action, Start)) {
+    let starts = match start {
+        Start::After(ms) => format!(", starts in {ms} ms"),
+        Start::At(at) => format!(", starts at {at}"),
+        Start::Now => String::new(),
+    };
+    match ledger.enqueue_at(&plan.id, action, start).await {
+        Ok(record) => {
+            ctx.trace.line(
+                "enqueuer",
+                format!(
+                    "enqueued {} #{} of {} ({action}{starts})",
+                    record.attempt.id, record.attempt.number, plan.name
+                ),
+            );
+            ctx.log
+                .borrow_mut()
+                .acked
+                .push((plan.id.clone(), action, record.attempt.id));
+        }
+        Err(LedgerError::Refused(r)) => {
+            ctx.trace
+                .line("enqueuer", format!("enqueue {action} of {} refused: {r}", plan.name));
+            ctx.log
+                .borrow_mut()
+                .refused
+                .push((plan.id.clone(), action, r.to_string()));
+        }
+        Err(e) => {
+            ctx.trace
+                .line("enqueuer", format!("enqueue {action} of {} unknown: {e}", plan.name));
+            ctx.log.borrow_mut().ambiguous += 1;
+        }
+    }
 }
 
 /// The action a user would ask for next, given the plan's history; now and then

@@ -27,16 +27,17 @@ use crate::protocol::{read_frame, write_frame, DbEnvelope, DbReply, DbRequest, D
 use crate::rng::Rng;
 use crate::trace::Trace;
 use leasehold::clock::Clock;
-use leasehold::entropy::Entropy;
+use leasehold::entropy::{Entropy, IdKind};
 use leasehold::ledger::memory::MemoryLedger;
 use leasehold::ledger::sqlite::SqliteCore;
 use leasehold::ledger::WritesHook;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
-use leasehold_engine::transition::next_step;
+use leasehold_engine::transition::{is_claimable, next_step, Start};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandStatus, Decision, Guard, Lease, Op, OperatorRequest, Plan, PlanId,
-    PlanSpec, ReceiptStatus, Recovery, Refusal, Reply, Timestamp, WorkerRequest, Writes,
+    decide as engine_decide, Action, AttemptId, AttemptRecord, CommandStatus, Decision, Exhaustion, Guard, Lease,
+    LeaseToken, Op, OperatorRequest, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery, Refusal, Reply, Request,
+    RetrySpec, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::cell::RefCell;
@@ -161,6 +162,17 @@ pub struct DbEvent {
 }
 
 impl DbEvent {
+    /// An applied claim that delivered the command: every applied claim but one that
+    /// found its attempt exhausted and ended it instead (no lease, no delivery).
+    pub fn is_delivery(&self) -> bool {
+        self.op.is_claim()
+            && self.outcome == EventOutcome::Applied
+            && self
+                .after
+                .as_ref()
+                .is_some_and(|a| !a.record.attempt.status.is_terminal())
+    }
+
     /// Refused because the presented token was not the command's current one.
     pub fn is_stale_refusal(&self) -> bool {
         matches!(self.outcome, EventOutcome::Refused(_))
@@ -169,21 +181,100 @@ impl DbEvent {
     }
 }
 
-/// What the writes seam knows of the request in flight: its operation, the
-/// planted bugs and each plan's recovery.
-#[derive(Debug, Default)]
+/// What the writes seam knows of the request in flight: its operation (and, for a
+/// seam that decides it again, the request itself), the planted bugs, each plan,
+/// and the token the ledger minted last.
+#[derive(Default)]
 struct Seam {
     op: Option<Op>,
+    request: Option<DbRequest>,
     /// The instant the request is decided at, and the lease it asks for.
     now: Timestamp,
     lease_ms: u64,
     bugs: Vec<Bug>,
     recovery: BTreeMap<PlanId, Recovery>,
+    plans: BTreeMap<PlanId, Plan>,
+    minted: Arc<Mutex<Option<LeaseToken>>>,
 }
 
 impl Seam {
     fn planted(&self, bug: Bug) -> bool {
         self.bugs.contains(&bug)
+    }
+
+    /// Planted (`delivery-cap-off-by-one`): the request decided again under its
+    /// plan's policy with one delivery more, with the token the claim minted (a
+    /// claim) or the one the lease holds (a give-back, whose token the engine found
+    /// current).
+    fn one_more_delivery(&self, record: &AttemptRecord) -> Option<Decision> {
+        let plan = one_more(self.plans.get(&record.attempt.plan_id)?);
+        match self.request.as_ref()? {
+            DbRequest::Claim(claim) => {
+                let token = self.minted.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+                Some(engine_decide(record, Request::Claim(claim, &token, &plan), self.now))
+            }
+            DbRequest::Worker { request, .. } => {
+                let token = record.command.lease_token.clone()?;
+                Some(engine_decide(
+                    record,
+                    Request::Worker(request, &token, Some(&plan)),
+                    self.now,
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// `plan` with every resolved `max_deliveries` (the plan's and each step's) one more.
+fn one_more(plan: &Plan) -> Plan {
+    let mut p = plan.clone();
+    let cap = |code: &str| Some(i64::from(plan.policy(code).max_deliveries) + 1);
+    p.retry = Some(RetrySpec {
+        max_deliveries: cap(""),
+        ..plan.retry.clone().unwrap_or_default()
+    });
+    for step in &mut p.steps {
+        if let Some(r) = &mut step.retry {
+            r.max_deliveries = cap(&step.code);
+        }
+    }
+    p
+}
+
+/// Planted (`backoff-in-seconds`): a give-back's `available_at` a thousand times
+/// as far from now as the engine set it; answers the new instant.
+fn stretch_backoff(seam: &Seam, writes: &mut Writes) -> Option<Timestamp> {
+    if seam.op != Some(Op::GiveBack) || !seam.planted(Bug::BackoffInSeconds) {
+        return None;
+    }
+    let c = writes.command.as_mut().filter(|c| c.status == CommandStatus::Pending)?;
+    c.available_at = seam
+        .now
+        .plus_ms(c.available_at.millis_since(seam.now).saturating_mul(1_000));
+    Some(c.available_at)
+}
+
+/// The ledger's entropy, remembering the last token it minted: a claim mints its
+/// token just before its decision, so the writes seam can decide it again.
+struct Minting {
+    inner: Arc<dyn Entropy>,
+    last: Arc<Mutex<Option<LeaseToken>>>,
+}
+
+impl Entropy for Minting {
+    fn next_u64(&self) -> u64 {
+        self.inner.next_u64()
+    }
+
+    fn id(&self, kind: IdKind) -> String {
+        self.inner.id(kind)
+    }
+
+    fn token(&self) -> LeaseToken {
+        let token = self.inner.token();
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(token.clone());
+        token
     }
 }
 
@@ -242,8 +333,14 @@ fn decide(seam: &Seam, record: &AttemptRecord, decided: Decision) -> Decision {
             };
             Ok((writes, Reply::Renewed { until }))
         }
-        Ok((mut writes, reply)) => {
+        Ok((writes, reply @ Reply::Exhausted(Exhaustion::Deliveries))) if seam.planted(Bug::DeliveryCapOffByOne) => {
+            seam.one_more_delivery(record).unwrap_or(Ok((writes, reply)))
+        }
+        Ok((mut writes, mut reply)) => {
             rewrite(seam, record, &mut writes);
+            if let Some(until) = stretch_backoff(seam, &mut writes) {
+                reply = Reply::GaveBack { until };
+            }
             Ok((writes, reply))
         }
         refused => refused,
@@ -324,13 +421,16 @@ fn rewrite(seam: &Seam, record: &AttemptRecord, writes: &mut Writes) {
     }
 }
 
-/// The `now` seam: the instant a planted bug makes the ledger decide a request at
-/// instead of `db_now`, if any. `worker_sent_at` is the clock reading a worker's
-/// request carried (`None` for other hosts); `reconciled` the rows of the attempt a
-/// reconcile names (`None` for other requests).
+/// How far ahead of its clock the planted `claim-before-available` decides claims.
+pub const CLAIM_AHEAD_MS: u64 = 500;
+
+/// The `now` seam: the instant a planted bug makes the ledger decide a request of
+/// `op` at instead of `db_now`, if any. `worker_sent_at` is the clock reading a
+/// worker's request carried (`None` for other hosts); `reconciled` the rows of the
+/// attempt a reconcile names (`None` for other requests).
 pub fn planted_instant(
     bugs: &[Bug],
-    worker_sent_at: Option<Timestamp>,
+    (op, worker_sent_at): (Option<Op>, Option<Timestamp>),
     reconciled: Option<&Snap>,
     db_now: Timestamp,
 ) -> Option<Timestamp> {
@@ -338,8 +438,10 @@ pub fn planted_instant(
     let live_until = reconciled
         .filter(|s| lease_live(s, db_now))
         .and_then(|s| s.record.command.lease_until);
+    let claim = op.is_some_and(Op::is_claim);
     match (live_until, worker_sent_at) {
         (Some(until), _) if bugs.contains(&Bug::ReconcileStealsLiveLease) => Some(until.plus_ms(1)),
+        _ if claim && bugs.contains(&Bug::ClaimBeforeAvailable) => Some(db_now.plus_ms(CLAIM_AHEAD_MS)),
         (_, Some(sent)) if bugs.contains(&Bug::LeaseOnWorkerClock) => Some(sent),
         _ => None,
     }
@@ -353,7 +455,10 @@ pub fn skips_token_check(bugs: &[Bug], op: Op) -> bool {
 
 /// The decision and writes seams: the engine's decision of a request `op` on
 /// `record` at `now` (a heartbeat's lease `lease_ms`; the plan's `recovery`), as the
-/// planted `bugs` rewrite it. Without planted bugs, the decision as it was.
+/// planted `bugs` rewrite it. Without planted bugs, the decision as it was. (The
+/// seam that decides a request again, `delivery-cap-off-by-one`, needs the request
+/// and the plan, which only the db host keeps: here it leaves the decision as it
+/// was.)
 pub fn planted_decision(
     bugs: &[Bug],
     (op, now, lease_ms): (Op, Timestamp, u64),
@@ -367,6 +472,7 @@ pub fn planted_decision(
         lease_ms,
         bugs: bugs.to_vec(),
         recovery: BTreeMap::from([(record.attempt.plan_id.clone(), recovery)]),
+        ..Seam::default()
     };
     decide(&seam, record, decided)
 }
@@ -416,8 +522,18 @@ impl DbState {
         bugs: &[Bug],
     ) -> Result<Self, LedgerError> {
         let dyn_clock: Arc<dyn Clock> = clock.clone();
+        let minted = Arc::new(Mutex::new(None));
+        let entropy: Arc<dyn Entropy> = if bugs.contains(&Bug::DeliveryCapOffByOne) {
+            Arc::new(Minting {
+                inner: entropy,
+                last: Arc::clone(&minted),
+            })
+        } else {
+            entropy
+        };
         let seam = Arc::new(Mutex::new(Seam {
             bugs: bugs.to_vec(),
+            minted,
             ..Seam::default()
         }));
         let hook: Option<WritesHook> = (!bugs.is_empty()).then(|| {
@@ -508,12 +624,13 @@ impl DbState {
             } => self.latest.get(attempt),
             _ => None,
         };
-        if let Some(at) = planted_instant(&self.bugs, worker_sent_at, reconciled, db_now) {
+        if let Some(at) = planted_instant(&self.bugs, (env.request.op(), worker_sent_at), reconciled, db_now) {
             self.clock.decide_at(at);
         }
         {
             let mut seam = self.seam.lock().unwrap_or_else(|e| e.into_inner());
             seam.op = env.request.op();
+            seam.request = seam.planted(Bug::DeliveryCapOffByOne).then(|| env.request.clone());
             seam.now = self.clock.now();
             seam.lease_ms = match &env.request {
                 DbRequest::Worker {
@@ -675,7 +792,7 @@ impl DbState {
             DbRequest::Plan { id } => call!(&self.backend, plan(id)).map(DbReply::Plan),
             DbRequest::ListPlans => call!(&self.backend, list_plans()).map(DbReply::Plans),
             DbRequest::RetirePlan { id } => call!(&self.backend, retire_plan(id)).map(DbReply::Plan),
-            DbRequest::Enqueue { plan, action } => self.enqueue(env, times, plan, *action),
+            DbRequest::Enqueue { plan, action, start } => self.enqueue(env, times, plan, (*action, *start)),
             DbRequest::Claim(request) => {
                 self.claim((env, request.op()), times, |b| call!(b, claim_batch(request.clone())))
             }
@@ -699,11 +816,11 @@ impl DbState {
     fn register(&mut self, spec: PlanSpec, known: &[String]) -> Result<DbReply, LedgerError> {
         let known: Vec<&str> = known.iter().map(String::as_str).collect();
         let plan: Plan = call!(&self.backend, register_plan(spec, &known))?;
-        self.seam
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .recovery
-            .insert(plan.id.clone(), plan.recovery);
+        {
+            let mut seam = self.seam.lock().unwrap_or_else(|e| e.into_inner());
+            seam.recovery.insert(plan.id.clone(), plan.recovery);
+            seam.plans.insert(plan.id.clone(), plan.clone());
+        }
         if !self.plans.contains_key(&plan.id) {
             self.trace.line(
                 "db",
@@ -719,10 +836,10 @@ impl DbState {
         env: &DbEnvelope,
         (db_now, decided_at): (Timestamp, Timestamp),
         plan: &PlanId,
-        action: Action,
+        (action, start): (Action, Start),
     ) -> Result<DbReply, LedgerError> {
         let count_before = self.plan_attempt_count(plan);
-        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue(plan, action));
+        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue_at(plan, action, start));
         let count_after = self.plan_attempt_count(plan);
         let (attempt, after) = match &result {
             Ok(record) => {
@@ -754,6 +871,15 @@ impl DbState {
         (db_now, decided_at): (Timestamp, Timestamp),
         run: impl FnOnce(&Backend) -> Result<Vec<Claimed>, LedgerError>,
     ) -> Result<DbReply, LedgerError> {
+        // The ledger answers only the claims that granted a lease: a candidate it
+        // found exhausted (and ended) is read back from the rows of every command
+        // that was claimable.
+        let candidates: Vec<AttemptId> = self
+            .latest
+            .iter()
+            .filter(|(_, s)| !s.record.attempt.status.is_terminal() && is_claimable(&s.record.command, decided_at))
+            .map(|(id, _)| id.clone())
+            .collect();
         let result = run(&self.backend);
         let claimed = match result {
             Ok(c) => c,
@@ -766,24 +892,41 @@ impl DbState {
         for c in &claimed {
             let attempt = c.lease.attempt_id.clone();
             self.ordinal_of(c.lease.token.expose());
-            let before = self.latest.get(&attempt).cloned();
             let after = self.snap(c.record.clone());
-            self.latest.insert(attempt.clone(), after.clone());
-            let granted = after.token;
-            self.log(
-                env,
-                db_now,
-                decided_at,
-                Some(attempt),
-                None,
-                granted,
-                before,
-                Some(after),
-                EventOutcome::Applied,
-                None,
-            );
+            self.log_claim(env, (db_now, decided_at), attempt, after);
+        }
+        for attempt in candidates {
+            if claimed.iter().any(|c| c.lease.attempt_id == attempt) {
+                continue;
+            }
+            match self.read_snap(&attempt) {
+                Some(after) if self.latest.get(&attempt) != Some(&after) => {
+                    self.log_claim(env, (db_now, decided_at), attempt, after);
+                }
+                _ => {}
+            }
         }
         Ok(DbReply::Claimed(claimed.iter().map(WireClaimed::of).collect()))
+    }
+
+    /// Logs one applied claim of `attempt` that left `after` (the token it granted,
+    /// if any, is the one the request presented).
+    fn log_claim(&mut self, env: (&DbEnvelope, Op), times: (Timestamp, Timestamp), attempt: AttemptId, after: Snap) {
+        let before = self.latest.get(&attempt).cloned();
+        self.latest.insert(attempt.clone(), after.clone());
+        let granted = after.token;
+        self.log(
+            env,
+            times.0,
+            times.1,
+            Some(attempt),
+            None,
+            granted,
+            before,
+            Some(after),
+            EventOutcome::Applied,
+            None,
+        );
     }
 
     fn operator_op(

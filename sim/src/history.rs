@@ -13,7 +13,12 @@
 //!     PENDING with its evidence dropped; a `resume` takeover only puts the ambiguous
 //!     RUNNING receipt back to PENDING, with the same key. A refused or failed request
 //!     changed nothing, and an event's rows before are the rows the previous event of
-//!     that attempt left.
+//!     that attempt left. The delivery policy is decided with the attempt's plan: a
+//!     claim that finds the cap reached or the deadline passed ends the attempt
+//!     FAILED `exhausted: ...` (and no other claim may deliver it then); a give-back
+//!     requeues the command with `available_at` within the longest backoff (the
+//!     RUNNING receipt PENDING, same key), or ends the attempt exhausted when the
+//!     policy allows no further delivery by then.
 //! 12. The target's calls keep the recovery promises. Each call names the delivery it
 //!     came from; that delivery's claim must exist, the call must carry the receipt's
 //!     key, and under `resume` the step must not have SUCCEEDED before that claim
@@ -29,7 +34,10 @@ use crate::db::{DbEvent, EventOutcome, Snap};
 use crate::plans;
 use crate::target::CallRecord;
 use leasehold_engine::canonical::sha256_hex;
-use leasehold_engine::{AttemptId, AttemptStatus, CommandStatus, Op, Plan, PlanId, Receipt, ReceiptStatus, Recovery};
+use leasehold_engine::policy::{Exhaustion, RetryPolicy};
+use leasehold_engine::{
+    AttemptId, AttemptStatus, CommandStatus, Op, Plan, PlanId, Receipt, ReceiptStatus, Recovery, Timestamp,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a receipt's evidence must be after a transition.
@@ -62,6 +70,10 @@ struct Expected {
     token: Token,
     delivery_count: u32,
     receipts: Vec<(ReceiptStatus, Evidence)>,
+    /// How the attempt's error must begin (`exhausted: ...`), if it must.
+    error_head: Option<&'static str>,
+    /// The range the command's `available_at` must lie in, if the transition sets it.
+    available: Option<(Timestamp, Timestamp)>,
 }
 
 impl Expected {
@@ -72,7 +84,28 @@ impl Expected {
             token: Token::Same,
             delivery_count: b.record.command.delivery_count,
             receipts: b.record.receipts.iter().map(|r| (r.status, Evidence::Kept)).collect(),
+            error_head: None,
+            available: None,
         }
+    }
+
+    /// The attempt ends FAILED, exhausted: its next step FAILED, every other open
+    /// receipt ABORTED, the command FAILED, the token cleared, no delivery counted.
+    fn exhaust(&mut self, why: Exhaustion) {
+        let next = self.next_step();
+        for (i, r) in self.receipts.iter_mut().enumerate() {
+            if !r.0.is_terminal() {
+                r.0 = if Some(i) == next {
+                    ReceiptStatus::Failed
+                } else {
+                    ReceiptStatus::Aborted
+                };
+            }
+        }
+        self.attempt = AttemptStatus::Failed;
+        self.command = CommandStatus::Failed;
+        self.token = Token::Cleared;
+        self.error_head = Some(why.as_str());
     }
 
     fn next_step(&self) -> Option<usize> {
@@ -161,45 +194,59 @@ fn require_processing(b: &Snap) -> Result<(), String> {
     }
 }
 
-/// The transition table: what an applied `op` must leave, given the rows before it.
-fn model(op: Op, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -> Result<Expected, String> {
+/// What the model knows beside the rows: the operation, the step it names, the
+/// attempt's plan (its recovery and delivery policy) and the instant the ledger
+/// decided at.
+#[derive(Debug, Clone, Copy)]
+struct Ctx<'a> {
+    op: Op,
+    ordinal: Option<u32>,
+    plan: Option<&'a Plan>,
+    now: Timestamp,
+}
+
+impl Ctx<'_> {
+    fn recovery(&self) -> Recovery {
+        self.plan.map_or(Recovery::Resume, |p| p.recovery)
+    }
+
+    /// The policy that rules the attempt as the rows before show it.
+    fn policy(&self, b: &Snap) -> RetryPolicy {
+        self.plan.map_or_else(RetryPolicy::default, |p| p.policy_of(&b.record))
+    }
+}
+
+/// Why the policy allows no further delivery of `b`'s command once it is next
+/// claimable at `next` (ledger time): its delivery cap reached, or its deadline
+/// (the enqueue plus `deadline_secs`) at or before `next`.
+fn exhaustion(policy: &RetryPolicy, b: &Snap, next: Timestamp) -> Option<Exhaustion> {
+    if b.record.command.delivery_count >= policy.max_deliveries {
+        return Some(Exhaustion::Deliveries);
+    }
+    let deadline = policy
+        .deadline_secs
+        .map(|s| b.record.attempt.created_at.plus_ms(s.saturating_mul(1_000)));
+    deadline.filter(|d| next >= *d).map(|_| Exhaustion::Deadline)
+}
+
+/// The transition table: what an applied request must leave, given the rows before it.
+fn model(cx: Ctx<'_>, b: &Snap, a: &Snap) -> Result<Expected, String> {
     let mut x = Expected::unchanged(b);
-    match op {
-        Op::Claim | Op::ClaimAndBegin => {
-            if b.record.attempt.status.is_terminal() {
-                return Err(format!("a claim applied to a {} attempt", b.record.attempt.status));
-            }
-            if !matches!(
-                b.record.command.status,
-                CommandStatus::Pending | CommandStatus::Processing
-            ) {
-                return Err(format!("a claim applied to a {} command", b.record.command.status));
-            }
-            if b.record.command.delivery_count >= 1 {
-                x.take_over(recovery);
-            }
-            x.attempt = AttemptStatus::Running;
-            x.command = CommandStatus::Processing;
-            x.token = Token::Fresh;
-            x.delivery_count = b.record.command.delivery_count.saturating_add(1);
-            if op == Op::ClaimAndBegin {
-                if let Some(i) = x.next_step() {
-                    x.begin(i)?;
-                }
-            }
-        }
+    match cx.op {
+        Op::Claim | Op::ClaimAndBegin => model_claim(cx, b, a, &mut x)?,
+        Op::GiveBack => model_give_back(cx, b, a, &mut x)?,
         Op::Heartbeat => require_processing(b)?,
         Op::BeginStep => {
             require_processing(b)?;
-            x.begin(index_of(b, ordinal)?)?;
+            x.begin(index_of(b, cx.ordinal)?)?;
         }
         Op::CompleteStep => {
             require_processing(b)?;
-            x.complete(index_of(b, ordinal)?)?;
+            x.complete(index_of(b, cx.ordinal)?)?;
         }
         Op::CompleteAndContinue => {
             require_processing(b)?;
-            x.complete(index_of(b, ordinal)?)?;
+            x.complete(index_of(b, cx.ordinal)?)?;
             match x.next_step() {
                 Some(i) => x.begin(i)?,
                 None => x.finish()?,
@@ -207,12 +254,12 @@ fn model(op: Op, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -
         }
         Op::Fail => {
             require_processing(b)?;
-            if ordinal.is_some() {
-                index_of(b, ordinal)?;
+            if cx.ordinal.is_some() {
+                index_of(b, cx.ordinal)?;
             }
             for (r, before) in x.receipts.iter_mut().zip(&b.record.receipts) {
                 if !r.0.is_terminal() {
-                    r.0 = if Some(before.ordinal) == ordinal {
+                    r.0 = if Some(before.ordinal) == cx.ordinal {
                         ReceiptStatus::Failed
                     } else {
                         ReceiptStatus::Aborted
@@ -233,7 +280,7 @@ fn model(op: Op, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -
             if b.record.command.status == CommandStatus::Processing
                 && a.record.command.status != CommandStatus::Processing
             {
-                x.take_over(recovery);
+                x.take_over(cx.recovery());
                 x.attempt = AttemptStatus::Queued;
                 x.command = CommandStatus::Pending;
                 x.token = Token::Cleared;
@@ -252,9 +299,91 @@ fn model(op: Op, ordinal: Option<u32>, recovery: Recovery, b: &Snap, a: &Snap) -
             x.command = CommandStatus::Aborted;
             x.token = Token::Cleared;
         }
-        Op::Enqueue => return Err(format!("{op} is not a transition of the table")),
+        Op::Enqueue => return Err(format!("{} is not a transition of the table", cx.op)),
     }
     Ok(x)
+}
+
+/// A claim: a delivery under a fresh token (a takeover resets the receipts as the
+/// recovery says) while the policy allows one; else the attempt ends exhausted and
+/// no delivery is counted.
+fn model_claim(cx: Ctx<'_>, b: &Snap, a: &Snap, x: &mut Expected) -> Result<(), String> {
+    if b.record.attempt.status.is_terminal() {
+        return Err(format!("a claim applied to a {} attempt", b.record.attempt.status));
+    }
+    if !matches!(
+        b.record.command.status,
+        CommandStatus::Pending | CommandStatus::Processing
+    ) {
+        return Err(format!("a claim applied to a {} command", b.record.command.status));
+    }
+    let policy = cx.policy(b);
+    let due = exhaustion(&policy, b, cx.now);
+    if a.record.attempt.status.is_terminal() {
+        let Some(why) = due else {
+            return Err(format!(
+                "a claim ended the attempt {} though its policy allowed another delivery (delivery {} of {})",
+                a.record.attempt.status, b.record.command.delivery_count, policy.max_deliveries
+            ));
+        };
+        x.exhaust(why);
+        return Ok(());
+    }
+    if let Some(why) = due {
+        return Err(format!(
+            "a claim delivered the attempt again though it was {} (delivery {} of {})",
+            why.as_str(),
+            b.record.command.delivery_count,
+            policy.max_deliveries
+        ));
+    }
+    if b.record.command.delivery_count >= 1 {
+        x.take_over(cx.recovery());
+    }
+    x.attempt = AttemptStatus::Running;
+    x.command = CommandStatus::Processing;
+    x.token = Token::Fresh;
+    x.delivery_count = b.record.command.delivery_count.saturating_add(1);
+    if cx.op == Op::ClaimAndBegin {
+        if let Some(i) = x.next_step() {
+            x.begin(i)?;
+        }
+    }
+    Ok(())
+}
+
+/// A give-back: the command PENDING again from a moment between now and the
+/// policy's longest backoff, the attempt QUEUED, the ambiguous RUNNING receipt
+/// PENDING (same key), the token cleared; or, if the policy allows no delivery by
+/// then, the attempt ends exhausted.
+fn model_give_back(cx: Ctx<'_>, b: &Snap, a: &Snap, x: &mut Expected) -> Result<(), String> {
+    require_processing(b)?;
+    let policy = cx.policy(b);
+    let latest = cx.now.plus_ms(policy.backoff_max_ms);
+    if a.record.command.status != CommandStatus::Pending {
+        let Some(why) = exhaustion(&policy, b, latest) else {
+            return Err(format!(
+                "a give-back ended the attempt {} though its policy allowed another delivery (delivery {} of {})",
+                a.record.attempt.status, b.record.command.delivery_count, policy.max_deliveries
+            ));
+        };
+        x.exhaust(why);
+        return Ok(());
+    }
+    if let Some(why) = exhaustion(&policy, b, a.record.command.available_at) {
+        return Err(format!(
+            "a give-back requeued the attempt though it was {} (delivery {} of {})",
+            why.as_str(),
+            b.record.command.delivery_count,
+            policy.max_deliveries
+        ));
+    }
+    x.take_over(Recovery::Resume);
+    x.attempt = AttemptStatus::Queued;
+    x.command = CommandStatus::Pending;
+    x.token = Token::Cleared;
+    x.available = Some((cx.now, latest));
+    Ok(())
 }
 
 fn same_evidence(x: &Receipt, y: &Receipt) -> bool {
@@ -275,7 +404,7 @@ fn compare(op: Op, recovery: Recovery, b: &Snap, a: &Snap, x: &Expected) -> Vec<
     let bc = &b.record.command;
     let replay_takeover = recovery == Recovery::Replay
         && bc.delivery_count >= 1
-        && (op.is_claim()
+        && ((op.is_claim() && !a.record.attempt.status.is_terminal())
             || (op == Op::Reconcile && x.command == CommandStatus::Pending && bc.status == CommandStatus::Processing));
     let receipts = b.record.receipts.iter().zip(&a.record.receipts).zip(&x.receipts);
     for ((br, ar), (status, evidence)) in receipts {
@@ -316,6 +445,20 @@ fn compare_rows(b: &Snap, a: &Snap, x: &Expected) -> Vec<String> {
         ));
     }
     out.extend(compare_token(b, a, x.token));
+    if let Some(head) = x.error_head {
+        if !aa.error.as_deref().is_some_and(|e| e.starts_with(head)) {
+            out.push(format!("the attempt's error does not begin with {head:?}"));
+        }
+    }
+    if let Some((from, to)) = x.available {
+        if !(from..=to).contains(&ac.available_at) {
+            out.push(format!(
+                "available_at is {} ms after the decision, the table says 0 to {} ms",
+                ac.available_at.as_millis() - from.as_millis(),
+                to.millis_since(from)
+            ));
+        }
+    }
     out
 }
 
@@ -439,9 +582,14 @@ pub fn transitions(events: &[DbEvent], plans: &BTreeMap<PlanId, Plan>, push: &mu
                 }
             }
             (EventOutcome::Applied, Some(b), Some(a)) => {
-                let recovery = recovery_of(plans, b);
-                match model(e.op, e.ordinal, recovery, b, a) {
-                    Ok(x) => problems.extend(compare(e.op, recovery, b, a, &x)),
+                let cx = Ctx {
+                    op: e.op,
+                    ordinal: e.ordinal,
+                    plan: plans.get(&b.record.attempt.plan_id),
+                    now: e.decided_at,
+                };
+                match model(cx, b, a) {
+                    Ok(x) => problems.extend(compare(e.op, cx.recovery(), b, a, &x)),
                     Err(m) => problems.push(m),
                 }
             }
@@ -524,10 +672,7 @@ pub fn recovery_promises(
 
 fn deliveries(events: &[DbEvent]) -> Deliveries<'_> {
     let mut deliveries = Deliveries::new();
-    for e in events
-        .iter()
-        .filter(|e| e.op.is_claim() && e.outcome == EventOutcome::Applied)
-    {
+    for e in events.iter().filter(|e| e.is_delivery()) {
         if let (Some(id), Some(b), Some(a)) = (&e.attempt, &e.before, &e.after) {
             deliveries.insert(
                 (id, a.record.command.delivery_count),
@@ -651,6 +796,11 @@ mod tests {
     }
 
     fn plan(recovery: &str) -> Plan {
+        plan_with(recovery, None)
+    }
+
+    /// A plan of three durable steps, with this delivery policy.
+    fn plan_with(recovery: &str, retry: Option<leasehold_engine::RetrySpec>) -> Plan {
         let spec = leasehold_engine::PlanSpec {
             name: "p".into(),
             recovery: recovery.into(),
@@ -664,7 +814,7 @@ mod tests {
                     retry: None,
                 })
                 .collect(),
-            retry: None,
+            retry,
         };
         spec.into_plan(plans::KNOWN, PlanId::new("plan-1"), Timestamp::from_millis(0))
             .expect("a valid plan")
@@ -672,7 +822,22 @@ mod tests {
 
     impl History {
         fn new(recovery: &str) -> Self {
-            let plan = plan(recovery);
+            Self::with_plan(plan(recovery))
+        }
+
+        /// A resume plan's history under the policy of `max_deliveries` deliveries
+        /// and backoffs of at most 400 ms.
+        fn capped(max_deliveries: i64) -> Self {
+            let retry = leasehold_engine::RetrySpec {
+                max_deliveries: Some(max_deliveries),
+                backoff_base_ms: Some(50),
+                backoff_max_ms: Some(400),
+                ..Default::default()
+            };
+            Self::with_plan(plan_with("resume", Some(retry)))
+        }
+
+        fn with_plan(plan: Plan) -> Self {
             let ids = NewIds {
                 attempt: AttemptId::new("att-1"),
                 command: CommandId::new("cmd-1"),
@@ -762,6 +927,23 @@ mod tests {
             self.apply(Op::Claim, None, w, tamper);
         }
 
+        /// A claim that finds the attempt exhausted, as the engine decides it.
+        fn claim_exhausting(&mut self) {
+            self.now += 100_000;
+            let now = Timestamp::from_millis(self.now);
+            let why = transition::claim_exhausts(&self.record, &self.plan, now).expect("exhausted");
+            let w = transition::exhaust(&self.record, why, now);
+            self.apply(Op::Claim, None, w, |_| {});
+        }
+
+        /// The lease holder gives the command back after `delay_ms`.
+        fn give_back(&mut self, delay_ms: u64, tamper: impl FnOnce(&mut AttemptRecord)) {
+            let now = Timestamp::from_millis(self.now);
+            let (_, w) = transition::give_back(&self.record, &self.plan, "503", delay_ms, &self.token(), now)
+                .expect("give-back");
+            self.apply(Op::GiveBack, None, w, tamper);
+        }
+
         fn begin(&mut self, o: u32) {
             let w = transition::begin_step(&self.record, o, &self.token(), 60_000, Timestamp::from_millis(self.now))
                 .expect("begin");
@@ -786,6 +968,7 @@ mod tests {
             let r = self.record.receipt(o).expect("a step");
             CallRecord {
                 at_ms: 0,
+                sent_ms: 0,
                 attempt: self.record.attempt.id.clone(),
                 ordinal: o,
                 key: r.idempotency_key.clone(),
@@ -793,7 +976,8 @@ mod tests {
                     .then(|| plans::sandbox_id(&self.record.attempt.id, delivery)),
                 delivery,
                 worker: "w1".into(),
-                duplicate: false,
+                answer: crate::target::CallAnswer::Applied,
+                reply_lost: false,
             }
         }
 
@@ -1035,5 +1219,110 @@ mod tests {
                 .any(|(i, m)| *i == 11 && m.contains("differ from what the previous event left")),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_give_back_and_a_claim_that_exhausts_pass() {
+        let mut h = History::capped(2);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(100, |_| {});
+        assert_eq!(h.record.command.status, CommandStatus::Pending);
+        h.claim(|_| {});
+        h.begin(1);
+        h.claim_exhausting();
+        assert_eq!(h.record.attempt.status, AttemptStatus::Failed);
+        let calls = [h.call(1, 1), h.call(1, 2)];
+        assert_eq!(h.violations(&calls), vec![]);
+    }
+
+    #[test]
+    fn a_give_back_that_exhausts_passes() {
+        let mut h = History::capped(1);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(100, |_| {});
+        assert!(h
+            .record
+            .attempt
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("exhausted: deliveries")));
+        assert_eq!(h.violations(&[h.call(1, 1)]), vec![]);
+    }
+
+    #[test]
+    fn a_give_back_past_the_longest_backoff_fires() {
+        let mut h = History::capped(4);
+        h.claim(|_| {});
+        h.begin(1);
+        let late = Timestamp::from_millis(h.now + 5_000);
+        h.give_back(100, |r| r.command.available_at = late);
+        let v = h.violations(&[h.call(1, 1)]);
+        assert!(
+            v.iter().any(|(i, m)| *i == 11 && m.contains("available_at is 5000 ms")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_give_back_that_keeps_the_step_running_fires() {
+        let mut h = History::capped(4);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(100, |r| r.receipts[0].status = ReceiptStatus::Running);
+        let v = h.violations(&[h.call(1, 1)]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("step 1 went RUNNING -> RUNNING")),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_past_the_delivery_cap_fires_11_and_15() {
+        let mut h = History::capped(1);
+        h.claim(|_| {});
+        h.begin(1);
+        h.claim(|_| {});
+        let v = h.violations(&[h.call(1, 1)]);
+        assert!(
+            v.iter()
+                .any(|(i, m)| *i == 11 && m.contains("though it was exhausted: deliveries")),
+            "{v:?}"
+        );
+        let mut cap = Vec::new();
+        crate::delivery::delivery_cap(&h.events, &h.plans, &mut |i, m| cap.push((i, m)));
+        assert_eq!(cap.len(), 1, "{cap:?}");
+        assert!(
+            cap[0].1.contains("delivery 2") && cap[0].1.contains("max_deliveries 1"),
+            "{cap:?}"
+        );
+    }
+
+    #[test]
+    fn a_claim_before_available_at_fires_14() {
+        let mut h = History::capped(4);
+        h.claim(|_| {});
+        h.begin(1);
+        h.give_back(300, |_| {});
+        let mut v = Vec::new();
+        crate::delivery::claims_after_available(&h.events, &mut |i, m| v.push((i, m)));
+        assert_eq!(v, vec![], "a give-back is no claim");
+        let before = h.snap(&h.record);
+        let mut after = before.clone();
+        after.record.command.status = CommandStatus::Processing;
+        h.now += 10;
+        h.push(
+            Op::Claim,
+            None,
+            Some(9),
+            Some(before),
+            Some(after),
+            EventOutcome::Applied,
+        );
+        crate::delivery::claims_after_available(&h.events, &mut |i, m| v.push((i, m)));
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].1.contains("(290 ms early)"), "{v:?}");
     }
 }

@@ -137,7 +137,7 @@ fn print_run(config: &RunConfig, report: &RunReport) -> bool {
     let s = report.stats;
     let _ = writeln!(
         out,
-        "seed {} profile {} backend {}: {} · trace {} · faults {} takeovers {} stale refused {} duplicates {} · attempts {} (succeeded {}, failed {}, aborted {}) · {:.1} s simulated",
+        "seed {} profile {} backend {}: {} · trace {} · faults {} takeovers {} given back {} stale refused {} duplicates {} · attempts {} (succeeded {}, failed {} of which exhausted {}, aborted {}) · {:.1} s simulated",
         config.seed,
         config.profile.name,
         config.backend.name(),
@@ -145,11 +145,13 @@ fn print_run(config: &RunConfig, report: &RunReport) -> bool {
         report.trace_hash,
         s.faults,
         s.takeovers,
+        s.gave_back,
         s.stale_refused,
         s.duplicates,
         s.attempts,
         s.succeeded,
         s.failed,
+        s.exhausted,
         s.aborted,
         s.sim_ms as f64 / 1000.0
     );

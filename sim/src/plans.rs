@@ -4,16 +4,22 @@
 //! durable, idempotent service (for `resume` plans): an effect per idempotency key.
 //! `sim-sandbox:v1` is an ephemeral sandbox per delivery (for `replay` plans): a
 //! takeover starts a fresh sandbox, so every step must be replayed in it. A step's
+//! payload may make the target misbehave for it ([`crate::protocol::TargetMode`]):
+//! the retry plans ([`RETRY_PLANS`]) have flaky, throttled and dead steps and the
+//! small delivery policy [`small_policy`], so that their attempts give back, back
+//! off and exhaust within a run; the classic plans have a roomier one
+//! ([`classic_policy`]) that still keeps every backoff within a run. A step's
 //! evidence is a pure function of the step, what the target reports as applied
 //! before and including it, and volatile identity (execution id, sandbox id, the
 //! worker, which every plan declares volatile). So a correct run's successful
 //! attempts of one plan share one semantic fingerprint ([`reference_fingerprint`]),
 //! the same on every seed, while their raw fingerprints differ.
 
+use crate::protocol::TargetMode;
 use leasehold_engine::canonical::{canonical_json, fingerprint, sha256_hex};
 use leasehold_engine::evidence::semantic_fingerprint;
 use leasehold_engine::plan::idempotency_key;
-use leasehold_engine::{AttemptId, Plan, PlanSpec, Receipt, ReceiptStatus, Step};
+use leasehold_engine::{AttemptId, Plan, PlanSpec, Receipt, ReceiptStatus, RetrySpec, Step};
 use serde_json::{json, Value};
 
 /// The durable target's executor name.
@@ -36,47 +42,157 @@ fn step(code: &str, executor: &str, delay_ms: u64, extra: Value) -> Step {
     }
 }
 
-/// The plans every run registers.
+/// The plans the classic fault profiles deliver: [`specs`] by name.
+pub const CLASSIC_PLANS: &[&str] = &["ledger-sync", "rehearsal", "flaky-sync"];
+
+/// The plans whose targets misbehave: flaky then healthy (resume and replay),
+/// throttled, down (exhausted by deliveries) and down past a deadline.
+pub const RETRY_PLANS: &[&str] = &["flaky-target", "flaky-sandbox", "dead-target", "dead-deadline"];
+
+/// The classic plans' delivery policy: the default tries, twelve deliveries and
+/// backoffs of at most two seconds (the default's hour would outlast a run).
+pub fn classic_policy() -> RetrySpec {
+    RetrySpec {
+        max_deliveries: Some(12),
+        backoff_base_ms: Some(100),
+        backoff_max_ms: Some(2_000),
+        ..RetrySpec::default()
+    }
+}
+
+/// The retry plans' delivery policy: four deliveries, two calls of a step per
+/// delivery, backoffs from 50 ms up to 400 ms.
+pub fn small_policy() -> RetrySpec {
+    RetrySpec {
+        max_deliveries: Some(4),
+        backoff_base_ms: Some(50),
+        backoff_max_ms: Some(400),
+        step_max_tries: Some(2),
+        deadline_secs: None,
+    }
+}
+
+fn spec(name: &str, recovery: &str, steps: Vec<Step>, retry: RetrySpec) -> PlanSpec {
+    PlanSpec {
+        name: name.into(),
+        recovery: recovery.into(),
+        volatile_fields: vec!["worker".into()],
+        steps,
+        retry: Some(retry),
+    }
+}
+
+/// Every plan the simulation knows, classic plans first.
 pub fn specs() -> Vec<PlanSpec> {
     let none = || json!({});
+    let classic = classic_policy;
     vec![
-        PlanSpec {
-            name: "ledger-sync".into(),
-            recovery: "resume".into(),
-            volatile_fields: vec!["worker".into()],
-            steps: vec![
+        spec(
+            "ledger-sync",
+            "resume",
+            vec![
                 step("reserve", DURABLE, 300, none()),
                 step("charge", DURABLE, 500, none()),
                 step("ship", DURABLE, 400, none()),
                 step("notify", DURABLE, 200, none()),
             ],
-            retry: None,
-        },
-        PlanSpec {
-            name: "rehearsal".into(),
-            recovery: "replay".into(),
-            volatile_fields: vec!["worker".into()],
-            steps: vec![
+            classic(),
+        ),
+        spec(
+            "rehearsal",
+            "replay",
+            vec![
                 step("create-schema", SANDBOX, 250, none()),
                 step("load-fixtures", SANDBOX, 400, none()),
                 step("migrate", SANDBOX, 450, none()),
                 step("verify", SANDBOX, 300, none()),
                 step("report", SANDBOX, 150, none()),
             ],
-            retry: None,
-        },
-        PlanSpec {
-            name: "flaky-sync".into(),
-            recovery: "resume".into(),
-            volatile_fields: vec!["worker".into()],
-            steps: vec![
+            classic(),
+        ),
+        spec(
+            "flaky-sync",
+            "resume",
+            vec![
                 step("prepare", DURABLE, 200, none()),
                 step("commit", DURABLE, 350, json!({ "fail_on": "execute" })),
                 step("confirm", DURABLE, 250, none()),
             ],
-            retry: None,
-        },
+            classic(),
+        ),
+        spec(
+            "flaky-target",
+            "resume",
+            vec![
+                step("quote", DURABLE, 150, none()),
+                step("book", DURABLE, 250, json!({ "flaky_calls": 3 })),
+                step(
+                    "pay",
+                    DURABLE,
+                    200,
+                    json!({ "throttle_calls": 1, "retry_after_ms": 300 }),
+                ),
+                step("confirm", DURABLE, 100, none()),
+            ],
+            small_policy(),
+        ),
+        spec(
+            "flaky-sandbox",
+            "replay",
+            vec![
+                step("provision", SANDBOX, 150, none()),
+                step("seed", SANDBOX, 200, json!({ "flaky_calls": 3 })),
+                step("check", SANDBOX, 150, none()),
+            ],
+            small_policy(),
+        ),
+        spec(
+            "dead-target",
+            "resume",
+            vec![
+                step("reserve", DURABLE, 150, none()),
+                step("charge", DURABLE, 200, json!({ "down": true })),
+            ],
+            small_policy(),
+        ),
+        spec(
+            "dead-deadline",
+            "resume",
+            vec![step("probe", DURABLE, 100, json!({ "down": true }))],
+            RetrySpec {
+                max_deliveries: Some(50),
+                deadline_secs: Some(3),
+                ..small_policy()
+            },
+        ),
     ]
+}
+
+/// The plans named, in the order named, or the first name no plan has.
+pub fn named(names: &[String]) -> Result<Vec<PlanSpec>, String> {
+    let all = specs();
+    names
+        .iter()
+        .map(|n| {
+            all.iter().find(|s| s.name == *n).cloned().ok_or_else(|| {
+                let known: Vec<String> = all.iter().map(|s| s.name.clone()).collect();
+                format!("unknown plan {n:?} (known: {})", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+/// Whether a step's target never serves it (an attempt through it must exhaust).
+pub fn is_down(step: &Step) -> bool {
+    TargetMode::of(&step.payload) == TargetMode::Down
+}
+
+/// Whether a step's target refuses its first calls and then serves it.
+pub fn recovers(step: &Step) -> bool {
+    matches!(
+        TargetMode::of(&step.payload),
+        TargetMode::Flaky { .. } | TargetMode::Throttled { .. }
+    )
 }
 
 /// The evidence a step records, given what the target reported.

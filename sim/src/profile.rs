@@ -6,13 +6,16 @@
 //! to the db or the target) with their weights and durations, db host restarts, lost
 //! replies, and clock skew. Every field has a default (no faults); unknown fields are
 //! an error that names them. Ranges are `[lo, hi]`, inclusive, in the unit their
-//! name ends with. The six profiles shipped with the simulator are compiled in
-//! ([`Profile::builtin`]); any other file can be loaded by path.
+//! name ends with. The seven profiles shipped with the simulator are compiled in
+//! ([`Profile::builtin`]): six under `scenarios/faults/`, and `flaky-targets`
+//! (targets that fail for a while, always, or throttle) under `sim/scenarios/`; any
+//! other file can be loaded by path. A profile names the plans its clients deliver
+//! (`clients.plans`, checked against [`crate::plans::specs`]).
 
 use serde::Deserialize;
 use std::path::Path;
 
-/// The profiles shipped under `scenarios/faults/`, by name.
+/// The shipped profiles, by name.
 pub const BUILTIN: &[(&str, &str)] = &[
     ("crash-storm", include_str!("../../scenarios/faults/crash-storm.toml")),
     ("partitions", include_str!("../../scenarios/faults/partitions.toml")),
@@ -20,6 +23,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("clock-skew", include_str!("../../scenarios/faults/clock-skew.toml")),
     ("lost-replies", include_str!("../../scenarios/faults/lost-replies.toml")),
     ("mixed", include_str!("../../scenarios/faults/mixed.toml")),
+    ("flaky-targets", include_str!("../scenarios/flaky-targets.toml")),
 ];
 
 /// A fault profile.
@@ -101,6 +105,12 @@ pub struct ClientParams {
     pub operator_actions: [u64; 2],
     /// Of the operator's actions, the share that are aborts (the rest reconcile).
     pub abort_share: f64,
+    /// The plans registered and enqueued, by name ([`crate::plans::specs`]).
+    pub plans: Vec<String>,
+    /// Of the enqueues, the share whose command starts later (a scheduled start).
+    pub scheduled_share: f64,
+    /// How much later a scheduled start is.
+    pub scheduled_ms: [u64; 2],
 }
 
 impl Default for ClientParams {
@@ -109,6 +119,9 @@ impl Default for ClientParams {
             enqueue_every_ms: [400, 1_600],
             operator_actions: [1, 4],
             abort_share: 0.3,
+            plans: crate::plans::CLASSIC_PLANS.iter().map(|p| (*p).to_owned()).collect(),
+            scheduled_share: 0.0,
+            scheduled_ms: [200, 3_000],
         }
     }
 }
@@ -195,9 +208,15 @@ pub struct ClockSkew {
 }
 
 impl Profile {
-    /// Parses a profile from TOML text.
+    /// Parses a profile from TOML text; a plan no simulation knows is an error that
+    /// names it.
     pub fn parse(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| e.to_string())
+        let profile: Profile = toml::from_str(text).map_err(|e| e.to_string())?;
+        crate::plans::named(&profile.clients.plans).map_err(|e| format!("clients.plans: {e}"))?;
+        if profile.clients.plans.is_empty() {
+            return Err("clients.plans: name at least one plan".into());
+        }
+        Ok(profile)
     }
 
     /// A shipped profile by name.
@@ -245,6 +264,12 @@ mod tests {
                 "{name}: heartbeats must fit in a lease"
             );
         }
+    }
+
+    #[test]
+    fn unknown_plans_are_named() {
+        let e = Profile::parse("name = \"x\"\n[clients]\nplans = [\"ledger-sync\", \"nope\"]\n").unwrap_err();
+        assert!(e.contains("clients.plans") && e.contains("\"nope\""), "{e}");
     }
 
     #[test]

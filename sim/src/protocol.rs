@@ -12,6 +12,7 @@
 //! shows the text, and nothing here prints a frame.
 
 use leasehold::ledger::{Claimed, LedgerError};
+use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, LeaseToken, Op, OperatorRequest, Plan, PlanId,
     PlanSpec, Refusal, Reply, Timestamp, WorkerRequest,
@@ -207,12 +208,14 @@ pub enum DbRequest {
         /// The plan.
         id: PlanId,
     },
-    /// `Ledger::enqueue`.
+    /// `Ledger::enqueue_at`.
     Enqueue {
         /// The plan.
         plan: PlanId,
         /// What the attempt does.
         action: Action,
+        /// When its command becomes claimable.
+        start: Start,
     },
     /// `Ledger::claim_batch` (one transaction in the db host).
     Claim(ClaimRequest),
@@ -421,6 +424,55 @@ impl WireError {
 /// What the db host answers to one request.
 pub type DbResponse = Result<DbReply, WireError>;
 
+/// How the target treats the calls of one step: what the step's payload asks for
+/// ([`TargetMode::of`]). Counts are per idempotency key, whatever the sandbox: a
+/// flaky service is flaky for a request, not for a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum TargetMode {
+    /// Every call is served.
+    #[default]
+    Healthy,
+    /// The first `calls` calls of each key are answered 503 (no effect), then it is
+    /// served: a target that is down for a while and then recovers.
+    Flaky {
+        /// Calls answered 503 before the key is served.
+        calls: u32,
+    },
+    /// Every call is answered 503, never with an effect.
+    Down,
+    /// The first `calls` calls of each key are answered 429 with a `Retry-After`
+    /// of `retry_after_ms` (no effect), then it is served.
+    Throttled {
+        /// Calls answered 429 before the key is served.
+        calls: u32,
+        /// The `Retry-After` the target asks for.
+        retry_after_ms: u64,
+    },
+}
+
+impl TargetMode {
+    /// The mode a step's payload asks for: `"down": true`, `"flaky_calls": N`, or
+    /// `"throttle_calls": N` with `"retry_after_ms": M`; healthy otherwise.
+    pub fn of(payload: &Value) -> Self {
+        let count = |k: &str| {
+            payload
+                .get(k)
+                .and_then(Value::as_u64)
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        if payload.get("down").and_then(Value::as_bool) == Some(true) {
+            TargetMode::Down
+        } else if let Some(calls) = count("flaky_calls") {
+            TargetMode::Flaky { calls }
+        } else if let Some(calls) = count("throttle_calls") {
+            let retry_after_ms = payload.get("retry_after_ms").and_then(Value::as_u64).unwrap_or(0);
+            TargetMode::Throttled { calls, retry_after_ms }
+        } else {
+            TargetMode::Healthy
+        }
+    }
+}
+
 /// One effect the target host is asked to apply.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetRequest {
@@ -440,9 +492,13 @@ pub struct TargetRequest {
     pub delivery: u32,
     /// How long the target takes before it answers.
     pub delay_ms: u64,
+    /// How the target treats the step's calls.
+    pub mode: TargetMode,
+    /// Simulated time when the executor sent it.
+    pub sent_ms: u64,
 }
 
-/// What the target answered.
+/// What the target answered an applied (or recognised) key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TargetReply {
     /// The target receipt: the same for every delivery of a key.
@@ -450,6 +506,20 @@ pub struct TargetReply {
     /// Step codes applied, in order, in the sandbox (replay) or for the attempt
     /// (durable), as of the key's first application.
     pub applied: Vec<String>,
+}
+
+/// The target's answer to one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TargetAnswer {
+    /// The key was applied (now or before): its reply.
+    Served(TargetReply),
+    /// 503: not applied; call again later.
+    Unavailable,
+    /// 429: not applied; call again no sooner than `retry_after_ms`.
+    Throttled {
+        /// The `Retry-After` asked for.
+        retry_after_ms: u64,
+    },
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use crate::db::DB_PORT;
 use crate::protocol::{CallError, DbEnvelope, DbReply, DbRequest, DbResponse, Pool, WireLease};
 use leasehold::clock::Clock;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
+use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply,
     WorkerRequest,
@@ -110,8 +111,8 @@ impl Ledger for RpcLedger {
         expect!(self, DbRequest::RetirePlan { id: id.clone() }, DbReply::Plan(p) => p)
     }
 
-    async fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
-        expect!(self, DbRequest::Enqueue { plan: plan.clone(), action }, DbReply::Record(r) => r)
+    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
+        expect!(self, DbRequest::Enqueue { plan: plan.clone(), action, start }, DbReply::Record(r) => r)
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {

@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// The highest invariant number the checker proves.
+pub const INVARIANTS: usize = 18;
+
 /// A set of runs.
 #[derive(Debug, Clone)]
 pub struct Batch {
@@ -91,10 +94,10 @@ impl Summary {
         let s = self.stats();
         let failures: Vec<&RunReport> = self.failures().collect();
         let violations: usize = self.reports.iter().map(|r| r.violations.len()).sum();
-        let mut per_invariant = [0usize; 14];
+        let mut per_invariant = [0usize; INVARIANTS + 1];
         for r in &self.reports {
             for v in &r.violations {
-                per_invariant[usize::from(v.invariant).min(13)] += 1;
+                per_invariant[usize::from(v.invariant).min(INVARIANTS)] += 1;
             }
         }
         let backends: Vec<&str> = self.backends.iter().map(|b| b.name()).collect();
@@ -124,15 +127,16 @@ impl Summary {
         );
         let _ = writeln!(
             out,
-            "faults injected: {}   takeovers: {}   stale writes refused: {}   duplicates deduplicated: {}",
-            s.faults, s.takeovers, s.stale_refused, s.duplicates
+            "faults injected: {}   takeovers: {}   given back: {}   stale writes refused: {}   duplicates deduplicated: {}",
+            s.faults, s.takeovers, s.gave_back, s.stale_refused, s.duplicates
         );
         let _ = writeln!(
             out,
-            "attempts: {} (succeeded {}, failed {}, aborted {})   simulated: {:.0} s",
+            "attempts: {} (succeeded {}, failed {} of which exhausted {}, aborted {})   simulated: {:.0} s",
             s.attempts,
             s.succeeded,
             s.failed,
+            s.exhausted,
             s.aborted,
             s.sim_ms as f64 / 1000.0
         );

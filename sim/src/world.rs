@@ -15,6 +15,7 @@ use crate::checker::{self, CheckInput, FaultLog, Violation};
 use crate::clients::{self, ClientCtx, ClientLog};
 use crate::clock::{ClockParams, DbClock, SimClock, EPOCH_MS};
 use crate::db::{self, BackendKind, DbState};
+use crate::delivery::Timing;
 use crate::profile::{FaultParams, Profile, WorldParams};
 use crate::rng::Rng;
 use crate::rpc::RpcLedger;
@@ -24,6 +25,7 @@ use leasehold::entropy::SeededEntropy;
 use leasehold::ledger::LedgerError;
 use leasehold::worker::{RunOptions, Worker};
 use leasehold_engine::lease::WorkerConfig;
+use leasehold_engine::Op;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -51,8 +53,11 @@ pub struct RunConfig {
 pub struct Stats {
     /// Faults injected: crashes, partitions, holds, db restarts, lost replies, clock jumps.
     pub faults: u64,
-    /// Claims of a command that had been claimed before.
+    /// Claims of a command that had been claimed before and not given back since:
+    /// its lease had expired, or reconcile had requeued it.
     pub takeovers: u64,
+    /// Give-backs that requeued a command after a transient failure.
+    pub gave_back: u64,
     /// Worker writes refused because their token was not current.
     pub stale_refused: u64,
     /// Repeated deliveries of a key that the target answered from its record.
@@ -63,6 +68,8 @@ pub struct Stats {
     pub succeeded: u64,
     /// Attempts FAILED.
     pub failed: u64,
+    /// Of those, FAILED exhausted (by deliveries or deadline).
+    pub exhausted: u64,
     /// Attempts ABORTED.
     pub aborted: u64,
     /// Simulated time, ms.
@@ -74,6 +81,8 @@ impl Stats {
     pub fn add(&mut self, o: &Stats) {
         self.faults += o.faults;
         self.takeovers += o.takeovers;
+        self.gave_back += o.gave_back;
+        self.exhausted += o.exhausted;
         self.stale_refused += o.stale_refused;
         self.duplicates += o.duplicates;
         self.attempts += o.attempts;
@@ -338,6 +347,10 @@ fn timer_clock(params: &ClockParams, bugs: &[Bug]) -> ClockParams {
     params
 }
 
+/// How long after a call that got no success the planted
+/// `executor-retries-detached` sends it again.
+pub const DETACHED_RETRY_MS: u64 = 4_000;
+
 /// The most a clock may drift (parts per million) and still not excuse a lost
 /// lease: a heartbeat due at a third of the lease then still lands inside it.
 pub const DRIFT_BOUND_PPM: i64 = 500_000;
@@ -512,7 +525,7 @@ fn start_hosts(sim: &mut turmoil::Sim<'_>, config: &RunConfig, plan: &Schedule, 
             params,
             &config.profile.world,
             trace,
-            &hosts.failures,
+            (&hosts.failures, config.bugs.contains(&Bug::ExecutorRetriesDetached)),
         );
     }
     let w = &config.profile.world;
@@ -525,7 +538,7 @@ fn start_hosts(sim: &mut turmoil::Sim<'_>, config: &RunConfig, plan: &Schedule, 
     };
     sim.client(
         "enqueuer",
-        clients::enqueuer(ctx.clone(), config.profile.clients.enqueue_every_ms),
+        clients::enqueuer(ctx.clone(), config.profile.clients.clone()),
     );
     sim.client("operator", clients::operator(ctx, plan.operator.clone()));
 }
@@ -538,7 +551,7 @@ fn start_worker(
     params: ClockParams,
     w: &WorldParams,
     trace: &Trace,
-    failures: &FailureLog,
+    (failures, detached): (&FailureLog, bool),
 ) {
     let config_w = WorkerConfig::clamped(true, w.poll_interval_ms, w.batch_size, w.lease_ms);
     let (trace, failures) = (trace.clone(), failures.clone());
@@ -549,7 +562,11 @@ fn start_worker(
         async move {
             let clock = Arc::new(SimClock::new(params));
             let ledger = Arc::new(RpcLedger::new(name.clone(), Arc::clone(&clock), rpc_timeout_ms));
-            let executor = Arc::new(TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures));
+            let mut executor = TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures);
+            if detached {
+                executor = executor.retrying_detached(DETACHED_RETRY_MS);
+            }
+            let executor = Arc::new(executor);
             trace.line(&name, "worker up");
             let (t, n) = (trace.clone(), name.clone());
             let worker = Worker::new(name, ledger, executor, clock, config_w).on_event(move |e| t.line(&n, e));
@@ -652,6 +669,14 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
         clients: &clients,
         liveness: ending.liveness.as_deref(),
         faults: Some(&fault_log(plan, w.safety_ms + w.lease_ms, w.lease_ms, &hosts.failures)),
+        timing: Some(&Timing {
+            lease_ms: w.lease_ms,
+            poll_interval_ms: w.poll_interval_ms,
+            rpc_timeout_ms: w.rpc_timeout_ms,
+            latency_max_ms: w.latency_ms[1].max(w.latency_ms[0]),
+            target_slowdown: w.target_slowdown.max(1),
+            end_ms: ending.sim_ms,
+        }),
     };
     let mut violations = ending.violations;
     violations.extend(checker::check(&input));
@@ -672,6 +697,26 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
 
 /// What the run counted: faults (episodes, lost replies and clock jumps during the
 /// safety phase), takeovers, stale refusals, duplicates and attempts by outcome.
+/// Deliveries after the first that took over a lease lost or requeued (not one
+/// given back), and the give-backs that requeued a command.
+fn redeliveries(events: &[crate::db::DbEvent]) -> (u64, u64) {
+    let mut last: BTreeMap<&leasehold_engine::AttemptId, Op> = BTreeMap::new();
+    let (mut takeovers, mut gave_back) = (0, 0);
+    for e in events.iter().filter(|e| e.outcome == crate::db::EventOutcome::Applied) {
+        let (Some(id), Some(a)) = (&e.attempt, &e.after) else {
+            continue;
+        };
+        if e.is_delivery() && a.record.command.delivery_count >= 2 && last.get(id) != Some(&Op::GiveBack) {
+            takeovers += 1;
+        }
+        if e.op == Op::GiveBack && a.record.command.status == leasehold_engine::CommandStatus::Pending {
+            gave_back += 1;
+        }
+        last.insert(id, e.op);
+    }
+    (takeovers, gave_back)
+}
+
 fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, ending: &Ending) -> Stats {
     let jumps: u64 = plan
         .worker_clocks
@@ -679,13 +724,11 @@ fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, endin
         .chain(std::iter::once(&plan.db_clock))
         .map(|c| c.jumps.iter().filter(|(at, _)| *at < safety_ms).count() as u64)
         .sum();
+    let (takeovers, gave_back) = redeliveries(&db.events);
     let mut stats = Stats {
         faults: ending.faults_applied + db.replies_lost + tgt.replies_lost + jumps,
-        takeovers: db
-            .events
-            .iter()
-            .filter(|e| e.op.is_claim() && e.after.as_ref().is_some_and(|a| a.record.command.delivery_count >= 2))
-            .count() as u64,
+        takeovers,
+        gave_back,
         stale_refused: db.events.iter().filter(|e| e.is_stale_refusal()).count() as u64,
         duplicates: tgt.duplicates,
         attempts: db.latest.len() as u64,
@@ -693,9 +736,13 @@ fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, endin
         ..Stats::default()
     };
     for s in db.latest.values() {
-        match s.record.attempt.status {
+        let a = &s.record.attempt;
+        match a.status {
             leasehold_engine::AttemptStatus::Succeeded => stats.succeeded += 1,
-            leasehold_engine::AttemptStatus::Failed => stats.failed += 1,
+            leasehold_engine::AttemptStatus::Failed => {
+                stats.failed += 1;
+                stats.exhausted += u64::from(a.error.as_deref().is_some_and(|e| e.starts_with("exhausted: ")));
+            }
             leasehold_engine::AttemptStatus::Aborted => stats.aborted += 1,
             _ => {}
         }

@@ -30,7 +30,9 @@ fn the_small_configurations_hold_every_invariant() {
 fn every_planted_bug_is_found_with_a_shortest_counterexample() {
     let mut missed = Vec::new();
     for bug in Bug::ALL {
-        let (invariant, recovery) = bug.found_by_model();
+        let Some((invariant, recovery)) = bug.found_by_model() else {
+            continue;
+        };
         let config = Config::small(recovery).with_bugs(&[*bug]);
         let report = model::check(&config);
         println!("{}: found by invariant {invariant}", bug.name());

@@ -95,14 +95,15 @@ impl Ledger<'_> {
     /// The instant the ledger decides `req` at, given its own clock `db_now`.
     pub fn decided_at(&self, rows: &Snap, req: &Req<'_>, db_now: Timestamp) -> Timestamp {
         let reconciled = matches!(req, Req::Operator(OperatorRequest::Reconcile)).then_some(rows);
-        planted_instant(self.bugs(), req.sent_at(), reconciled, db_now).unwrap_or(db_now)
+        planted_instant(self.bugs(), (Some(req.op()), req.sent_at()), reconciled, db_now).unwrap_or(db_now)
     }
 
     /// The attempt (its index in `attempts`) a claim sent at `sent_at` (worker
     /// clock) takes, as the memory ledger picks it: the first claimable command in
     /// claim order, oldest `available_at` first, then command id.
     pub fn claim_candidate(&self, attempts: &[Snap], sent_at: Timestamp, db_now: Timestamp) -> Option<usize> {
-        let now = planted_instant(self.bugs(), Some(sent_at), None, db_now).unwrap_or(db_now);
+        let now =
+            planted_instant(self.bugs(), (Some(Op::ClaimAndBegin), Some(sent_at)), None, db_now).unwrap_or(db_now);
         attempts
             .iter()
             .enumerate()
@@ -168,7 +169,8 @@ impl Ledger<'_> {
         req: &Req<'_>,
         now: Timestamp,
     ) -> Result<(leasehold_engine::Writes, Reply), Refusal> {
-        let recovery = self.plan_of(record).recovery;
+        let plan = self.plan_of(record);
+        let recovery = plan.recovery;
         let lease_ms = self.config.lease_ms();
         let decided = match req {
             Req::Claim(owner, n, _) => {
@@ -178,14 +180,18 @@ impl Ledger<'_> {
                     lease_ms,
                     begin: true,
                 };
-                decide(record, Request::Claim(&claim, &token(*n), recovery), now)
+                decide(record, Request::Claim(&claim, &token(*n), plan), now)
             }
             Req::Worker(w, n, _) => {
                 let presented = match &record.command.lease_token {
                     Some(current) if skips_token_check(self.bugs(), w.op()) => current.clone(),
                     _ => token(*n),
                 };
-                decide(record, Request::Worker(w, &presented), now)
+                decide(
+                    record,
+                    Request::Worker(w, &presented, w.needs_plan().then_some(plan)),
+                    now,
+                )
             }
             Req::Operator(o) => decide(record, Request::Operator(o, recovery), now),
         };

@@ -52,12 +52,21 @@
 //! choice), and an executor call answers within `exec_ticks`.
 //!
 //! # Properties
-//! After every transition: the simulator's safety invariants 1–7, 9, 11 and 12 (the
+//! After every transition: the simulator's safety invariants 1–7, 9, 11, 12, 14 and 15 (the
 //! checker's own functions, [`crate::checker::check_transition`]) and 13 (a lease
 //! taken over only from a holder a fault touched). Liveness (invariant 8): from every
 //! state, the fault-free fair schedule (paused workers resume, requests and calls
 //! answer at once, the clock advances when nothing is due, no operator) ends every
 //! attempt within `liveness_ticks`.
+//!
+//! # The delivery policy
+//! The ledger decides each claim and give-back with the attempt's plan, as the
+//! memory ledger does, and a claim that exhausts its attempt grants no lease; but
+//! the model explores no give-back: its plans keep the default policy (25
+//! deliveries, 3 tries per step) and its executor fails transiently only within the
+//! `exec_losses` budget (none in the shipped configurations), so no delivery gives
+//! back, backs off or exhausts. The
+//! simulator checks the delivery policy (invariants 14–18).
 
 mod ledger;
 mod search;

@@ -167,6 +167,7 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
         clients: &clients,
         liveness: None,
         faults: None,
+        timing: None,
     };
     let mut v = checker::check_transition(&input, &done.events);
     if let Some(message) = &done.healthy_takeover {

@@ -7,7 +7,7 @@ use crate::clock::EPOCH_MS;
 use crate::db::{DbEvent, EventOutcome, Snap};
 use crate::plans::{self, SANDBOX};
 use crate::protocol::TargetReply;
-use crate::target::{CallRecord, KeyRecord};
+use crate::target::{CallAnswer, CallRecord, KeyRecord};
 use leasehold_engine::driver::{DeadlineReason, Driver, DriverAction, ExecutorResult, Outcome};
 use leasehold_engine::transition::{enqueue, NewIds};
 use leasehold_engine::{
@@ -458,6 +458,8 @@ fn outcome_text(o: &Outcome) -> String {
         Outcome::Failed(e) => format!("failed ({e})"),
         Outcome::Refused(r) => format!("refused ({r})"),
         Outcome::Abandoned(why) => format!("abandoned ({why})"),
+        Outcome::GaveBack { until, error } => format!("gave back until {until} ({error})"),
+        Outcome::Exhausted { why, error } => format!("{} ({error})", why.as_str()),
     }
 }
 
@@ -562,8 +564,12 @@ fn claim_next(
     if let Some(e) = answer.event {
         log(s, e, done);
     }
-    answer.reply.ok()?;
+    let reply = answer.reply.ok()?;
     s.minted = token;
+    // A claim that found its attempt exhausted ended it and granted no lease.
+    if matches!(reply, leasehold_engine::Reply::Exhausted(_)) {
+        return None;
+    }
     let record = super::ledger::record_of(&s.attempts[k]);
     let until = record.command.lease_until.map_or(0, ticks);
     let driver = Driver::fused(&record, ledger.config.lease_ms(), sent_at);
@@ -851,13 +857,19 @@ fn call_target(ledger: &Ledger<'_>, s: &mut State, i: usize, exec: &Exec) -> Exe
     let id = (r.idempotency_key.clone(), sandbox.clone());
     let call = CallRecord {
         at_ms: 0,
+        sent_ms: 0,
         attempt: record.attempt.id.clone(),
         ordinal: exec.ordinal,
         key: r.idempotency_key.clone(),
         sandbox: sandbox.clone(),
         delivery: exec.delivery,
         worker: name(i),
-        duplicate: s.keys.contains_key(&id),
+        answer: if s.keys.contains_key(&id) {
+            CallAnswer::Duplicate
+        } else {
+            CallAnswer::Applied
+        },
+        reply_lost: false,
     };
     let seen = s.calls.iter().any(|c| {
         (&c.attempt, c.ordinal, c.delivery, &c.sandbox) == (&call.attempt, call.ordinal, call.delivery, &call.sandbox)
