@@ -7,9 +7,9 @@
 //! replies, and clock skew. Every field has a default (no faults); unknown fields are
 //! an error that names them. Ranges are `[lo, hi]`, inclusive, in the unit their
 //! name ends with. The seven profiles shipped with the simulator are compiled in
-//! ([`Profile::builtin`]): six under `scenarios/faults/`, and `flaky-targets`
-//! (targets that fail for a while, always, or throttle) under `sim/scenarios/`; any
-//! other file can be loaded by path. A profile names the plans its clients deliver
+//! ([`Profile::builtin`]) from `scenarios/faults/`, `flaky-targets` (targets that
+//! fail for a while, always, or throttle) among them; any other file can be loaded
+//! by path. A profile names the plans its clients deliver
 //! (`clients.plans`, checked against [`crate::plans::specs`]).
 
 use serde::Deserialize;
