@@ -23,7 +23,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("clock-skew", include_str!("../../scenarios/faults/clock-skew.toml")),
     ("lost-replies", include_str!("../../scenarios/faults/lost-replies.toml")),
     ("mixed", include_str!("../../scenarios/faults/mixed.toml")),
-    ("flaky-targets", include_str!("../../scenarios/faults/flaky-targets.toml")),
+    (
+        "flaky-targets",
+        include_str!("../../scenarios/faults/flaky-targets.toml"),
+    ),
 ];
 
 /// A fault profile.
