@@ -310,7 +310,7 @@ fn a_follow_up_is_asked_of_the_plans_latest_attempt_in_the_right_state() {
     assert_eq!(transition::follow_up_of(&failed, &history, Action::Retry), Ok(()));
     assert_eq!(transition::follow_up_of(&failed, &history, Action::Compensate), Ok(()));
     let done = delivered(&plan);
-    let refused = transition::follow_up_of(&done, &[done.clone()], Action::Retry).unwrap_err();
+    let refused = transition::follow_up_of(&done, std::slice::from_ref(&done), Action::Retry).unwrap_err();
     assert!(
         refused.to_string().contains("is SUCCEEDED, not FAILED or ABORTED"),
         "{refused}"
