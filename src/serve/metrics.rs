@@ -139,119 +139,114 @@ impl Default for Metrics {
 impl Metrics {
     /// Every metric at zero.
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let attempts = Family::<StatusLabel, Gauge>::default();
-        let attempts_capped = Family::<StatusLabel, Gauge>::default();
-        let commands = Family::<StatusLabel, Gauge>::default();
-        let exhausted = Counter::default();
-        let exhausted_capped = Gauge::default();
-        let oldest_queued_age = Gauge::<f64, AtomicU64>::default();
-        let claims = Family::<PlanLabel, Counter>::default();
-        let takeovers = Family::<PlanLabel, Counter>::default();
-        let deliveries = Family::<DeliveryLabels, Counter>::default();
-        let stale_writes = Family::<PlanLabel, Counter>::default();
-        let expirations = Family::<ReasonLabel, Counter>::default();
-        let heartbeat_failures = Family::<PlanLabel, Counter>::default();
-        let reconciles = Family::<OutcomeLabel, Counter>::default();
-        let step_duration: HistogramFamily = Family::new_with_constructor(seconds_histogram);
-        let queue_wait: HistogramFamily = Family::new_with_constructor(seconds_histogram);
-        registry.register(
+        let mut metrics = Self {
+            registry: Registry::default(),
+            attempts: Family::<StatusLabel, Gauge>::default(),
+            attempts_capped: Family::<StatusLabel, Gauge>::default(),
+            commands: Family::<StatusLabel, Gauge>::default(),
+            exhausted: Counter::default(),
+            exhausted_raise: Mutex::default(),
+            exhausted_capped: Gauge::default(),
+            oldest_queued_age: Gauge::<f64, AtomicU64>::default(),
+            claims: Family::<PlanLabel, Counter>::default(),
+            takeovers: Family::<PlanLabel, Counter>::default(),
+            deliveries: Family::<DeliveryLabels, Counter>::default(),
+            stale_writes: Family::<PlanLabel, Counter>::default(),
+            expirations: Family::<ReasonLabel, Counter>::default(),
+            heartbeat_failures: Family::<PlanLabel, Counter>::default(),
+            reconciles: Family::<OutcomeLabel, Counter>::default(),
+            step_duration: Family::new_with_constructor(seconds_histogram),
+            queue_wait: Family::new_with_constructor(seconds_histogram),
+            in_flight: Mutex::default(),
+            plans_seen: Mutex::default(),
+        };
+        metrics.register_ledger_gauges();
+        metrics.register_worker_counters();
+        metrics
+    }
+
+    /// Registers what is read from the ledger at each scrape.
+    fn register_ledger_gauges(&mut self) {
+        self.registry.register(
             "leasehold_attempts",
             "Attempts per status (capped count: see leasehold_attempts_capped)",
-            attempts.clone(),
+            self.attempts.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_attempts_capped",
             "1 where the attempt count stopped at the cap (there are at least that many)",
-            attempts_capped.clone(),
+            self.attempts_capped.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_commands",
             "Outbox commands per status (capped like leasehold_attempts)",
-            commands.clone(),
+            self.commands.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_attempts_exhausted",
             "Attempts that ended FAILED because their delivery policy ran out (deliveries or deadline), \
              across the ledger (capped like leasehold_attempts)",
-            exhausted.clone(),
+            self.exhausted.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_attempts_exhausted_capped",
             "1 where the exhausted count stopped at the cap",
-            exhausted_capped.clone(),
+            self.exhausted_capped.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_oldest_queued_attempt_age_seconds",
             "How long the earliest claimable queued command has been claimable (0: none)",
-            oldest_queued_age.clone(),
+            self.oldest_queued_age.clone(),
         );
-        registry.register(
+    }
+
+    /// Registers what this process's workers count.
+    fn register_worker_counters(&mut self) {
+        self.registry.register(
             "leasehold_claims",
             "Commands claimed by this process's workers",
-            claims.clone(),
+            self.claims.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_takeovers",
             "Claims of a command that had been delivered before (its earlier lease expired)",
-            takeovers.clone(),
+            self.takeovers.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_deliveries",
             "Deliveries ended, by outcome",
-            deliveries.clone(),
+            self.deliveries.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_stale_writes_refused",
             "Worker writes the ledger refused because the lease was no longer theirs (fencing)",
-            stale_writes.clone(),
+            self.stale_writes.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_lease_expirations",
             "Leases this process's workers left to expire",
-            expirations.clone(),
+            self.expirations.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_heartbeat_failures",
             "Heartbeats that did not reach the ledger",
-            heartbeat_failures.clone(),
+            self.heartbeat_failures.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_reconciles",
             "Reconcile requests, by outcome",
-            reconciles.clone(),
+            self.reconciles.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_step_duration_seconds",
             "From a step's begin to its completion's commit",
-            step_duration.clone(),
+            self.step_duration.clone(),
         );
-        registry.register(
+        self.registry.register(
             "leasehold_queue_wait_seconds",
             "From an attempt's enqueue to its first claim",
-            queue_wait.clone(),
+            self.queue_wait.clone(),
         );
-        Self {
-            registry,
-            attempts,
-            attempts_capped,
-            commands,
-            exhausted,
-            exhausted_raise: Mutex::default(),
-            exhausted_capped,
-            oldest_queued_age,
-            claims,
-            takeovers,
-            deliveries,
-            stale_writes,
-            expirations,
-            heartbeat_failures,
-            reconciles,
-            step_duration,
-            queue_wait,
-            in_flight: Mutex::default(),
-            plans_seen: Mutex::default(),
-        }
     }
 
     /// The label for plan `name`, bounded to [`PLAN_LABELS_MAX`] names.
