@@ -32,24 +32,19 @@
 //! The figures (attempts, kills, pauses, dropped replies, takeovers, keys applied
 //! once) go to stderr even when the test passes.
 
-use leasehold::clock::SystemClock;
 use leasehold::engine::canonical::sha256_hex;
 use leasehold::engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, PlanSpec, ReceiptStatus};
 use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
-use leasehold::ledger::mysql::scratch::ScratchDatabase;
-use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
-use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
-use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
 use leasehold::receiver::Effects;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+#[path = "procs/mod.rs"]
+mod procs;
 
 /// Attempts delivered per backend, and the steps of each.
 const ATTEMPTS: usize = 36;
@@ -66,87 +61,32 @@ const FAIL_RATE: f64 = 0.15;
 const DROP_REPLY_RATE: f64 = 0.2;
 const DELAY_MS: u64 = 200;
 
-/// The chaos tests run one at a time: each uses the machine's two cores alone.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
 #[test]
 fn sqlite_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runtime = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let ledger_path = dir.path().join("ledger.db").display().to_string();
-    let ledger = runtime.block_on(async {
-        let ledger = SqliteLedger::open(&ledger_path, Arc::new(SystemClock), Arc::new(OsEntropy)).unwrap();
-        ledger.migrate().await.unwrap();
-        ledger
-    });
-    let target_db = format!("sqlite://{}", dir.path().join("target.db").display());
-    Chaos::new("sqlite", &runtime).run(&ledger, &format!("sqlite://{ledger_path}"), &target_db);
+    let _alone = procs::alone();
+    let runtime = procs::runtime();
+    procs::on_sqlite(&runtime, Chaos::new("sqlite", &runtime));
 }
 
 #[test]
 fn mysql_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
-    let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
-        println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
-        return;
-    };
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runtime = runtime();
-    let admin = MysqlUrl::parse(&admin).expect("LEASEHOLD_TEST_MYSQL_URL");
-    let scratch = runtime
-        .block_on(ScratchDatabase::create(&admin, "lh_chaos_"))
-        .expect("a scratch database");
-    let ledger = runtime.block_on(async {
-        let ledger = MysqlLedger::open(scratch.url(), Arc::new(OsEntropy));
-        ledger.migrate().await.unwrap();
-        ledger
-    });
-    // The target keeps its own tables in the same database.
-    let url = scratch.url().expose();
-    Chaos::new("mysql", &runtime).run(&ledger, &url, &url);
-    drop(ledger);
+    let _alone = procs::alone();
+    let runtime = procs::runtime();
+    procs::on_mysql(&runtime, "lh_chaos_", Chaos::new("mysql", &runtime));
 }
 
 #[test]
 fn postgres_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
-    let Ok(admin) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
-        println!("skipped: LEASEHOLD_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)");
-        return;
-    };
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runtime = runtime();
-    let admin = PostgresUrl::parse(&admin).expect("LEASEHOLD_TEST_POSTGRES_URL");
-    let scratch = runtime
-        .block_on(leasehold::ledger::postgres::scratch::ScratchDatabase::create(
-            &admin,
-            "lh_chaos_",
-        ))
-        .expect("a scratch database");
-    let ledger = runtime.block_on(async {
-        let ledger = PostgresLedger::open(scratch.url(), Arc::new(OsEntropy)).unwrap();
-        ledger.migrate().await.unwrap();
-        ledger
-    });
-    // The target keeps its own tables in the same database.
-    let url = scratch.url().expose();
-    Chaos::new("postgres", &runtime).run(&ledger, &url, &url);
-    drop(ledger);
+    let _alone = procs::alone();
+    let runtime = procs::runtime();
+    procs::on_postgres(&runtime, "lh_chaos_", Chaos::new("postgres", &runtime));
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// A child process whose output is collected, line by line, as it comes.
+/// A worker or target process: its output, and what the schedule did to it.
 struct Proc {
     id: String,
     child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<String>>,
+    out: procs::Output,
     killed: bool,
     pauses: u32,
     paused_until: Option<Instant>,
@@ -154,43 +94,11 @@ struct Proc {
 
 impl Proc {
     fn spawn(id: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env_remove("LEASEHOLD_DB")
-            .env_remove("LEASEHOLD_HTTP_ALLOW")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start a leasehold process");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(String::new()));
-        // Drain both pipes from the start: a process whose pipe is full blocks in the
-        // middle of whatever it was doing.
-        let out = child.stdout.take().unwrap();
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let mut err = child.stderr.take().unwrap();
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let (child, out) = procs::spawn(args);
         Self {
             id: id.to_owned(),
             child,
-            lines,
-            stderr,
+            out,
             killed: false,
             pauses: 0,
             paused_until: None,
@@ -217,24 +125,12 @@ impl Proc {
     }
 
     fn lines(&self) -> Vec<String> {
-        self.lines.lock().unwrap().clone()
+        self.out.lines()
     }
 
     /// Waits (bounded) for the first output line containing `needle`.
     fn wait_for_line(&self, needle: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(line) = self.lines().into_iter().find(|l| l.contains(needle)) {
-                return line;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} printed no line with {needle:?}; stderr: {}",
-                self.id,
-                self.stderr.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.out.wait_for_line(&self.id, needle, within)
     }
 }
 
@@ -243,6 +139,12 @@ impl Drop for Proc {
         // SIGKILL ends a stopped process too.
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl procs::Scenario for Chaos<'_> {
+    fn run<L: Ledger>(self, ledger: &L, ledger_url: &str, target_url: &str) {
+        Chaos::run(&self, ledger, ledger_url, target_url);
     }
 }
 
@@ -536,11 +438,7 @@ impl<'a> Chaos<'a> {
             }
             let status = worker.child.wait().unwrap();
             self.check(status.success(), || {
-                format!(
-                    "worker {} exited {status}: {}",
-                    worker.id,
-                    worker.stderr.lock().unwrap()
-                )
+                format!("worker {} exited {status}: {}", worker.id, worker.out.stderr())
             });
         }
         let mut workers = gone;

@@ -20,22 +20,18 @@
 //! Needs the `cli` feature (the binary, the target); without it this file is empty.
 #![cfg(feature = "cli")]
 
-use leasehold::clock::SystemClock;
 use leasehold::engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, PlanSpec};
 use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
-use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
-use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
-use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::Ledger;
 use leasehold::receiver::Effects;
 use serde_json::json;
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+#[path = "procs/mod.rs"]
+mod procs;
 
 /// Attempts per run, each of its own plan.
 const ATTEMPTS: usize = 6;
@@ -60,9 +56,6 @@ const HTTP_TRIES_PER_CALL: u64 = 2;
 
 /// The flaky target's outage (from its start, before the attempts are enqueued).
 const FLAKY_FOR: &str = "3s";
-
-/// The runs go one at a time: each uses the machine's two cores alone.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scenario {
@@ -101,142 +94,47 @@ fn postgres_a_flaky_target_gets_every_key_once_after_give_backs() {
 }
 
 fn sqlite(scenario: Scenario) {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runtime = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db").display().to_string();
-    let ledger = runtime.block_on(async {
-        let ledger = SqliteLedger::open(&path, Arc::new(SystemClock), Arc::new(OsEntropy)).unwrap();
-        ledger.migrate().await.unwrap();
-        ledger
-    });
-    let target = format!("sqlite://{}", dir.path().join("target.db").display());
-    Run::new("sqlite", scenario, &runtime).run(&ledger, &format!("sqlite://{path}"), &target);
+    let _alone = procs::alone();
+    let runtime = procs::runtime();
+    procs::on_sqlite(&runtime, Run::new("sqlite", scenario, &runtime));
 }
 
 fn mysql(scenario: Scenario) {
-    let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
-        println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
-        return;
-    };
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runtime = runtime();
-    let admin = MysqlUrl::parse(&admin).expect("LEASEHOLD_TEST_MYSQL_URL");
-    let scratch = runtime
-        .block_on(leasehold::ledger::mysql::scratch::ScratchDatabase::create(
-            &admin,
-            "lh_policy_",
-        ))
-        .expect("a scratch database");
-    let ledger = runtime.block_on(async {
-        let ledger = MysqlLedger::open(scratch.url(), Arc::new(OsEntropy));
-        ledger.migrate().await.unwrap();
-        ledger
-    });
-    // The target keeps its own tables in the same database.
-    let url = scratch.url().expose();
-    Run::new("mysql", scenario, &runtime).run(&ledger, &url, &url);
-    drop(ledger);
+    let _alone = procs::alone();
+    let runtime = procs::runtime();
+    procs::on_mysql(&runtime, "lh_policy_", Run::new("mysql", scenario, &runtime));
 }
 
 fn postgres(scenario: Scenario) {
-    let Ok(admin) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
-        println!("skipped: LEASEHOLD_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)");
-        return;
-    };
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let runtime = runtime();
-    let admin = PostgresUrl::parse(&admin).expect("LEASEHOLD_TEST_POSTGRES_URL");
-    let scratch = runtime
-        .block_on(leasehold::ledger::postgres::scratch::ScratchDatabase::create(
-            &admin,
-            "lh_policy_",
-        ))
-        .expect("a scratch database");
-    let ledger = runtime.block_on(async {
-        let ledger = PostgresLedger::open(scratch.url(), Arc::new(OsEntropy)).unwrap();
-        ledger.migrate().await.unwrap();
-        ledger
-    });
-    let url = scratch.url().expose();
-    Run::new("postgres", scenario, &runtime).run(&ledger, &url, &url);
-    drop(ledger);
+    let _alone = procs::alone();
+    let runtime = procs::runtime();
+    procs::on_postgres(&runtime, "lh_policy_", Run::new("postgres", scenario, &runtime));
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// A child process whose output is collected as it comes (both pipes drained, so
-/// that it never blocks on a full one).
+/// A child process and its output.
 struct Proc {
     child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    stderr: Arc<Mutex<String>>,
+    out: procs::Output,
 }
 
 impl Proc {
     fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env_remove("LEASEHOLD_DB")
-            .env_remove("LEASEHOLD_HTTP_ALLOW")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start a leasehold process");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let out = child.stdout.take().unwrap();
-        let sink = Arc::clone(&lines);
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let mut err = child.stderr.take().unwrap();
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = err.read(&mut buf) {
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        Self { child, lines, stderr }
+        let (child, out) = procs::spawn(args);
+        Self { child, out }
     }
 
     /// Waits (bounded) for the first output line containing `needle`.
     fn wait_for_line(&self, needle: &str, within: Duration) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(line) = self.lines.lock().unwrap().iter().find(|l| l.contains(needle)) {
-                return line.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no line with {needle:?}; stderr: {}",
-                self.stderr.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.out.wait_for_line("the process", needle, within)
     }
 
     /// Whether a line of its output so far contains `needle`.
     fn printed(&self, needle: &str) -> bool {
-        self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
+        self.out.printed(needle)
     }
 
     fn output(&self) -> String {
-        format!(
-            "{}\n{}",
-            self.lines.lock().unwrap().join("\n"),
-            self.stderr.lock().unwrap()
-        )
+        self.out.text()
     }
 }
 
@@ -244,6 +142,12 @@ impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl procs::Scenario for Run<'_> {
+    fn run<L: Ledger>(self, ledger: &L, ledger_url: &str, target_url: &str) {
+        Run::run(&self, ledger, ledger_url, target_url);
     }
 }
 
@@ -452,11 +356,7 @@ impl<'a> Run<'a> {
                 worker.output()
             );
         }
-        let logs = gone
-            .iter()
-            .chain(&workers)
-            .flat_map(|w| w.lines.lock().unwrap().clone())
-            .collect();
+        let logs = gone.iter().chain(&workers).flat_map(|w| w.out.lines()).collect();
         (kills, logs)
     }
 

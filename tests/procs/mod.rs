@@ -1,0 +1,182 @@
+//! What the real-process tests share (`chaos.rs`, `delivery_policy.rs`): a runtime,
+//! one run at a time, a fresh migrated ledger on each backend beside its target's
+//! store, and `leasehold` child processes whose output is collected as it comes.
+// Each test file uses its part of this.
+#![allow(dead_code)]
+
+use leasehold::clock::SystemClock;
+use leasehold::entropy::OsEntropy;
+use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
+use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
+use leasehold::ledger::sqlite::SqliteLedger;
+use leasehold::ledger::Ledger;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+
+/// The runs go one at a time: each uses the machine's two cores alone.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Holds the machine for one run until dropped.
+pub fn alone() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A small multi-threaded runtime for the test's own ledger calls.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A run on one backend: the ledger (migrated), its URL for the processes, and
+/// where the target keeps its store.
+pub trait Scenario {
+    /// Runs against `ledger`, reached by the processes at `ledger_url`, with the
+    /// target's store at `target_url`.
+    fn run<L: Ledger>(self, ledger: &L, ledger_url: &str, target_url: &str);
+}
+
+/// Runs `scenario` on a fresh SQLite file, the target's store in another.
+pub fn on_sqlite(runtime: &tokio::runtime::Runtime, scenario: impl Scenario) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db").display().to_string();
+    let ledger = runtime.block_on(async {
+        let ledger = SqliteLedger::open(&path, Arc::new(SystemClock), Arc::new(OsEntropy)).unwrap();
+        ledger.migrate().await.unwrap();
+        ledger
+    });
+    let target = format!("sqlite://{}", dir.path().join("target.db").display());
+    scenario.run(&ledger, &format!("sqlite://{path}"), &target);
+}
+
+/// Runs `scenario` on a scratch MariaDB / MySQL database named `prefix…` (the target
+/// keeps its own tables there too); says it is skipped without
+/// `LEASEHOLD_TEST_MYSQL_URL`.
+pub fn on_mysql(runtime: &tokio::runtime::Runtime, prefix: &str, scenario: impl Scenario) {
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_MYSQL_URL") else {
+        println!("skipped: LEASEHOLD_TEST_MYSQL_URL is not set (e.g. mysql://root@127.0.0.1:3306/test)");
+        return;
+    };
+    let admin = MysqlUrl::parse(&admin).expect("LEASEHOLD_TEST_MYSQL_URL");
+    let scratch = runtime
+        .block_on(leasehold::ledger::mysql::scratch::ScratchDatabase::create(
+            &admin, prefix,
+        ))
+        .expect("a scratch database");
+    let ledger = runtime.block_on(async {
+        let ledger = MysqlLedger::open(scratch.url(), Arc::new(OsEntropy));
+        ledger.migrate().await.unwrap();
+        ledger
+    });
+    let url = scratch.url().expose();
+    scenario.run(&ledger, &url, &url);
+    drop(ledger);
+}
+
+/// Runs `scenario` on a scratch PostgreSQL database named `prefix…` (the target keeps
+/// its own tables there too); says it is skipped without
+/// `LEASEHOLD_TEST_POSTGRES_URL`.
+pub fn on_postgres(runtime: &tokio::runtime::Runtime, prefix: &str, scenario: impl Scenario) {
+    let Ok(admin) = std::env::var("LEASEHOLD_TEST_POSTGRES_URL") else {
+        println!("skipped: LEASEHOLD_TEST_POSTGRES_URL is not set (e.g. postgres://postgres@127.0.0.1:5432/test)");
+        return;
+    };
+    let admin = PostgresUrl::parse(&admin).expect("LEASEHOLD_TEST_POSTGRES_URL");
+    let scratch = runtime
+        .block_on(leasehold::ledger::postgres::scratch::ScratchDatabase::create(
+            &admin, prefix,
+        ))
+        .expect("a scratch database");
+    let ledger = runtime.block_on(async {
+        let ledger = PostgresLedger::open(scratch.url(), Arc::new(OsEntropy)).unwrap();
+        ledger.migrate().await.unwrap();
+        ledger
+    });
+    let url = scratch.url().expose();
+    scenario.run(&ledger, &url, &url);
+    drop(ledger);
+}
+
+/// A child's output as collected so far: its stdout by line, its stderr whole.
+#[derive(Clone, Default)]
+pub struct Output {
+    lines: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// Starts `leasehold ARGS` with both pipes drained from the start (a process whose
+/// pipe is full blocks in the middle of whatever it was doing).
+pub fn spawn(args: &[&str]) -> (Child, Output) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("LEASEHOLD_DB")
+        .env_remove("LEASEHOLD_HTTP_ALLOW")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a leasehold process");
+    let output = Output::default();
+    let out = child.stdout.take().unwrap();
+    let sink = Arc::clone(&output.lines);
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let mut err = child.stderr.take().unwrap();
+    let sink = Arc::clone(&output.stderr);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = err.read(&mut buf) {
+            sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    (child, output)
+}
+
+impl Output {
+    /// Its stdout lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Its stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Whether a line of its output so far contains `needle`.
+    pub fn printed(&self, needle: &str) -> bool {
+        self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    /// Both streams so far, for a failure message.
+    pub fn text(&self) -> String {
+        format!("{}\n{}", self.lines().join("\n"), self.stderr())
+    }
+
+    /// Waits (bounded) for the first output line containing `needle`; `who` names
+    /// the process in the failure.
+    pub fn wait_for_line(&self, who: &str, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(line) = self.lines().into_iter().find(|l| l.contains(needle)) {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{who} printed no line with {needle:?}; stderr: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
