@@ -121,11 +121,30 @@ async fn is_latest<L: Ledger + ?Sized>(
     Ok(latest == Some(record.attempt.number))
 }
 
-/// Splits what was selected into what this call acts on and whether more matched.
-fn bounded(mut selected: Vec<AttemptRecord>, filter: &BulkFilter) -> (Vec<AttemptRecord>, bool) {
+/// Splits what was selected into what this call acts on and the outcome so far:
+/// how many that is (a dry run's answer) and whether more matched.
+fn bounded(mut selected: Vec<AttemptRecord>, filter: &BulkFilter) -> (Vec<AttemptRecord>, BulkOutcome) {
     let more = selected.len() > filter.limit();
     selected.truncate(filter.limit());
-    (selected, more)
+    let outcome = BulkOutcome {
+        count: selected.len() as u64,
+        more,
+        ..BulkOutcome::default()
+    };
+    (selected, outcome)
+}
+
+/// Notes how the transition on the selected attempt `id` ended: acted on (`done`
+/// names the attempt it answers), refused (nothing was written for it), or an error
+/// that ends the call.
+fn tally(outcome: &mut BulkOutcome, id: AttemptId, done: Result<AttemptId, LedgerError>) -> Result<(), LedgerError> {
+    match done {
+        Ok(acted) => outcome.attempts.push(acted),
+        Err(LedgerError::Refused(refusal)) => outcome.refused.push((id, refusal.to_string())),
+        Err(e) => return Err(e),
+    }
+    outcome.count = outcome.attempts.len() as u64;
+    Ok(())
 }
 
 /// Retries the FAILED attempts `filter` selects (each its plan's latest), newest
@@ -145,23 +164,15 @@ pub async fn retry_failed<L: Ledger + ?Sized>(
         &mut selected,
     )
     .await?;
-    let (selected, more) = bounded(selected, filter);
-    let mut outcome = BulkOutcome {
-        count: selected.len() as u64,
-        more,
-        ..BulkOutcome::default()
-    };
+    let (selected, mut outcome) = bounded(selected, filter);
     if dry_run {
         return Ok(outcome);
     }
+    outcome.count = 0;
     for record in selected {
-        match ledger.enqueue(&record.attempt.plan_id, Action::Retry).await {
-            Ok(retry) => outcome.attempts.push(retry.attempt.id),
-            Err(LedgerError::Refused(refusal)) => outcome.refused.push((record.attempt.id, refusal.to_string())),
-            Err(e) => return Err(e),
-        }
+        let retry = ledger.enqueue(&record.attempt.plan_id, Action::Retry).await;
+        tally(&mut outcome, record.attempt.id, retry.map(|r| r.attempt.id))?;
     }
-    outcome.count = outcome.attempts.len() as u64;
     Ok(outcome)
 }
 
@@ -180,23 +191,15 @@ pub async fn abort_open<L: Ledger + ?Sized>(
     if selected.len() <= filter.limit() {
         select(ledger, filter, AttemptStatus::Running, created, &mut selected).await?;
     }
-    let (selected, more) = bounded(selected, filter);
-    let mut outcome = BulkOutcome {
-        count: selected.len() as u64,
-        more,
-        ..BulkOutcome::default()
-    };
+    let (selected, mut outcome) = bounded(selected, filter);
     if dry_run {
         return Ok(outcome);
     }
+    outcome.count = 0;
     let reason = format!("aborted in bulk by {who}");
     for record in selected {
-        match ledger.abort(&record.attempt.id, &reason).await {
-            Ok(aborted) => outcome.attempts.push(aborted.attempt.id),
-            Err(LedgerError::Refused(refusal)) => outcome.refused.push((record.attempt.id, refusal.to_string())),
-            Err(e) => return Err(e),
-        }
+        let aborted = ledger.abort(&record.attempt.id, &reason).await;
+        tally(&mut outcome, record.attempt.id, aborted.map(|r| r.attempt.id))?;
     }
-    outcome.count = outcome.attempts.len() as u64;
     Ok(outcome)
 }
