@@ -604,8 +604,9 @@ fn a_throttled_answer_gives_back_at_once_for_at_least_the_asked_delay_within_the
     );
 }
 
-#[test]
-fn a_give_back_answered_exhausted_ends_the_delivery_exhausted() {
+/// A one-step delivery whose step failed transiently on every try, asking to give
+/// the command back.
+fn given_back_after_its_tries() -> Harness {
     let mut h = Harness::new(&running(1), 0);
     for _ in 0..EXECUTOR_ATTEMPTS_MAX {
         assert_eq!(h.poll(), [execute(1)]);
@@ -621,6 +622,12 @@ fn a_give_back_answered_exhausted_ends_the_delivery_exhausted() {
         h.poll().as_slice(),
         [DriverAction::Ledger(WorkerRequest::GiveBack { .. })]
     ));
+    h
+}
+
+#[test]
+fn a_give_back_answered_exhausted_ends_the_delivery_exhausted() {
+    let mut h = given_back_after_its_tries();
     h.later(5).reply(Reply::Exhausted(Exhaustion::Deliveries));
     assert!(
         matches!(h.outcome(), Some(Outcome::Exhausted { why: Exhaustion::Deliveries, error }) if error.contains("busy")),
@@ -631,21 +638,7 @@ fn a_give_back_answered_exhausted_ends_the_delivery_exhausted() {
 
 #[test]
 fn a_give_back_whose_reply_was_lost_is_verified_by_reading_the_attempt_back() {
-    let mut h = Harness::new(&running(1), 0);
-    for _ in 0..EXECUTOR_ATTEMPTS_MAX {
-        assert_eq!(h.poll(), [execute(1)]);
-        h.later(10).executed(1, ExecutorResult::Transient("busy".into()));
-        if h.driver
-            .poll_timeout()
-            .is_some_and(|d| d.reason == DeadlineReason::RetryExecutor)
-        {
-            h.fire();
-        }
-    }
-    assert!(matches!(
-        h.poll().as_slice(),
-        [DriverAction::Ledger(WorkerRequest::GiveBack { .. })]
-    ));
+    let mut h = given_back_after_its_tries();
     h.later(5).reply_lost();
     h.fire();
     assert!(matches!(
