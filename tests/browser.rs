@@ -161,6 +161,11 @@ async fn log_in(client: &Client, base: &str, token: &str) {
 }
 
 /// No horizontal scrolling of the page itself (wide tables scroll in their region).
+/// Clicks the element `css` selects.
+async fn click(client: &Client, css: &str) {
+    client.find(Locator::Css(css)).await.unwrap().click().await.unwrap();
+}
+
 async fn fits_the_width(client: &Client) -> bool {
     js(
         client,
@@ -327,13 +332,7 @@ async fn the_console_works_in_a_real_browser() {
     client.goto(&format!("{base}/attempts/{expired}")).await.unwrap();
     wait_for_text(&client, "#live", "expired").await;
     shot(&client, "attempt-expired").await;
-    client
-        .find(Locator::Css("a.button.reconcile"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "a.button.reconcile").await;
     wait_for_url(&client, "/confirm?action=reconcile").await;
     shot(&client, "confirm-reconcile").await;
     // The confirmation button has the focus: Enter confirms.
@@ -393,13 +392,7 @@ async fn the_console_works_in_a_real_browser() {
     shot(&client, "plans").await;
 
     // A viewer sees no action, even on an open attempt.
-    client
-        .find(Locator::Css("form[action='/logout'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "form[action='/logout'] button").await;
     wait_for_url(&client, "/login").await;
     log_in(&client, &base, &server.viewer).await;
     client.goto(&format!("{base}/attempts/{running}")).await.unwrap();
@@ -488,13 +481,7 @@ async fn delivery_policy_and_bulk_recovery_in_a_real_browser() {
     shot(&client, "attempt-given-back").await;
 
     // Bulk retry of the exhausted attempts: counted first, then done.
-    client
-        .find(Locator::Css("nav a[href='/recovery']"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "nav a[href='/recovery']").await;
     wait_for_url(&client, "/recovery").await;
     shot(&client, "recovery").await;
     let reason = client
@@ -528,13 +515,7 @@ async fn delivery_policy_and_bulk_recovery_in_a_real_browser() {
         .unwrap();
     plan.send_keys("flaky\u{E007}").await.unwrap();
     wait_for_text(&client, "#bulk-count", "selects 1").await;
-    client
-        .find(Locator::Css("form[action='/recovery/act'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "form[action='/recovery/act'] button").await;
     wait_for_text(&client, "#bulk-done", "Aborted for 1").await;
     let aborted = server.ledger.attempt(&waiting).await.unwrap();
     assert_eq!(aborted.attempt.status, leasehold_engine::AttemptStatus::Aborted);
@@ -551,13 +532,7 @@ async fn delivery_policy_and_bulk_recovery_in_a_real_browser() {
     client.set_window_size(1280, 900).await.unwrap();
 
     // A viewer: no way to recovery, no action on an exhausted attempt.
-    client
-        .find(Locator::Css("form[action='/logout'] button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "form[action='/logout'] button").await;
     wait_for_url(&client, "/login").await;
     log_in(&client, &base, &server.viewer).await;
     assert!(client.find(Locator::Css("nav a[href='/recovery']")).await.is_err());
