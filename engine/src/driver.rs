@@ -628,10 +628,7 @@ impl Driver {
         };
         let c = &record.command;
         let ours = c.lease_owner == self.owner && c.delivery_count == self.delivery;
-        let exhausted = || {
-            let error = record.attempt.error.as_deref().unwrap_or_default();
-            Exhaustion::ALL.iter().copied().find(|w| error.starts_with(w.as_str()))
-        };
+        let exhausted = || Exhaustion::of(&record.attempt);
         let outcome = match (ending, c.status) {
             _ if !ours => None,
             (Ending::Delivered, CommandStatus::Delivered) => Some(Outcome::Delivered),

@@ -218,11 +218,8 @@ impl Plan {
     /// The delivery policy that rules `record` now: its next unfinished step's, or
     /// its last step's once every step SUCCEEDED.
     pub fn policy_of(&self, record: &AttemptRecord) -> RetryPolicy {
-        let next = record
-            .receipts
-            .iter()
-            .filter(|r| r.status != ReceiptStatus::Succeeded)
-            .min_by_key(|r| r.ordinal)
+        let next = crate::transition::next_step(record)
+            .and_then(|o| record.receipt(o))
             .or_else(|| record.receipts.last());
         self.policy(next.map_or("", |r| r.step_code.as_str()))
     }

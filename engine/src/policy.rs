@@ -12,6 +12,7 @@
 //! stores (and fingerprints) the clamped spec, so what is applied is what is shown.
 
 use crate::ids::Timestamp;
+use crate::model::{Attempt, AttemptStatus};
 use serde::{Deserialize, Serialize};
 
 /// Default cap on an attempt's deliveries.
@@ -185,6 +186,18 @@ pub enum Exhaustion {
 impl Exhaustion {
     /// Both reasons.
     pub const ALL: [Exhaustion; 2] = [Exhaustion::Deliveries, Exhaustion::Deadline];
+    /// What every exhausted attempt's error starts with.
+    pub const PREFIX: &'static str = "exhausted:";
+
+    /// Why `attempt` ended exhausted, if it did: FAILED, its error starting with a
+    /// reason's head.
+    pub fn of(attempt: &Attempt) -> Option<Exhaustion> {
+        let error = attempt
+            .error
+            .as_deref()
+            .filter(|_| attempt.status == AttemptStatus::Failed)?;
+        Self::ALL.into_iter().find(|why| error.starts_with(why.as_str()))
+    }
 
     /// The reason's machine-readable head: `exhausted: deliveries`.
     pub const fn as_str(self) -> &'static str {

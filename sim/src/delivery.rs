@@ -237,7 +237,7 @@ pub fn exhausts_in_time(input: &CheckInput<'_>, t: &Timing, faults: &FaultLog, p
             continue;
         };
         let a = &s.record.attempt;
-        let exhausted = a.error.as_deref().is_some_and(|e| e.starts_with("exhausted: "));
+        let exhausted = leasehold_engine::Exhaustion::of(a).is_some();
         match a.status {
             AttemptStatus::Succeeded => push(
                 16,

@@ -741,7 +741,7 @@ fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, endin
             leasehold_engine::AttemptStatus::Succeeded => stats.succeeded += 1,
             leasehold_engine::AttemptStatus::Failed => {
                 stats.failed += 1;
-                stats.exhausted += u64::from(a.error.as_deref().is_some_and(|e| e.starts_with("exhausted: ")));
+                stats.exhausted += u64::from(leasehold_engine::Exhaustion::of(a).is_some());
             }
             leasehold_engine::AttemptStatus::Aborted => stats.aborted += 1,
             _ => {}

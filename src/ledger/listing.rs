@@ -33,7 +33,7 @@
 
 use super::{Ledger, LedgerError};
 use base64::Engine as _;
-use leasehold_engine::{AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId, Timestamp};
+use leasehold_engine::{AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Exhaustion, Plan, PlanId, Timestamp};
 use serde::Serialize;
 
 /// The most attempts one page holds.
@@ -487,13 +487,7 @@ pub async fn count_from_history<L: Ledger + ?Sized>(ledger: &L, cap: u64) -> Res
     let counts = AttemptCounts::capped(cap, |status| {
         records.iter().filter(|r| r.attempt.status == status).count() as u64
     });
-    let exhausted = records
-        .iter()
-        .filter(|r| {
-            r.attempt.status == AttemptStatus::Failed
-                && r.attempt.error.as_deref().is_some_and(|e| e.starts_with("exhausted:"))
-        })
-        .count();
+    let exhausted = records.iter().filter(|r| Exhaustion::of(&r.attempt).is_some()).count();
     let oldest = records
         .iter()
         .filter(|r| r.command.status == CommandStatus::Pending)

@@ -645,10 +645,8 @@ fn deliveries(count: u32, max: Option<u32>) -> String {
 
 /// The reason of an attempt that ended because its delivery policy ran out.
 fn exhausted_reason(record: &AttemptRecord) -> Option<&str> {
-    let error = record.attempt.error.as_deref()?;
-    let exhausted =
-        record.attempt.status == AttemptStatus::Failed && Exhaustion::ALL.iter().any(|e| error.starts_with(e.as_str()));
-    exhausted.then_some(error)
+    Exhaustion::of(&record.attempt)?;
+    record.attempt.error.as_deref()
 }
 
 /// What the delivery policy did with an attempt, ahead of the details: an

@@ -8,7 +8,7 @@
 
 use super::table::{Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
 use super::{placeholders, Dialect, Value, MYSQL, POSTGRES, SQLITE, SQLITE_WITHOUT_ROOM};
-use leasehold_engine::{AttemptStatus, PlanId};
+use leasehold_engine::{AttemptStatus, Exhaustion, PlanId};
 use std::sync::LazyLock;
 
 /// The shared statements of one dialect.
@@ -208,8 +208,8 @@ fn build(d: &'static Dialect) -> Queries {
             })
             .collect(),
         capped_exhausted: format!(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = 'FAILED' AND error LIKE 'exhausted:%' \
-             LIMIT {p1}) t"
+            "SELECT COUNT(*) FROM (SELECT 1 FROM attempt WHERE status = 'FAILED' AND error LIKE '{}%' LIMIT {p1}) t",
+            Exhaustion::PREFIX
         ),
         oldest_pending: "SELECT MIN(available_at) FROM command WHERE status = 'PENDING'".to_owned(),
     }
