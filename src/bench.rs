@@ -261,6 +261,23 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         Counts::bump(&self.counts.reads);
         self.inner.open_attempts().await
     }
+
+    async fn report_worker(
+        &self,
+        id: &str,
+        capabilities: &leasehold_engine::Capabilities,
+        starting: bool,
+    ) -> Result<(), LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.report_worker(id, capabilities, starting).await
+    }
+
+    async fn workers(
+        &self,
+    ) -> Result<(Vec<crate::ledger::fleet::WorkerRow>, leasehold_engine::Timestamp), LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.workers().await
+    }
 }
 
 /// Live progress of a bench, for a progress line.
@@ -295,12 +312,14 @@ pub struct Prepared {
 pub fn plan_spec(name: String, steps: u32) -> PlanSpec {
     PlanSpec {
         name,
+        queue: None,
         recovery: "resume".to_owned(),
         volatile_fields: Vec::new(),
         steps: (1..=steps.max(1))
             .map(|i| Step {
                 code: format!("step-{i}"),
                 executor: crate::executor::dry_run::NAME.to_owned(),
+                target: None,
                 payload: serde_json::json!({}),
                 retry: None,
             })

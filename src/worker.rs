@@ -39,13 +39,17 @@
 
 use crate::clock::Clock;
 use crate::executor::{ExecRequest, Executor, ExecutorResult};
+use crate::ledger::fleet::REPORT_EVERY_MS;
 use crate::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::driver::{Driver, DriverAction, Outcome};
 use leasehold_engine::lease::WorkerConfig;
+use leasehold_engine::route::DEFAULT_QUEUE;
 use leasehold_engine::transition::Continued;
 use leasehold_engine::{
-    AttemptId, AttemptRecord, ClaimRequest, Failure, LeaseToken, Reply, Timestamp, WorkerOp, WorkerRequest,
+    AttemptId, AttemptRecord, Capabilities, ClaimRequest, Failure, LeaseToken, Reply, Timestamp, WorkerOp,
+    WorkerRequest,
 };
+use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -133,6 +137,12 @@ pub enum WorkerEvent {
         /// Deliveries dropped.
         dropped: usize,
     },
+    /// The worker can run nothing (no executor reaches a target, or no queue): it
+    /// claims nothing.
+    RunsNothing {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for WorkerEvent {
@@ -196,6 +206,9 @@ impl fmt::Display for WorkerEvent {
                     "stopping: no new claims; {in_flight} deliveries in flight get {grace_ms} ms to finish"
                 )
             }
+            WorkerEvent::RunsNothing { reason } => {
+                write!(f, "this worker can run nothing: {reason}; it claims nothing")
+            }
             WorkerEvent::GraceExpired { dropped } => {
                 write!(
                     f,
@@ -249,6 +262,9 @@ pub struct Worker<L, E, C> {
     config: WorkerConfig,
     observer: Observer,
     step_timeout: Duration,
+    /// What it can run; `None`: an executor that does not say ([`Executor::reach`]),
+    /// so anything.
+    capabilities: Option<Capabilities>,
 }
 
 impl<L, E, C> fmt::Debug for Worker<L, E, C> {
@@ -263,15 +279,35 @@ impl<L, E, C> fmt::Debug for Worker<L, E, C> {
 impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     /// A worker named `id` (the lease owner it records).
     pub fn new(id: impl Into<String>, ledger: Arc<L>, executor: Arc<E>, clock: Arc<C>, config: WorkerConfig) -> Self {
+        let capabilities = executor.reach().map(|executors| Capabilities {
+            executors,
+            queues: BTreeSet::from([DEFAULT_QUEUE.to_owned()]),
+        });
         Self {
             id: id.into(),
             ledger,
             executor,
             clock,
+            capabilities,
             config,
             observer: None,
             step_timeout: DEFAULT_STEP_TIMEOUT,
         }
+    }
+
+    /// Takes work of these queues only (instead of the default queue,
+    /// [`DEFAULT_QUEUE`]). No effect with an executor that does not say what it
+    /// runs ([`Executor::reach`]).
+    pub fn with_queues(mut self, queues: impl IntoIterator<Item = String>) -> Self {
+        if let Some(capabilities) = &mut self.capabilities {
+            capabilities.queues = queues.into_iter().collect();
+        }
+        self
+    }
+
+    /// What it can run, as its claims and its fleet row say; `None`: anything.
+    pub fn capabilities(&self) -> Option<&Capabilities> {
+        self.capabilities.as_ref()
     }
 
     /// Gives every executor call at most `timeout` (at least 1 ms); a call still
@@ -288,9 +324,20 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     }
 
     /// Runs until `stop` resolves (then drains within the grace period) or, with
-    /// `until_idle`, until no attempt is QUEUED or RUNNING.
+    /// `until_idle`, until no attempt is QUEUED or RUNNING. A worker that can run
+    /// nothing ([`Capabilities::is_empty`]) says so ([`WorkerEvent::RunsNothing`])
+    /// and claims nothing.
     pub async fn run(&self, stop: impl Future<Output = ()>, options: RunOptions) -> WorkerReport {
         let mut report = WorkerReport::default();
+        if let Some(reason) = self.capabilities.as_ref().and_then(runs_nothing) {
+            self.emit(|| WorkerEvent::RunsNothing { reason });
+            if !options.until_idle {
+                stop.await;
+            }
+            return report;
+        }
+        self.report_in(true).await;
+        let mut next_report = tokio::time::Instant::now() + Duration::from_millis(REPORT_EVERY_MS);
         let mut tasks: JoinSet<Ended> = JoinSet::new();
         // Set once the worker is told to stop: deliveries claim nothing more.
         let stopping = Arc::new(AtomicBool::new(false));
@@ -303,32 +350,15 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             let mut wait_ms = self.config.poll_interval_ms;
             let capacity = (self.config.batch_size as usize).saturating_sub(tasks.len());
             if grace_until.is_none() && self.config.polling && capacity > 0 {
-                // The lease estimate starts before the claim is sent: conservative by
-                // the claim's round trip.
-                let sent_at = self.clock.now();
-                match self
-                    .ledger
-                    .claim_and_begin(&self.id, capacity as u32, self.config.lease_ms)
-                    .await
-                {
-                    Ok(claimed) => {
-                        backoff_ms = 0;
-                        let full = claimed.len() == capacity;
-                        for c in claimed {
-                            report.claimed += 1;
-                            tasks.spawn(self.deliver(c, sent_at, &stopping));
-                        }
-                        if full {
-                            wait_ms = 0;
-                        } else if options.until_idle && tasks.is_empty() {
-                            match self.ledger.open_attempts().await {
-                                Ok(0) => break,
-                                Ok(_) => {}
-                                Err(e) => wait_ms = self.back_off(&mut backoff_ms, &e),
-                            }
-                        }
-                    }
-                    Err(e) => wait_ms = self.back_off(&mut backoff_ms, &e),
+                let round = Round {
+                    tasks: &mut tasks,
+                    stopping: &stopping,
+                    report: &mut report,
+                    backoff_ms: &mut backoff_ms,
+                };
+                match self.claim_round(capacity, round, options).await {
+                    Some(ms) => wait_ms = ms,
+                    None => break,
                 }
             }
             if grace_until.is_some() && tasks.is_empty() {
@@ -353,25 +383,87 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
                     }
                 }
                 () = sleep_until_opt(grace_until) => {
-                    // Deliveries that ended (their last write committed) while the
-                    // timer fired count as what they were, not as dropped.
-                    while let Some(done) = tasks.try_join_next() {
-                        // Too late to deliver what it claimed: its lease will expire.
-                        report.abandoned += tally(&mut report, done).len() as u64;
-                    }
-                    let dropped = tasks.len();
-                    tasks.abort_all();
-                    report.abandoned += dropped as u64;
-                    if dropped > 0 {
-                        self.emit(|| WorkerEvent::GraceExpired { dropped });
-                    }
+                    self.drop_after_grace(&mut tasks, &mut report);
                     break;
+                }
+                () = tokio::time::sleep_until(next_report) => {
+                    self.report_in(false).await;
+                    next_report = tokio::time::Instant::now() + Duration::from_millis(REPORT_EVERY_MS);
                 }
                 () = sleep_ms_opt(poll.then_some(wait_ms)) => {}
                 () = woken(&mut wake), if poll && self.config.polling => {}
             }
         }
         report
+    }
+
+    /// One claim for up to `capacity` commands, each delivered in a task of its
+    /// own; answers how long to wait before the next one, or `None` when the worker
+    /// runs `until_idle` and nothing is open any more.
+    async fn claim_round(&self, capacity: usize, round: Round<'_>, options: RunOptions) -> Option<u64> {
+        // The lease estimate starts before the claim is sent: conservative by the
+        // claim's round trip.
+        let sent_at = self.clock.now();
+        let claimed = match self.ledger.claim_batch(self.claim_request(capacity as u32)).await {
+            Ok(claimed) => claimed,
+            Err(e) => return Some(self.back_off(round.backoff_ms, &e)),
+        };
+        *round.backoff_ms = 0;
+        let full = claimed.len() == capacity;
+        for c in claimed {
+            round.report.claimed += 1;
+            round.tasks.spawn(self.deliver(c, sent_at, round.stopping));
+        }
+        if full {
+            return Some(0);
+        }
+        if options.until_idle && round.tasks.is_empty() {
+            match self.ledger.open_attempts().await {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(e) => return Some(self.back_off(round.backoff_ms, &e)),
+            }
+        }
+        Some(self.config.poll_interval_ms)
+    }
+
+    /// The grace period is over: deliveries that ended (their last write committed)
+    /// while the timer fired count as what they were; the rest are dropped, their
+    /// leases left to expire.
+    fn drop_after_grace(&self, tasks: &mut JoinSet<Ended>, report: &mut WorkerReport) {
+        while let Some(done) = tasks.try_join_next() {
+            // Too late to deliver what it claimed: its lease will expire.
+            report.abandoned += tally(report, done).len() as u64;
+        }
+        let dropped = tasks.len();
+        tasks.abort_all();
+        report.abandoned += dropped as u64;
+        if dropped > 0 {
+            self.emit(|| WorkerEvent::GraceExpired { dropped });
+        }
+    }
+
+    /// A claim of up to `batch` commands this worker can run, beginning each.
+    fn claim_request(&self, batch: u32) -> ClaimRequest {
+        ClaimRequest {
+            owner: self.id.clone(),
+            batch,
+            lease_ms: self.config.lease_ms,
+            begin: true,
+            capabilities: self.capabilities.clone(),
+        }
+    }
+
+    /// Reports this worker to the ledger's fleet ([`Ledger::report_worker`]); a
+    /// failure is only told (the next report tries again).
+    async fn report_in(&self, starting: bool) {
+        let Some(capabilities) = &self.capabilities else { return };
+        if let Err(e) = self.ledger.report_worker(&self.id, capabilities, starting).await {
+            self.emit(|| WorkerEvent::LedgerUnavailable {
+                error: e.to_string(),
+                retry_in_ms: REPORT_EVERY_MS,
+            });
+        }
     }
 
     fn back_off(&self, backoff_ms: &mut u64, error: &LedgerError) -> u64 {
@@ -398,12 +490,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
         claimed_at: Timestamp,
         stopping: &Arc<AtomicBool>,
     ) -> impl Future<Output = Ended> + Send + 'static {
-        let claim_next = self.config.polling.then(|| ClaimRequest {
-            owner: self.id.clone(),
-            batch: 1,
-            lease_ms: self.config.lease_ms,
-            begin: true,
-        });
+        let claim_next = self.config.polling.then(|| self.claim_request(1));
         let delivery = Delivery {
             claim_next,
             stopping: Arc::clone(stopping),
@@ -419,6 +506,25 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
         };
         delivery.run()
     }
+}
+
+/// What one claim round works on: the delivery tasks, the stop flag, the report
+/// and the ledger backoff.
+struct Round<'a> {
+    tasks: &'a mut JoinSet<Ended>,
+    stopping: &'a Arc<AtomicBool>,
+    report: &'a mut WorkerReport,
+    backoff_ms: &'a mut u64,
+}
+
+/// Why a worker with `capabilities` can run nothing, if it cannot.
+fn runs_nothing(capabilities: &Capabilities) -> Option<String> {
+    if capabilities.queues.is_empty() {
+        return Some("it takes no queue".to_owned());
+    }
+    capabilities.is_empty().then(|| {
+        "it has no executor that reaches any target (register an executor, or allow hosts for http:v1)".to_owned()
+    })
 }
 
 /// How a delivery ended, with the commands its ending write claimed (each with
@@ -770,6 +876,7 @@ mod tests {
         let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(3))));
         let spec = PlanSpec {
             name: "two".into(),
+            queue: None,
             recovery: "resume".into(),
             volatile_fields: Vec::new(),
             steps: ["first", "second"]
@@ -777,6 +884,7 @@ mod tests {
                 .map(|code| Step {
                     code: code.into(),
                     executor: crate::executor::dry_run::NAME.into(),
+                    target: None,
                     payload: serde_json::json!({}),
                     retry: None,
                 })
@@ -855,11 +963,13 @@ mod tests {
         let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(6))));
         let spec = PlanSpec {
             name: "huge".into(),
+            queue: None,
             recovery: "resume".into(),
             volatile_fields: Vec::new(),
             steps: vec![Step {
                 code: "dump".into(),
                 executor: "huge:v1".into(),
+                target: None,
                 payload: serde_json::json!({}),
                 retry: None,
             }],

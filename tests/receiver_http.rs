@@ -59,6 +59,7 @@ impl Receiver {
             step: Step {
                 code: "post-order".into(),
                 executor: "http:v1".into(),
+                target: None,
                 payload: json!({
                     "url": format!("http://{}/orders", self.addr),
                     "body": body,

@@ -54,6 +54,7 @@ fn request(attempt: &str, code: &str, payload: Value) -> ExecRequest {
         step: Step {
             code: code.into(),
             executor: NAME.into(),
+            target: None,
             payload,
             retry: None,
         },

@@ -553,6 +553,8 @@ mod tests {
             ordinal,
             step_code: code.into(),
             idempotency_key: format!("ik-{attempt}-{ordinal}"),
+            executor: String::new(),
+            target: String::new(),
             status: ReceiptStatus::Succeeded,
             evidence_sha256: Some(sha256_hex(text.as_bytes())),
             evidence: Some(text),
@@ -698,6 +700,9 @@ mod tests {
                 delivery_count: 1,
                 last_error: None,
                 finished_at: None,
+                queue: String::new(),
+                executor: String::new(),
+                target: String::new(),
             },
             receipts,
         }

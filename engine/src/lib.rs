@@ -1,7 +1,7 @@
 //! The sans-IO core of leasehold.
 //!
 //! Plain data in, plain data out: the model ([`model`]), plan validation and
-//! fingerprints ([`plan`], [`canonical`]), what a name may hold ([`names`]), every
+//! fingerprints ([`plan`], [`canonical`]), routing ([`route`]), what a name may hold ([`names`]), every
 //! transition of the design's table as a guard plus writes ([`transition`]), the
 //! request vocabulary that names them all as data with its one entry point
 //! ([`request::decide`]), lease math and the configuration clamp ([`lease`]), and the
@@ -19,6 +19,7 @@ pub mod names;
 pub mod plan;
 pub mod policy;
 pub mod request;
+pub mod route;
 pub mod transition;
 
 pub use ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
@@ -31,4 +32,5 @@ pub use policy::{Exhaustion, RetryPolicy, RetrySpec};
 pub use request::{
     decide, ClaimRequest, Decision, Failure, Op, OperatorRequest, Reply, Request, WorkerOp, WorkerRequest,
 };
+pub use route::{Capabilities, Reach, Route};
 pub use transition::{Guard, Refusal, Writes};

@@ -172,6 +172,10 @@ pub struct Step {
     /// This step's delivery policy, over the plan's ([`crate::policy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetrySpec>,
+    /// What it calls, for routing and limits ([`crate::route`]): default its
+    /// executor's name; an `http:v1` step's comes from its `url` and may not be set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 fn empty_object() -> Value {
@@ -196,6 +200,9 @@ pub struct Plan {
     /// The plan's delivery policy, for every step that does not set its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetrySpec>,
+    /// The queue its attempts go to (none: [`crate::route::DEFAULT_QUEUE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     /// SHA-256 of the canonical JSON of everything but `id` and `status`.
     pub fingerprint: String,
     /// When it was registered (ledger clock).
@@ -203,6 +210,11 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The queue its attempts go to.
+    pub fn queue(&self) -> &str {
+        self.queue.as_deref().unwrap_or(crate::route::DEFAULT_QUEUE)
+    }
+
     /// The step with this code.
     pub fn step(&self, code: &str) -> Option<&Step> {
         self.steps.iter().find(|s| s.code == code)
@@ -259,6 +271,13 @@ pub struct Receipt {
     pub step_code: String,
     /// Stable for (attempt, step): every delivery sends the same one.
     pub idempotency_key: String,
+    /// The step's executor, as enqueued (empty on rows written before routing).
+    #[serde(default)]
+    pub executor: String,
+    /// The step's target ([`crate::route::step_target`]), as enqueued (empty on rows
+    /// written before routing).
+    #[serde(default)]
+    pub target: String,
     /// Lifecycle.
     pub status: ReceiptStatus,
     /// Canonical JSON of the executor's evidence.
@@ -301,6 +320,15 @@ pub struct Command {
     pub last_error: Option<String>,
     /// Reached a terminal status at.
     pub finished_at: Option<Timestamp>,
+    /// The plan's queue (empty on rows written before routing).
+    #[serde(default)]
+    pub queue: String,
+    /// The executor of the step it runs next ([`crate::route::Route::of_next`]).
+    #[serde(default)]
+    pub executor: String,
+    /// The target of the step it runs next.
+    #[serde(default)]
+    pub target: String,
 }
 
 /// An attempt with its command and receipts (in ordinal order): the rows every
@@ -363,6 +391,9 @@ mod tests {
             delivery_count: 1,
             last_error: None,
             finished_at: None,
+            queue: String::new(),
+            executor: String::new(),
+            target: String::new(),
         };
         let json = serde_json::to_string(&c).unwrap();
         assert!(!json.contains("tok-secret") && !json.contains("lease_token"));

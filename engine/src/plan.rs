@@ -41,6 +41,9 @@ pub struct PlanSpec {
     /// ([`crate::policy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetrySpec>,
+    /// The queue its attempts go to ([`crate::route`]); none: the default queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
 }
 
 /// Why a plan is invalid. Each names the field at fault.
@@ -88,6 +91,12 @@ pub enum PlanError {
         /// Its canonical size.
         bytes: usize,
     },
+    /// A queue or target name is empty.
+    #[error("{field}: must not be empty")]
+    Empty {
+        /// The field, e.g. `queue`.
+        field: String,
+    },
     /// A volatile field name is empty.
     #[error("volatile_fields[{index}]: must not be empty")]
     EmptyVolatileField {
@@ -130,6 +139,15 @@ pub enum PlanError {
         count: usize,
         /// The limit.
         max: usize,
+    },
+    /// A step's target cannot be known: an `http:v1` step without a usable `url`, or
+    /// with a `target` of its own.
+    #[error("steps[{index}].{why}")]
+    BadTarget {
+        /// 0-based index of the step.
+        index: usize,
+        /// The field and why, e.g. `payload.url: is missing`.
+        why: String,
     },
     /// A delivery policy value is zero, negative or inconsistent.
     #[error(transparent)]
@@ -201,13 +219,25 @@ impl PlanSpec {
             if bytes > MAX_PAYLOAD_BYTES {
                 return Err(PlanError::PayloadTooLarge { index, bytes });
             }
+            check_target(index, step)?;
+        }
+        if let Some(queue) = &self.queue {
+            check_name("queue", queue)?;
         }
         let retry = checked_policy(self.retry.as_ref(), "retry")?;
         let mut steps = self.steps;
         for (index, step) in steps.iter_mut().enumerate() {
             step.retry = checked_policy(step.retry.as_ref(), &format!("steps[{index}].retry"))?;
         }
-        let fingerprint = plan_fingerprint(&self.name, recovery, &steps, &self.volatile_fields, retry.as_ref());
+        let content = Content {
+            name: &self.name,
+            recovery,
+            steps: &steps,
+            volatile_fields: &self.volatile_fields,
+            retry: retry.as_ref(),
+            queue: self.queue.as_deref(),
+        };
+        let fingerprint = plan_fingerprint(&content);
         Ok(Plan {
             id,
             name: self.name,
@@ -216,10 +246,38 @@ impl PlanSpec {
             steps,
             volatile_fields: self.volatile_fields,
             retry,
+            queue: self.queue,
             fingerprint,
             created_at: now,
         })
     }
+}
+
+/// A step's target: set by hand only where the executor does not derive it
+/// ([`crate::route::step_target`]), and a valid name.
+fn check_target(index: usize, step: &Step) -> Result<(), PlanError> {
+    if step.executor == crate::route::HTTP_EXECUTOR && step.target.is_some() {
+        return Err(PlanError::BadTarget {
+            index,
+            why: "target: an http:v1 step's target is its url's scheme, host and port; it may not be set".to_owned(),
+        });
+    }
+    if let Some(target) = &step.target {
+        check_name(&format!("steps[{index}].target"), target)?;
+    }
+    crate::route::step_target(step)
+        .map(|_| ())
+        .map_err(|why| PlanError::BadTarget { index, why })
+}
+
+/// A name that must not be empty, checked as [`check_text`] does.
+fn check_name(field: &str, text: &str) -> Result<(), PlanError> {
+    if text.trim().is_empty() {
+        return Err(PlanError::Empty {
+            field: field.to_owned(),
+        });
+    }
+    check_text(field, text)
 }
 
 /// A policy table checked and clamped ([`RetrySpec::checked`]); an empty one is
@@ -254,44 +312,69 @@ fn check_text(field: &str, text: &str) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// What a plan's fingerprint covers: everything but its id, status and time.
+#[derive(Clone, Copy, Debug)]
+pub struct Content<'a> {
+    /// Its name.
+    pub name: &'a str,
+    /// Its recovery.
+    pub recovery: Recovery,
+    /// Its steps.
+    pub steps: &'a [Step],
+    /// Its volatile fields.
+    pub volatile_fields: &'a [String],
+    /// Its delivery policy, if it sets one.
+    pub retry: Option<&'a RetrySpec>,
+    /// Its queue, if it names one.
+    pub queue: Option<&'a str>,
+}
+
+impl<'a> Content<'a> {
+    /// The content of a stored plan.
+    pub fn of(plan: &'a Plan) -> Self {
+        Self {
+            name: &plan.name,
+            recovery: plan.recovery,
+            steps: &plan.steps,
+            volatile_fields: &plan.volatile_fields,
+            retry: plan.retry.as_ref(),
+            queue: plan.queue.as_deref(),
+        }
+    }
+}
+
 /// SHA-256 of the canonical JSON of a plan's content (everything but id and status).
-/// A delivery policy counts where one is set; a plan without any hashes as it did
-/// before policies existed.
-pub fn plan_fingerprint(
-    name: &str,
-    recovery: Recovery,
-    steps: &[Step],
-    volatile_fields: &[String],
-    retry: Option<&RetrySpec>,
-) -> String {
+/// A delivery policy, a step's target and a queue count where set; a plan without
+/// any hashes as it did before they existed.
+pub fn plan_fingerprint(c: &Content<'_>) -> String {
     let step = |s: &Step| {
         let mut v = json!({"code": s.code, "executor": s.executor, "payload": s.payload});
         if let Some(r) = &s.retry {
             v["retry"] = json!(r);
         }
+        if let Some(t) = &s.target {
+            v["target"] = json!(t);
+        }
         v
     };
     let mut content = json!({
-        "name": name,
-        "recovery": recovery.as_str(),
-        "steps": steps.iter().map(step).collect::<Vec<Value>>(),
-        "volatile_fields": volatile_fields,
+        "name": c.name,
+        "recovery": c.recovery.as_str(),
+        "steps": c.steps.iter().map(step).collect::<Vec<Value>>(),
+        "volatile_fields": c.volatile_fields,
     });
-    if let Some(r) = retry {
+    if let Some(r) = c.retry {
         content["retry"] = json!(r);
+    }
+    if let Some(q) = c.queue {
+        content["queue"] = json!(q);
     }
     fingerprint(&content)
 }
 
 /// Checks that a stored plan's fingerprint still matches its content.
 pub fn verify_fingerprint(plan: &Plan) -> Result<(), PlanError> {
-    let computed = plan_fingerprint(
-        &plan.name,
-        plan.recovery,
-        &plan.steps,
-        &plan.volatile_fields,
-        plan.retry.as_ref(),
-    );
+    let computed = plan_fingerprint(&Content::of(plan));
     if computed == plan.fingerprint {
         Ok(())
     } else {

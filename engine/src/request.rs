@@ -20,6 +20,7 @@
 use crate::ids::{LeaseToken, Timestamp};
 use crate::model::{AttemptRecord, Plan, Recovery};
 use crate::policy::Exhaustion;
+use crate::route::Capabilities;
 use crate::transition::{self, Continued, GaveBack, ReconcileOutcome, Refusal, Writes};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,7 +28,7 @@ use std::fmt;
 
 /// A claim: up to `batch` claimable commands for `owner` under fresh leases of
 /// `lease_ms`. Each candidate is decided on its own ([`Request::Claim`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRequest {
     /// The worker that will hold the leases.
     pub owner: String,
@@ -38,6 +39,10 @@ pub struct ClaimRequest {
     /// Whether to begin each claimed attempt's next step in the same transaction
     /// ([`transition::claim_and_begin`]).
     pub begin: bool,
+    /// What the worker can run; a claim takes only commands whose next step it can
+    /// ([`crate::route`]). `None`: anything.
+    #[serde(default)]
+    pub capabilities: Option<Capabilities>,
 }
 
 /// A ledger operation's name: every request's, and the enqueue's. Its [`fmt::Display`]
@@ -405,6 +410,13 @@ pub type Decision = Result<(Writes, Reply), Refusal>;
 /// Decides `request` on `record` (the attempt's rows as read, in lock order) at
 /// `now` (ledger clock), by the request's transition.
 pub fn decide(record: &AttemptRecord, request: Request<'_>, now: Timestamp) -> Decision {
+    let (mut writes, reply) = decide_rows(record, request, now)?;
+    transition::follow_route(record, &mut writes);
+    Ok((writes, reply))
+}
+
+/// [`decide`] but for the command's route ([`transition::follow_route`]).
+fn decide_rows(record: &AttemptRecord, request: Request<'_>, now: Timestamp) -> Decision {
     match request {
         Request::Claim(claim, token, plan) => {
             if let Some(why) = transition::claim_exhausts(record, plan, now) {
@@ -416,6 +428,15 @@ pub fn decide(record: &AttemptRecord, request: Request<'_>, now: Timestamp) -> D
                 transition::claim
             };
             let writes = transition(record, plan.recovery, &claim.owner, token.clone(), claim.lease_ms, now)?;
+            if let Some(reason) = claim.capabilities.as_ref().and_then(|c| {
+                let route = transition::claim_route(record, &writes, plan);
+                c.refusal(&route)
+            }) {
+                return Err(Refusal::CannotRun {
+                    command: record.command.id.clone(),
+                    reason,
+                });
+            }
             Ok((writes, Reply::Applied))
         }
         Request::Worker(worker, token, plan) => decide_worker(record, worker, token, plan, now),

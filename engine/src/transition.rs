@@ -15,6 +15,7 @@ use crate::model::{
 };
 use crate::plan::{idempotency_key, verify_fingerprint};
 use crate::policy::{exhausted, Exhaustion};
+use crate::route::Route;
 use serde_json::Value;
 
 /// Why a transition was refused. Nothing was written. Serde data: a refusal crosses
@@ -63,6 +64,15 @@ pub enum Refusal {
         /// The receipt's ordinal.
         ordinal: u32,
         /// Why.
+        reason: String,
+    },
+    /// A claim by a worker that cannot run the step the claim would begin
+    /// ([`crate::route::Capabilities`]).
+    #[error("command {command} is not for this worker: {reason}")]
+    CannotRun {
+        /// The command.
+        command: CommandId,
+        /// Why (its executor, target or queue).
         reason: String,
     },
     /// An enqueue whose action guard or plan guard does not hold.
@@ -255,23 +265,29 @@ pub fn enqueue_at(
         finished_at: None,
         error: None,
     };
-    let receipts = steps
+    let receipts: Vec<Receipt> = steps
         .iter()
         .zip(1u32..)
-        .map(|(code, ordinal)| Receipt {
-            attempt_id: ids.attempt.clone(),
-            ordinal,
-            step_code: (*code).to_owned(),
-            idempotency_key: idempotency_key(&ids.attempt, ordinal, code),
-            status: ReceiptStatus::Pending,
-            evidence: None,
-            evidence_sha256: None,
-            target_receipt: None,
-            error: None,
-            started_at: None,
-            finished_at: None,
+        .map(|(code, ordinal)| {
+            let route = Route::of_step(plan, code);
+            Receipt {
+                attempt_id: ids.attempt.clone(),
+                ordinal,
+                step_code: (*code).to_owned(),
+                idempotency_key: idempotency_key(&ids.attempt, ordinal, code),
+                executor: route.executor,
+                target: route.target,
+                status: ReceiptStatus::Pending,
+                evidence: None,
+                evidence_sha256: None,
+                target_receipt: None,
+                error: None,
+                started_at: None,
+                finished_at: None,
+            }
         })
         .collect();
+    let first = receipts.first();
     let command = Command {
         id: ids.command,
         attempt_id: ids.attempt,
@@ -284,6 +300,9 @@ pub fn enqueue_at(
         delivery_count: 0,
         last_error: None,
         finished_at: None,
+        queue: plan.queue().to_owned(),
+        executor: first.map(|r| r.executor.clone()).unwrap_or_default(),
+        target: first.map(|r| r.target.clone()).unwrap_or_default(),
     };
     Ok(AttemptRecord {
         attempt,
@@ -896,6 +915,42 @@ pub fn next_step(record: &AttemptRecord) -> Option<u32> {
         .filter(|r| r.status != ReceiptStatus::Succeeded)
         .map(|r| r.ordinal)
         .min()
+}
+
+/// The first receipt of `record` that has not SUCCEEDED once `writes` applied.
+fn next_after<'a>(record: &'a AttemptRecord, writes: &'a Writes) -> Option<&'a Receipt> {
+    record
+        .receipts
+        .iter()
+        .map(|r| writes.receipts.iter().find(|w| w.ordinal == r.ordinal).unwrap_or(r))
+        .filter(|r| r.status != ReceiptStatus::Succeeded)
+        .min_by_key(|r| r.ordinal)
+}
+
+/// Keeps the command on the route of the step it runs next: after writes that
+/// change receipts, an open command carries the executor and target of its first
+/// receipt that has not SUCCEEDED (as enqueued), so that claims can be filtered by
+/// them ([`crate::route`]). Unchanged once the attempt ends.
+pub fn follow_route(record: &AttemptRecord, writes: &mut Writes) {
+    if writes.receipts.is_empty() {
+        return;
+    }
+    let command = writes.command.as_ref().unwrap_or(&record.command);
+    let Some(next) = next_after(record, writes) else { return };
+    if command.status.is_terminal() || (command.executor == next.executor && command.target == next.target) {
+        return;
+    }
+    let mut command = command.clone();
+    command.executor.clone_from(&next.executor);
+    command.target.clone_from(&next.target);
+    writes.command = Some(command);
+}
+
+/// The route of the step a claim's `writes` begin (or would begin next), from the
+/// plan: what the claimer must be able to run.
+pub fn claim_route(record: &AttemptRecord, writes: &Writes, plan: &Plan) -> Route {
+    let code = next_after(record, writes).map_or("", |r| r.step_code.as_str());
+    Route::of_step(plan, code)
 }
 
 /// Claim and, in the same transaction, begin the first step that has not

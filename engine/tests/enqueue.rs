@@ -14,6 +14,9 @@ fn pending_receipt(attempt: u32, ordinal: u32, code: &str) -> Receipt {
         ordinal,
         step_code: code.to_owned(),
         idempotency_key: key(attempt, ordinal, code),
+        // A step of another executor than http:v1 targets its executor by default.
+        executor: EXECUTOR.to_owned(),
+        target: EXECUTOR.to_owned(),
         status: ReceiptStatus::Pending,
         evidence: None,
         evidence_sha256: None,
@@ -62,6 +65,10 @@ fn execute_writes_a_queued_attempt_pending_receipts_in_step_order_and_a_pending_
             delivery_count: 0,
             last_error: None,
             finished_at: None,
+            // The plan names no queue; the command carries the first step's route.
+            queue: "default".to_owned(),
+            executor: EXECUTOR.to_owned(),
+            target: EXECUTOR.to_owned(),
         },
         receipts: vec![
             pending_receipt(1, 1, "create-schema"),

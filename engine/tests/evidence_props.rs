@@ -99,6 +99,8 @@ fn receipts(evidence: &[Value]) -> Vec<Receipt> {
                 ordinal,
                 step_code: codes[(ordinal - 1) as usize].to_owned(),
                 idempotency_key: format!("ik-{ordinal}"),
+                executor: String::new(),
+                target: String::new(),
                 status: ReceiptStatus::Succeeded,
                 evidence_sha256: Some(sha256_hex(text.as_bytes())),
                 evidence: Some(text),

@@ -131,6 +131,7 @@ fn a_claim_that_finds_the_cap_reached_ends_the_attempt_instead_of_claiming() {
         batch: 1,
         lease_ms: LEASE_MS,
         begin: true,
+        capabilities: None,
     };
     let (writes, reply) = allowed(decide(&record, Request::Claim(&request, &token_b(), &plan), now));
     assert_eq!(reply, Reply::Exhausted(Exhaustion::Deliveries));
@@ -162,6 +163,7 @@ fn a_step_policy_overrides_the_plans_for_that_step() {
         batch: 1,
         lease_ms: LEASE_MS,
         begin: false,
+        capabilities: None,
     };
     let (_, reply) = allowed(decide(
         &record,

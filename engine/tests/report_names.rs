@@ -42,11 +42,13 @@ fn each_gate_check_has_its_kebab_case_name_in_report_order() {
 fn a_gate_report_finds_each_check_by_its_name() {
     let spec = leasehold_engine::PlanSpec {
         name: "p".into(),
+        queue: None,
         recovery: "resume".into(),
         volatile_fields: vec![],
         steps: vec![leasehold_engine::Step {
             code: "a".into(),
             executor: "dry-run:v1".into(),
+            target: None,
             payload: serde_json::json!({}),
             retry: None,
         }],

@@ -131,6 +131,7 @@ fn claims_are_the_claim_transitions() {
                 batch: 5,
                 lease_ms: LEASE_MS,
                 begin,
+                capabilities: None,
             };
             let (writes, reply) = allowed(decide(&record, Request::Claim(&request, &token_a(), &plan), now));
             let expected = if begin {
@@ -345,7 +346,7 @@ proptest! {
                 prop_assert_eq!(decided, named((&record, &plan), &request, &token, now));
             }
             7 | 8 => {
-                let claim = ClaimRequest { owner: OWNER_B.into(), batch: 1, lease_ms: LEASE_MS, begin: kind == 8 };
+                let claim = ClaimRequest { owner: OWNER_B.into(), batch: 1, lease_ms: LEASE_MS, begin: kind == 8, capabilities: None };
                 let decided = decide(&record, Request::Claim(&claim, &token, &plan), now).map(|(w, _)| w);
                 let expected = if claim.begin {
                     transition::claim_and_begin(&record, recovery, OWNER_B, token.clone(), LEASE_MS, now)
@@ -445,6 +446,7 @@ fn each_request_names_itself_its_receipt_and_its_lease() {
             batch: 1,
             lease_ms: 1,
             begin,
+            capabilities: None,
         };
         let plan = plan(Recovery::Replay, &["a"]);
         assert_eq!(Request::Claim(&claim, &token, &plan).op().as_str(), op);

@@ -11,6 +11,8 @@ fn receipt(evidence: &str, sha: &str) -> Receipt {
         ordinal: 1,
         step_code: "a".into(),
         idempotency_key: "ik-1".into(),
+        executor: String::new(),
+        target: String::new(),
         status: ReceiptStatus::Succeeded,
         evidence: Some(evidence.into()),
         evidence_sha256: Some(sha.into()),

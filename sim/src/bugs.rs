@@ -71,6 +71,9 @@ pub enum Bug {
     /// success is sent again, detached from the driver, four seconds later, whatever
     /// has become of the attempt by then.
     ExecutorRetriesDetached,
+    /// Claims ignore routing: the db host drops the worker's capabilities from its
+    /// claims, so a worker without an executor is handed steps it cannot run.
+    ClaimIgnoresRoute,
 }
 
 impl Bug {
@@ -90,6 +93,7 @@ impl Bug {
         Bug::DeliveryCapOffByOne,
         Bug::BackoffInSeconds,
         Bug::ExecutorRetriesDetached,
+        Bug::ClaimIgnoresRoute,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -109,6 +113,7 @@ impl Bug {
             Bug::DeliveryCapOffByOne => "delivery-cap-off-by-one",
             Bug::BackoffInSeconds => "backoff-in-seconds",
             Bug::ExecutorRetriesDetached => "executor-retries-detached",
+            Bug::ClaimIgnoresRoute => "claim-ignores-route",
         }
     }
 
@@ -134,6 +139,7 @@ impl Bug {
             Bug::DeliveryCapOffByOne => (15, "flaky-targets"),
             Bug::BackoffInSeconds => (16, "flaky-targets"),
             Bug::ExecutorRetriesDetached => (17, "flaky-targets"),
+            Bug::ClaimIgnoresRoute => (19, "mixed"),
         }
     }
 }
@@ -155,7 +161,8 @@ impl Bug {
             Bug::ClaimBeforeAvailable
             | Bug::DeliveryCapOffByOne
             | Bug::BackoffInSeconds
-            | Bug::ExecutorRetriesDetached => return None,
+            | Bug::ExecutorRetriesDetached
+            | Bug::ClaimIgnoresRoute => return None,
         })
     }
 }

@@ -35,9 +35,9 @@ use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
 use leasehold_engine::transition::{is_claimable, next_step, Start};
 use leasehold_engine::{
-    decide as engine_decide, Action, AttemptId, AttemptRecord, CommandStatus, Decision, Exhaustion, Guard, Lease,
-    LeaseToken, Op, OperatorRequest, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery, Refusal, Reply, Request,
-    RetrySpec, Timestamp, WorkerRequest, Writes,
+    decide as engine_decide, Action, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Decision, Exhaustion,
+    Guard, Lease, LeaseToken, Op, OperatorRequest, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery, Refusal, Reply,
+    Request, RetrySpec, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::cell::RefCell;
@@ -447,6 +447,17 @@ pub fn planted_instant(
     }
 }
 
+/// The routing seam: the claim as the ledger takes it. Planted
+/// (`claim-ignores-route`): without the worker's capabilities, so that the ledger
+/// hands it any claimable command, whatever it can run.
+pub fn routed(bugs: &[Bug], request: &ClaimRequest) -> ClaimRequest {
+    let mut request = request.clone();
+    if bugs.contains(&Bug::ClaimIgnoresRoute) {
+        request.capabilities = None;
+    }
+    request
+}
+
 /// The token seam: whether a planted bug makes the ledger present the command's
 /// current token in place of the one a request of `op` carried.
 pub fn skips_token_check(bugs: &[Bug], op: Op) -> bool {
@@ -794,7 +805,8 @@ impl DbState {
             DbRequest::RetirePlan { id } => call!(&self.backend, retire_plan(id)).map(DbReply::Plan),
             DbRequest::Enqueue { plan, action, start } => self.enqueue(env, times, plan, (*action, *start)),
             DbRequest::Claim(request) => {
-                self.claim((env, request.op()), times, |b| call!(b, claim_batch(request.clone())))
+                let request = routed(&self.bugs, request);
+                self.claim((env, request.op()), times, |b| call!(b, claim_batch(request)))
             }
             DbRequest::Worker { lease, request } => {
                 let lease = lease.to_lease();

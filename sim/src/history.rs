@@ -803,6 +803,7 @@ mod tests {
     fn plan_with(recovery: &str, retry: Option<leasehold_engine::RetrySpec>) -> Plan {
         let spec = leasehold_engine::PlanSpec {
             name: "p".into(),
+            queue: None,
             recovery: recovery.into(),
             volatile_fields: vec![],
             steps: ["a", "b", "c"]
@@ -810,6 +811,7 @@ mod tests {
                 .map(|c| leasehold_engine::Step {
                     code: (*c).into(),
                     executor: plans::DURABLE.into(),
+                    target: None,
                     payload: json!({}),
                     retry: None,
                 })

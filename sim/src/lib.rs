@@ -30,6 +30,7 @@ pub mod plans;
 pub mod profile;
 pub mod protocol;
 pub mod rng;
+pub mod routing;
 pub mod rpc;
 pub mod runner;
 pub mod target;

@@ -37,6 +37,7 @@ fn step(code: &str, executor: &str, delay_ms: u64, extra: Value) -> Step {
     Step {
         code: code.to_owned(),
         executor: executor.to_owned(),
+        target: None,
         payload,
         retry: None,
     }
@@ -75,6 +76,7 @@ pub fn small_policy() -> RetrySpec {
 fn spec(name: &str, recovery: &str, steps: Vec<Step>, retry: RetrySpec) -> PlanSpec {
     PlanSpec {
         name: name.into(),
+        queue: None,
         recovery: recovery.into(),
         volatile_fields: vec!["worker".into()],
         steps,
@@ -236,6 +238,8 @@ pub fn reference_fingerprint(plan: &Plan) -> String {
                 ordinal,
                 step_code: s.code.clone(),
                 idempotency_key: key,
+                executor: String::new(),
+                target: String::new(),
                 status: ReceiptStatus::Succeeded,
                 evidence_sha256: Some(sha256_hex(text.as_bytes())),
                 evidence: Some(text),

@@ -78,6 +78,19 @@ pub struct WorldParams {
     pub target_timeout_ms: u64,
     /// The target takes this many times each step's `delay_ms` to answer.
     pub target_slowdown: u64,
+    /// A mixed fleet: the first this many workers (`w1`, `w2`, …) run only the
+    /// durable target's executor, not the sandbox's.
+    pub durable_only_workers: u32,
+}
+
+impl WorldParams {
+    /// Whether `worker` is one of the [`WorldParams::durable_only_workers`].
+    pub fn is_durable_only(&self, worker: &str) -> bool {
+        worker
+            .strip_prefix('w')
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|n| n >= 1 && n <= self.durable_only_workers)
+    }
 }
 
 impl Default for WorldParams {
@@ -94,6 +107,7 @@ impl Default for WorldParams {
             rpc_timeout_ms: 600,
             target_timeout_ms: 1_500,
             target_slowdown: 1,
+            durable_only_workers: 0,
         }
     }
 }

@@ -24,7 +24,7 @@ use crate::protocol::{read_frame, write_frame, CallError, Pool, TargetAnswer, Ta
 use crate::rng::Rng;
 use crate::trace::Trace;
 use leasehold::executor::{ExecRequest, Executor, ExecutorResult};
-use leasehold_engine::AttemptId;
+use leasehold_engine::{AttemptId, Reach};
 use serde_json::json;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -296,6 +296,8 @@ pub struct TargetExecutor {
     timeout_ms: u64,
     failures: Option<FailureLog>,
     detached_retry_ms: Option<u64>,
+    /// Runs only durable steps (a worker of a mixed fleet without the sandbox).
+    durable_only: bool,
 }
 
 /// `(worker, at ms)`: every executor call that failed in transit (no answer in
@@ -312,7 +314,16 @@ impl TargetExecutor {
             timeout_ms,
             failures: None,
             detached_retry_ms: None,
+            durable_only: false,
         }
+    }
+
+    /// This executor without `sim-sandbox:v1`: its worker advertises only the
+    /// durable target, and a sandbox step it is handed anyway fails as an unknown
+    /// executor (as a real worker without the executor does).
+    pub fn durable_only(mut self) -> Self {
+        self.durable_only = true;
+        self
     }
 
     /// This executor, recording its transient failures in `log`.
@@ -327,6 +338,15 @@ impl TargetExecutor {
     pub fn retrying_detached(mut self, after_ms: u64) -> Self {
         self.detached_retry_ms = Some(after_ms);
         self
+    }
+
+    /// The executors it runs.
+    pub fn runs(&self) -> &'static [&'static str] {
+        if self.durable_only {
+            &[DURABLE]
+        } else {
+            plans::KNOWN
+        }
     }
 
     fn record_failure(&self) {
@@ -363,10 +383,14 @@ impl TargetExecutor {
 }
 
 impl Executor for TargetExecutor {
+    fn reach(&self) -> Option<BTreeMap<String, Reach>> {
+        Some(self.runs().iter().map(|e| ((*e).to_owned(), Reach::Any)).collect())
+    }
+
     async fn execute(&self, request: ExecRequest) -> ExecutorResult {
         let step = &request.step;
         let sandbox = match step.executor.as_str() {
-            SANDBOX => Some(plans::sandbox_id(&request.attempt_id, request.delivery)),
+            SANDBOX if !self.durable_only => Some(plans::sandbox_id(&request.attempt_id, request.delivery)),
             DURABLE => None,
             other => return ExecutorResult::Permanent(format!("step {}: unknown executor {other:?}", step.code)),
         };

@@ -525,7 +525,11 @@ fn start_hosts(sim: &mut turmoil::Sim<'_>, config: &RunConfig, plan: &Schedule, 
             params,
             &config.profile.world,
             trace,
-            (&hosts.failures, config.bugs.contains(&Bug::ExecutorRetriesDetached)),
+            (
+                &hosts.failures,
+                config.bugs.contains(&Bug::ExecutorRetriesDetached),
+                i < config.profile.world.durable_only_workers as usize,
+            ),
         );
     }
     let w = &config.profile.world;
@@ -544,14 +548,15 @@ fn start_hosts(sim: &mut turmoil::Sim<'_>, config: &RunConfig, plan: &Schedule, 
 }
 
 /// A worker host running the production [`Worker`] on its own clock, over the RPC
-/// ledger and the target executor.
+/// ledger and the target executor (without the sandbox for a `durable_only` worker
+/// of a mixed fleet).
 fn start_worker(
     sim: &mut turmoil::Sim<'_>,
     name: String,
     params: ClockParams,
     w: &WorldParams,
     trace: &Trace,
-    (failures, detached): (&FailureLog, bool),
+    (failures, detached, durable_only): (&FailureLog, bool, bool),
 ) {
     let config_w = WorkerConfig::clamped(true, w.poll_interval_ms, w.batch_size, w.lease_ms);
     let (trace, failures) = (trace.clone(), failures.clone());
@@ -565,6 +570,9 @@ fn start_worker(
             let mut executor = TargetExecutor::new(name.clone(), target_timeout_ms).recording(failures);
             if detached {
                 executor = executor.retrying_detached(DETACHED_RETRY_MS);
+            }
+            if durable_only {
+                executor = executor.durable_only();
             }
             let executor = Arc::new(executor);
             trace.line(&name, "worker up");
@@ -680,6 +688,7 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
     };
     let mut violations = ending.violations;
     violations.extend(checker::check(&input));
+    violations.extend(crate::routing::claims_runnable(&db.events, &db.plans, w));
     for v in &violations {
         lines.push(format!("violation [{}] {}", v.invariant, v.message));
     }

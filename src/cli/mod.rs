@@ -105,6 +105,10 @@ enum Command {
         /// step over it fails (clamped to 1024..=16777216).
         #[arg(long, default_value_t = leasehold_engine::lease::MAX_EVIDENCE_BYTES)]
         max_evidence_bytes: usize,
+        /// Take work of this queue (repeatable); without it, of the default queue,
+        /// where plans that name no queue go.
+        #[arg(long = "queue", value_name = "NAME")]
+        queues: Vec<String>,
         #[command(flatten)]
         http: HttpArgs,
     },
@@ -576,6 +580,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             grace_secs,
             step_timeout_secs,
             max_evidence_bytes,
+            queues,
             http,
         } => {
             let config = WorkerConfig::clamped(
@@ -589,25 +594,11 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                 until_idle,
                 grace_ms: grace_secs.clamp(0, 3_600) * 1_000,
                 step_timeout: Duration::from_secs(step_timeout_secs.clamp(1, 86_400)),
+                queues,
             };
             worker_command(ledger, id, config, settings, &http).await
         }
-        Command::Status { attempt } => {
-            let record = ledger.attempt(&AttemptId::new(attempt)).await?;
-            // The policy is shown beside the delivery count when the plan reads.
-            let policy = if json {
-                None
-            } else {
-                ledger
-                    .plan(&record.attempt.plan_id)
-                    .await
-                    .ok()
-                    .map(|p| p.policy_of(&record))
-            };
-            let now = leasehold::clock::Clock::now(&SystemClock);
-            emit(json, &record, || render::status(&record, policy.as_ref(), now));
-            Ok(())
-        }
+        Command::Status { attempt } => status(ledger.as_ref(), attempt, json).await,
         Command::History { plan } => {
             let plan = find_plan(ledger.as_ref(), &plan).await?;
             let records = ledger.history(&plan.id).await?;
@@ -704,6 +695,9 @@ async fn worker_command<L: Ledger>(
 ) -> Outcome {
     let id = id.unwrap_or_else(|| format!("worker-{}", std::process::id()));
     check_worker_id(&id)?;
+    for queue in &settings.queues {
+        check_name("--queue", queue)?;
+    }
     let executors = Arc::new(http.executors(settings.step_timeout)?);
     let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
     outln!(
@@ -716,6 +710,28 @@ async fn worker_command<L: Ledger>(
         report.abandoned,
         report.gave_back
     );
+    Ok(())
+}
+
+/// `leasehold status ATTEMPT`: the record, and beside it (in text) the plan's
+/// policy and what the attempt waits for when no live worker can run it.
+async fn status<L: Ledger>(ledger: &L, attempt: String, json: bool) -> Outcome {
+    let record = ledger.attempt(&AttemptId::new(attempt)).await?;
+    if json {
+        emit(json, &record, String::new);
+        return Ok(());
+    }
+    // Shown when the plan and the fleet read; the record alone otherwise.
+    let plan = ledger.plan(&record.attempt.plan_id).await.ok();
+    let policy = plan.as_ref().map(|p| p.policy_of(&record));
+    let waits_for = match (&plan, ledger.workers().await) {
+        (Some(plan), Ok((fleet, at))) => leasehold::ledger::fleet::waits_for(&record, plan, &fleet, at),
+        _ => None,
+    };
+    let now = leasehold::clock::Clock::now(&SystemClock);
+    emit(json, &record, || {
+        render::status(&record, policy.as_ref(), waits_for.as_deref(), now)
+    });
     Ok(())
 }
 
@@ -863,14 +879,20 @@ async fn serve_target(db: &str, args: &TargetArgs) -> Outcome {
 /// Refuses a `--id` no lease owner may have: blank, holding a character no name may
 /// hold ([`leasehold_engine::names`]), or longer than a name may be.
 fn check_worker_id(id: &str) -> Outcome {
-    if id.trim().is_empty() {
-        return Err(Failure::bad_input("--id: must not be empty"));
+    check_name("--id", id)
+}
+
+/// Refuses a name given as `flag` that is blank, holds a character no name may hold
+/// ([`leasehold_engine::names`]) or is longer than a name may be.
+fn check_name(flag: &str, name: &str) -> Outcome {
+    if name.trim().is_empty() {
+        return Err(Failure::bad_input(format!("{flag}: must not be empty")));
     }
-    leasehold_engine::names::check("--id", id).map_err(|e| Failure::bad_input(e.to_string()))?;
-    let (chars, max) = (id.chars().count(), leasehold_engine::plan::MAX_NAME_CHARS);
+    leasehold_engine::names::check(flag, name).map_err(|e| Failure::bad_input(e.to_string()))?;
+    let (chars, max) = (name.chars().count(), leasehold_engine::plan::MAX_NAME_CHARS);
     if chars > max {
         return Err(Failure::bad_input(format!(
-            "--id: {chars} characters exceeds the limit of {max}"
+            "{flag}: {chars} characters exceeds the limit of {max}"
         )));
     }
     Ok(())
@@ -881,6 +903,8 @@ struct WorkerSettings {
     until_idle: bool,
     grace_ms: u64,
     step_timeout: Duration,
+    /// `--queue`s (none: the default queue).
+    queues: Vec<String>,
 }
 
 async fn run_worker<L: Ledger>(
@@ -892,7 +916,11 @@ async fn run_worker<L: Ledger>(
     stop: impl std::future::Future<Output = ()>,
 ) -> leasehold::worker::WorkerReport {
     let prefix = leasehold::text::clean(id).into_owned();
-    let worker = Worker::new(id, ledger, executors, Arc::new(SystemClock), config)
+    let mut worker = Worker::new(id, ledger, executors, Arc::new(SystemClock), config);
+    if !settings.queues.is_empty() {
+        worker = worker.with_queues(settings.queues);
+    }
+    let worker = worker
         .with_step_timeout(settings.step_timeout)
         .on_event(move |event: &WorkerEvent| outln!("[{prefix}] {}", leasehold::text::clean(&event.to_string())));
     let options = RunOptions {
@@ -1006,6 +1034,7 @@ async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {
             until_idle: true,
             grace_ms: 0,
             step_timeout: leasehold::worker::DEFAULT_STEP_TIMEOUT,
+            queues: Vec::new(),
         };
         let report = run_worker(
             Arc::clone(&ledger),

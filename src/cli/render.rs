@@ -105,8 +105,9 @@ pub fn next_delivery(r: &AttemptRecord, now: Timestamp) -> Option<(Timestamp, &'
 }
 
 /// An attempt, its command and receipts, at `now`; `policy` is its plan's policy
-/// for the attempt, when the plan could be read.
-pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, now: Timestamp) -> String {
+/// for the attempt, when the plan could be read, and `waits_for` what it waits for
+/// when no live worker can run its next step ([`leasehold::ledger::fleet::waits_for`]).
+pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, waits_for: Option<&str>, now: Timestamp) -> String {
     let (a, cmd) = (&r.attempt, &r.command);
     let mut out = String::new();
     let _ = writeln!(
@@ -148,6 +149,9 @@ pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, now: Timestamp) -
             super::when::span(at.millis_since(now))
         );
     }
+    if let Some(why) = waits_for {
+        let _ = writeln!(out, "  waits for       {}", c(why));
+    }
     let _ = writeln!(out, "receipts:");
     for rc in &r.receipts {
         let _ = write!(
@@ -158,6 +162,9 @@ pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, now: Timestamp) -
             rc.status,
             c(&rc.idempotency_key)
         );
+        if !rc.target.is_empty() {
+            let _ = write!(out, " target {}", c(&rc.target));
+        }
         if let Some(sha) = &rc.evidence_sha256 {
             let _ = write!(out, " evidence {}", short_sha(sha));
         }
@@ -278,11 +285,13 @@ mod props {
                         .map(|(code, executor, retry)| Step {
                             code,
                             executor,
+                            target: None,
                             payload: serde_json::json!({}),
                             retry,
                         })
                         .collect(),
                     volatile_fields: volatile,
+                    queue: None,
                     fingerprint,
                     created_at,
                     retry,
@@ -307,6 +316,8 @@ mod props {
                     ordinal,
                     step_code: code,
                     idempotency_key: key,
+                    executor: String::new(),
+                    target: String::new(),
                     status,
                     evidence: evidence.clone(),
                     evidence_sha256: sha,
@@ -360,6 +371,9 @@ mod props {
                             delivery_count: count,
                             last_error: last,
                             finished_at: maybe_at,
+                            queue: String::new(),
+                            executor: String::new(),
+                            target: String::new(),
                         },
                         receipts,
                     }
@@ -397,7 +411,7 @@ mod props {
         ) {
             for r in &records {
                 let policy = with_policy.then(|| p.policy(""));
-                let out = status(r, policy.as_ref(), now);
+                let out = status(r, policy.as_ref(), None, now);
                 prop_assert!(clean_lines(&out));
                 let error = usize::from(r.attempt.error.is_some());
                 let waiting = r.attempt.status == AttemptStatus::Queued
@@ -453,6 +467,9 @@ mod tests {
                 delivery_count,
                 last_error: (delivery_count > 0).then(|| "step 1: 503".to_owned()),
                 finished_at: None,
+                queue: String::new(),
+                executor: String::new(),
+                target: String::new(),
             },
             receipts: Vec::new(),
         }
@@ -465,7 +482,7 @@ mod tests {
             max_deliveries: 3,
             ..RetryPolicy::default()
         };
-        let backed_off = status(&queued(2, 75_000), Some(&policy), now);
+        let backed_off = status(&queued(2, 75_000), Some(&policy), None, now);
         assert!(backed_off.contains("  delivery count  2 (at most 3)\n"), "{backed_off}");
         assert!(backed_off.contains("  last error      step 1: 503\n"), "{backed_off}");
         assert!(
@@ -474,10 +491,10 @@ mod tests {
             ),
             "{backed_off}"
         );
-        let scheduled = status(&queued(0, 3_610_000), None, now);
+        let scheduled = status(&queued(0, 3_610_000), None, None, now);
         assert!(scheduled.contains("  delivery count  0\n"), "{scheduled}");
         assert!(scheduled.contains("(in 1 h 0 min, scheduled)"), "{scheduled}");
         // Due already: nothing to wait for.
-        assert!(!status(&queued(1, 10_000), None, now).contains("next delivery"));
+        assert!(!status(&queued(1, 10_000), None, None, now).contains("next delivery"));
     }
 }

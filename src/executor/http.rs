@@ -158,6 +158,16 @@ impl AllowedHost {
         })
     }
 
+    /// The targets ([`leasehold_engine::route`]) this entry allows: `http://` and
+    /// `https://` to its host, at its port or at each scheme's default port.
+    fn targets(&self) -> [String; 2] {
+        let (http, https) = self.port.map_or((80, 443), |p| (p, p));
+        [
+            format!("http://{}:{http}", self.host),
+            format!("https://{}:{https}", self.host),
+        ]
+    }
+
     /// Whether `url` goes to this host and port (without a port: the default port
     /// of the URL's scheme).
     fn allows(&self, url: &reqwest::Url) -> bool {
@@ -206,6 +216,12 @@ impl Default for HttpConfig {
 }
 
 impl HttpConfig {
+    /// The targets its allowlist reaches (`scheme://host:port`,
+    /// [`leasehold_engine::route::step_target`]).
+    pub fn targets(&self) -> std::collections::BTreeSet<String> {
+        self.allow.iter().flat_map(AllowedHost::targets).collect()
+    }
+
     /// A configuration allowing each `HOST[:PORT]` given.
     pub fn allowing<S: AsRef<str>>(hosts: impl IntoIterator<Item = S>) -> Result<Self, String> {
         let allow = hosts

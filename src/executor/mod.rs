@@ -32,7 +32,7 @@ pub use dry_run::DryRun;
 pub use http::{Http, HttpConfig};
 pub use sandbox::SqliteSandbox;
 
-use leasehold_engine::{Action, AttemptId, CommandId, PlanId, Step};
+use leasehold_engine::{Action, AttemptId, CommandId, PlanId, Reach, Step};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -72,6 +72,13 @@ pub trait Executor: Send + Sync + 'static {
     /// A delivery of `attempt` ended (any outcome): free what it held.
     fn release(&self, attempt: &AttemptId, delivery: u32) {
         let _ = (attempt, delivery);
+    }
+
+    /// What it runs: each executor name with the targets it reaches
+    /// ([`leasehold_engine::route`]), so that a worker claims only steps it can run.
+    /// `None` (the default): it does not say, and its worker claims anything.
+    fn reach(&self) -> Option<BTreeMap<String, Reach>> {
+        None
     }
 }
 
@@ -276,6 +283,14 @@ impl Executor for Executors {
         }
     }
 
+    /// The built-ins and the registered executors, each for any target but
+    /// `http:v1`, which reaches only the hosts its allowlist names.
+    fn reach(&self) -> Option<BTreeMap<String, Reach>> {
+        let mut reach: BTreeMap<String, Reach> = self.names().into_iter().map(|n| (n.to_owned(), Reach::Any)).collect();
+        reach.insert(http::NAME.to_owned(), Reach::Only(self.http.config().targets()));
+        Some(reach)
+    }
+
     fn release(&self, attempt: &AttemptId, delivery: u32) {
         self.dry_run.release(attempt, delivery);
         self.sandbox.release(attempt, delivery);
@@ -351,6 +366,7 @@ mod tests {
             step: Step {
                 code: code.into(),
                 executor: executor.into(),
+                target: None,
                 payload,
                 retry: None,
             },
@@ -455,11 +471,13 @@ mod tests {
     fn plan_validation_accepts_registered_names_only() {
         let spec = |executor: &str| leasehold_engine::PlanSpec {
             name: "p".into(),
+            queue: None,
             recovery: "resume".into(),
             volatile_fields: Vec::new(),
             steps: vec![Step {
                 code: "s".into(),
                 executor: executor.into(),
+                target: None,
                 payload: json!({}),
                 retry: None,
             }],

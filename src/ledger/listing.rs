@@ -556,6 +556,9 @@ mod tests {
                 delivery_count: 0,
                 last_error: None,
                 finished_at: None,
+                queue: String::new(),
+                executor: String::new(),
+                target: String::new(),
             },
             receipts: Vec::new(),
         }

@@ -10,13 +10,14 @@
 //! with every write, so a claim reads the claimable commands in claim order
 //! directly, and the count of open attempts is kept the same way.
 
+use super::fleet::WorkerRow;
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::transition::{self, NewIds, Start};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
-    PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, OperatorRequest,
+    Plan, PlanId, PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
@@ -40,6 +41,8 @@ struct State {
     /// Every attempt of each plan: what an enqueue's guard and a history read.
     by_plan: Lookup<PlanId, Vec<AttemptId>>,
     index: ClaimIndex,
+    /// The fleet's rows, by worker id.
+    workers: std::collections::BTreeMap<String, WorkerRow>,
 }
 
 /// What a claim and an idle worker ask about, kept in step with every command row so
@@ -131,12 +134,14 @@ impl ClaimIndex {
         &self,
         attempts: &Lookup<AttemptId, AttemptRecord>,
         now: Timestamp,
-        batch: usize,
+        (batch, caps): (usize, Option<&Capabilities>),
     ) -> Vec<(Timestamp, CommandId, AttemptId)> {
+        let admits = |id: &AttemptId| caps.is_none_or(|c| attempts.get(id).is_some_and(|r| c.admits(&r.command)));
         let mut candidates: Vec<(Timestamp, CommandId, AttemptId)> = self
             .pending
             .iter()
             .take_while(|(at, _, _)| *at <= now)
+            .filter(|(_, _, id)| admits(id))
             .take(batch)
             .cloned()
             .collect();
@@ -145,6 +150,7 @@ impl ClaimIndex {
             self.leased
                 .iter()
                 .take_while(|(until, _)| *until < now)
+                .filter(|(_, id)| admits(id))
                 .filter_map(|(_, id)| attempts.get(id))
                 .map(|r| (r.command.available_at, r.command.id.clone(), r.attempt.id.clone())),
         );
@@ -280,7 +286,8 @@ impl MemoryLedger {
         let now = self.clock.now();
         let mut guard = self.lock();
         let state = &mut *guard;
-        let candidates = state.index.claimable(&state.attempts, now, request.batch as usize);
+        let window = (request.batch as usize, request.capabilities.as_ref());
+        let candidates = state.index.claimable(&state.attempts, now, window);
         let mut claimed = Vec::with_capacity(candidates.len());
         for (_, command_id, attempt_id) in candidates {
             let record = state
@@ -443,6 +450,33 @@ impl Ledger for MemoryLedger {
     async fn open_attempts(&self) -> Result<u64, LedgerError> {
         Ok(self.lock().index.open())
     }
+
+    async fn report_worker(&self, id: &str, capabilities: &Capabilities, starting: bool) -> Result<(), LedgerError> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        if starting {
+            state
+                .workers
+                .retain(|_, w| w.last_seen_at.plus_ms(super::fleet::FORGET_AFTER_MS) >= now);
+        }
+        let row = state.workers.entry(id.to_owned()).or_insert_with(|| WorkerRow {
+            id: id.to_owned(),
+            capabilities: capabilities.clone(),
+            started_at: now,
+            last_seen_at: now,
+        });
+        if starting {
+            row.started_at = now;
+        }
+        row.capabilities = capabilities.clone();
+        row.last_seen_at = now;
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<(Vec<WorkerRow>, Timestamp), LedgerError> {
+        let rows = self.lock().workers.values().cloned().collect();
+        Ok((rows, self.clock.now()))
+    }
 }
 
 #[cfg(test)]
@@ -456,12 +490,14 @@ mod tests {
     fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
         PlanSpec {
             name: name.to_owned(),
+            queue: None,
             recovery: recovery.to_owned(),
             volatile_fields: Vec::new(),
             steps: (1..=steps)
                 .map(|i| Step {
                     code: format!("step-{i}"),
                     executor: "dry-run:v1".to_owned(),
+                    target: None,
                     payload: serde_json::json!({ "n": i }),
                     retry: None,
                 })
@@ -487,7 +523,7 @@ mod tests {
         let state = ledger.lock();
         for batch in [1, 2, 5, 1_000] {
             assert_eq!(
-                state.index.claimable(&state.attempts, now, batch),
+                state.index.claimable(&state.attempts, now, (batch, None)),
                 scanned(&state, now, batch),
                 "claim order (batch {batch}) after {why}"
             );

@@ -76,6 +76,11 @@ pub static SQLITE: &[Migration] = &[
         name: "delivery_policy",
         sql: include_str!("../../migrations/sqlite/0009_delivery_policy.sql"),
     },
+    Migration {
+        version: 10,
+        name: "routing",
+        sql: include_str!("../../migrations/sqlite/0010_routing.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

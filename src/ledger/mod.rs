@@ -21,6 +21,7 @@
     allow(dead_code)
 )]
 pub mod bulk;
+pub mod fleet;
 pub mod listing;
 pub mod memory;
 pub mod migrate;
@@ -53,8 +54,8 @@ pub use url::DbUrl;
 use leasehold_engine::plan::PlanError;
 use leasehold_engine::transition::{Continued, ReconcileOutcome, Start};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Decision, Lease, LeaseToken, OperatorRequest, Plan,
-    PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Decision, Lease, LeaseToken,
+    OperatorRequest, Plan, PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::future::Future;
@@ -346,6 +347,7 @@ pub trait Ledger: Send + Sync + 'static {
             batch,
             lease_ms,
             begin: false,
+            capabilities: None,
         })
     }
 
@@ -362,6 +364,7 @@ pub trait Ledger: Send + Sync + 'static {
             batch,
             lease_ms,
             begin: true,
+            capabilities: None,
         })
     }
 
@@ -514,6 +517,27 @@ pub trait Ledger: Send + Sync + 'static {
     /// reads every history; the SQL ledgers stop counting at the cap.
     fn count_attempts(&self, cap: u64) -> impl Future<Output = Result<listing::AttemptCounts, LedgerError>> + Send {
         listing::count_from_history(self, cap)
+    }
+
+    /// Records that worker `id` runs with `capabilities`, seen now (ledger clock):
+    /// `starting` a run writes its row afresh (and forgets workers unheard of for
+    /// [`fleet::FORGET_AFTER_MS`]), later reports renew it ([`fleet`]). The default
+    /// keeps no fleet (a ledger that is only a client of another's, as the
+    /// simulator's).
+    fn report_worker(
+        &self,
+        id: &str,
+        capabilities: &Capabilities,
+        starting: bool,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let _ = (id, capabilities, starting);
+        async { Ok(()) }
+    }
+
+    /// Every worker row, by id, and the ledger's now (to tell the live ones,
+    /// [`fleet::WorkerRow::is_live`]). The default: none.
+    fn workers(&self) -> impl Future<Output = Result<(Vec<fleet::WorkerRow>, Timestamp), LedgerError>> + Send {
+        async { Ok((Vec::new(), Timestamp::from_millis(0))) }
     }
 }
 

@@ -18,6 +18,7 @@
 //! | `GET /api/v1/healthz`, `GET /api/v1/readyz`, `GET /api/v1/openapi.json` | none |
 
 use super::auth::Principal;
+use super::backend::waits_for;
 use super::problem::Problem;
 use super::when::{parse_duration_ms, parse_rfc3339};
 use super::App;
@@ -410,11 +411,17 @@ pub struct AttemptPageBody {
 /// An attempt with its command and receipts (never the lease token).
 #[utoipa::path(get, path = "/api/v1/attempts/{id}", tag = "attempts", security(("token" = [])),
     params(("id" = String, Path, description = "Attempt id")),
-    responses((status = 200, description = "The record (as `leasehold status --json`)", body = Value),
+    responses((status = 200, description = "The record (as `leasehold status --json`), with `waits_for` when \
+        no live worker can run its next step", body = Value),
         (status = 404, body = Problem, content_type = "application/problem+json"), (status = 401, body = Problem)))]
 async fn get_attempt(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
     app.require(&headers, Role::Viewer).await?;
-    ok(to_json(&app.backend().attempt(&AttemptId::new(id)).await?)?)
+    let record = app.backend().attempt(&AttemptId::new(id)).await?;
+    let mut json = to_json(&record)?;
+    if let (Some(why), Some(object)) = (waits_for(app.backend(), &record).await, json.as_object_mut()) {
+        object.insert("waits_for".to_owned(), Value::String(why));
+    }
+    ok(json)
 }
 
 /// Reconciles an attempt: requeues it if its lease expired (refused while live).

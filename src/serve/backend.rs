@@ -2,6 +2,7 @@
 //! written once, for any ledger and token store.
 
 use crate::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome};
+use crate::ledger::fleet::WorkerRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::{find_plan, Ledger, LedgerError};
 use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
@@ -53,6 +54,8 @@ pub trait Backend: Send + Sync + 'static {
     fn open_attempts(&self) -> Fut<'_, u64>;
     /// [`Ledger::check_ready`] (readiness).
     fn check_ready(&self) -> Fut<'_, Vec<String>>;
+    /// [`Ledger::workers`].
+    fn workers(&self) -> Fut<'_, (Vec<WorkerRow>, Timestamp)>;
     /// [`TokenStore::token_by_hash`].
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>>;
     /// [`create_token`].
@@ -118,6 +121,9 @@ impl<L: Ledger + TokenStore> Backend for L {
     fn check_ready(&self) -> Fut<'_, Vec<String>> {
         Box::pin(Ledger::check_ready(self))
     }
+    fn workers(&self) -> Fut<'_, (Vec<WorkerRow>, Timestamp)> {
+        Box::pin(Ledger::workers(self))
+    }
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>> {
         Box::pin(TokenStore::token_by_hash(self, hash))
     }
@@ -130,4 +136,16 @@ impl<L: Ledger + TokenStore> Backend for L {
     fn revoke_token<'a>(&'a self, name: &'a str, now: Timestamp) -> Fut<'a, TokenInfo> {
         Box::pin(TokenStore::revoke_token(self, name, now))
     }
+}
+
+/// What `record` waits for when no live worker can run its next step
+/// ([`crate::ledger::fleet::waits_for`]); `None` when it does not wait, or the plan
+/// or the fleet cannot be read (the record is shown without it).
+pub async fn waits_for(backend: &dyn Backend, record: &AttemptRecord) -> Option<String> {
+    if record.attempt.status != leasehold_engine::AttemptStatus::Queued {
+        return None;
+    }
+    let plan = backend.find_plan(record.attempt.plan_id.as_str()).await.ok()?;
+    let (fleet, now) = backend.workers().await.ok()?;
+    crate::ledger::fleet::waits_for(record, &plan, &fleet, now)
 }

@@ -513,9 +513,10 @@ fn receipts_table(record: &AttemptRecord) -> String {
                 String::new()
             };
             format!(
-                "<tr><td>{}</td><td>{}</td><td>{}{doubt}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}{doubt}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 rc.ordinal,
                 esc(&rc.step_code),
+                if rc.target.is_empty() { "—".to_owned() } else { format!("<code>{}</code>", esc(&rc.target)) },
                 receipt_badge(rc.status),
                 esc(&rc.idempotency_key),
                 time(rc.started_at),
@@ -533,6 +534,7 @@ fn receipts_table(record: &AttemptRecord) -> String {
         &[
             "#",
             "Step",
+            "Target",
             "Status",
             "Idempotency key",
             "Started",
@@ -604,7 +606,8 @@ async fn attempt_page(
         None => "—".to_owned(),
     };
     let max = plan.as_ref().map(|p| p.policy_of(&record).max_deliveries);
-    region.push_str(&delivery_summary(&record, max, now));
+    let waits = super::backend::waits_for(app.backend(), &record).await;
+    region.push_str(&delivery_summary(&record, (max, waits.as_deref()), now));
     region.push_str("<section aria-labelledby=\"outbox\"><h2 id=\"outbox\">Outbox</h2>\n");
     region.push_str(&dl(&[
         ("Status", command_badge(c.status)),
@@ -650,9 +653,9 @@ fn exhausted_reason(record: &AttemptRecord) -> Option<&str> {
 }
 
 /// What the delivery policy did with an attempt, ahead of the details: an
-/// exhausted attempt's reason; a queued one's next delivery, deliveries so far and
-/// last error.
-fn delivery_summary(record: &AttemptRecord, max: Option<u32>, now: Timestamp) -> String {
+/// exhausted attempt's reason; a queued one's next delivery, deliveries so far, last
+/// error, and what it waits for when no live worker can run it.
+fn delivery_summary(record: &AttemptRecord, (max, waits): (Option<u32>, Option<&str>), now: Timestamp) -> String {
     let c = &record.command;
     if let Some(reason) = exhausted_reason(record) {
         return format!(
@@ -669,6 +672,9 @@ fn delivery_summary(record: &AttemptRecord, max: Option<u32>, now: Timestamp) ->
     ];
     if let Some(error) = &c.last_error {
         items.push(("Last error", esc(error)));
+    }
+    if let Some(why) = waits {
+        items.push(("Waits for", esc(why)));
     }
     format!(
         "<section class=\"delivery\" aria-labelledby=\"delivery\"><h2 id=\"delivery\">Delivery</h2>\n{}</section>\n",

@@ -486,6 +486,9 @@ pub fn log_event(worker: &str, event: &WorkerEvent, context: Option<(&str, u32)>
                 "grace period over; leases left to expire"
             )
         }
+        WorkerEvent::RunsNothing { reason } => {
+            tracing::warn!(event = "runs_nothing", worker, reason = %clean(reason), "worker can run nothing; it claims nothing")
+        }
     }
 }
 

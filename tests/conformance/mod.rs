@@ -167,12 +167,14 @@ macro_rules! conformance_suite {
 pub fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
     PlanSpec {
         name: name.to_owned(),
+        queue: None,
         recovery: recovery.to_owned(),
         volatile_fields: Vec::new(),
         steps: (1..=steps)
             .map(|i| Step {
                 code: format!("step-{i}"),
                 executor: "dry-run:v1".to_owned(),
+                target: None,
                 payload: json!({"n": i}),
                 retry: None,
             })
@@ -1870,6 +1872,7 @@ pub async fn the_write_that_ends_an_attempt_claims_the_next_and_a_refused_one_cl
         batch: 1,
         lease_ms: LEASE_MS,
         begin: true,
+        capabilities: None,
     };
     let complete = WorkerRequest::CompleteAndContinue {
         ordinal: 1,

@@ -179,6 +179,7 @@ impl Ledger<'_> {
                     batch: 1,
                     lease_ms,
                     begin: true,
+                    capabilities: None,
                 };
                 decide(record, Request::Claim(&claim, &token(*n), plan), now)
             }

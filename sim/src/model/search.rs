@@ -107,6 +107,7 @@ fn model_plan(config: &Config, n: u32) -> Plan {
         .map(|i| Step {
             code: format!("step-{i}"),
             executor: executor.to_owned(),
+            target: None,
             payload: json!({ "delay_ms": 0, "op": format!("step-{i}") }),
             retry: None,
         })
@@ -117,6 +118,7 @@ fn model_plan(config: &Config, n: u32) -> Plan {
         volatile_fields: vec!["worker".into()],
         steps,
         retry: None,
+        queue: None,
     };
     let t0 = Timestamp::from_millis(EPOCH_MS);
     spec.into_plan(KNOWN, PlanId::new(format!("plan-{n}")), t0)

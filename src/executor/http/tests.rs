@@ -151,6 +151,7 @@ fn request(payload: Value) -> ExecRequest {
         step: Step {
             code: "push".into(),
             executor: NAME.into(),
+            target: None,
             payload,
             retry: None,
         },

@@ -18,7 +18,8 @@ use crate::ledger::sql::{write, Sql, Value, MYSQL};
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::is_claimable;
 use leasehold_engine::{
-    Attempt, AttemptId, AttemptRecord, ClaimRequest, Command, CommandId, Plan, PlanId, Request, Timestamp, Writes,
+    Attempt, AttemptId, AttemptRecord, Capabilities, ClaimRequest, Command, CommandId, Plan, PlanId, Request,
+    Timestamp, Writes,
 };
 use std::sync::atomic::Ordering;
 
@@ -64,25 +65,18 @@ struct Candidate {
     plan: PlanId,
 }
 
-/// Up to `limit` commands claimable at `now`, oldest `available_at` first (then by
-/// id); a plain read that locks nothing. Each arm of the `UNION` is a range scan of
+/// Up to `limit` commands claimable at `now` whose route `caps` can run, oldest
+/// `available_at` first (then by id); a plain read that locks nothing. Each arm of the `UNION` is a range scan of
 /// its own index (`command_claimable`, `command_expired`).
-async fn claim_candidates<S: Session>(s: &mut S, now: Timestamp, limit: u32) -> Result<Vec<Candidate>, TxError> {
-    let limit = Value::Int(limit.into());
-    let sql = format!(
-        "SELECT id, attempt_id, plan_id FROM ( \
-           (SELECT c.id, c.attempt_id, a.plan_id, c.available_at FROM command c JOIN attempt a ON a.id = c.attempt_id \
-             WHERE {pending}? ORDER BY c.available_at, c.id LIMIT ?) \
-           UNION ALL \
-           (SELECT c.id, c.attempt_id, a.plan_id, c.available_at FROM command c JOIN attempt a ON a.id = c.attempt_id \
-             WHERE {expired}? ORDER BY c.lease_until, c.id LIMIT ?) \
-         ) AS candidate ORDER BY {order} LIMIT ?",
-        pending = write::claimable_pending("c."),
-        expired = write::claimable_expired("c."),
-        order = write::CLAIM_ORDER,
-    );
-    let now = Value::ts(now);
-    s.query(&sql, &[now, limit, now, limit, limit], |row| {
+async fn claim_candidates<S: Session>(
+    s: &mut S,
+    now: Timestamp,
+    limit: u32,
+    caps: Option<&Capabilities>,
+) -> Result<Vec<Candidate>, TxError> {
+    let mut sql = Sql::new(&MYSQL);
+    candidates_sql(&mut sql, now, limit, caps);
+    s.query(&sql.text, &sql.values, |row| {
         Ok(Candidate {
             command: decode::command_id(row, 0)?,
             attempt: AttemptId::new(decode::string(row, 1, "claim candidate")?),
@@ -90,6 +84,34 @@ async fn claim_candidates<S: Session>(s: &mut S, now: Timestamp, limit: u32) -> 
         })
     })
     .await
+}
+
+/// The statement of [`claim_candidates`].
+fn candidates_sql<'a>(sql: &mut Sql<'a>, now: Timestamp, limit: u32, caps: Option<&'a Capabilities>) {
+    let arm = |sql: &mut Sql<'a>, condition: &str, order: &str| {
+        sql.push(
+            "(SELECT c.id, c.attempt_id, a.plan_id, c.available_at FROM command c \
+             JOIN attempt a ON a.id = c.attempt_id WHERE ",
+        )
+        .push(condition)
+        .bind(Value::ts(now));
+        if let Some(caps) = caps {
+            write::push_route_filter(sql, "c.", caps);
+        }
+        sql.push(" ORDER BY ")
+            .push(order)
+            .push(" LIMIT ")
+            .bind(Value::Int(limit.into()))
+            .push(")");
+    };
+    sql.push("SELECT id, attempt_id, plan_id FROM (");
+    arm(sql, &write::claimable_pending("c."), "c.available_at, c.id");
+    sql.push(" UNION ALL ");
+    arm(sql, &write::claimable_expired("c."), "c.lease_until, c.id");
+    sql.push(") AS candidate ORDER BY ")
+        .push(write::CLAIM_ORDER)
+        .push(" LIMIT ")
+        .bind(Value::Int(limit.into()));
 }
 
 /// Where a statement takes its `now` from.
@@ -123,18 +145,24 @@ impl NowSql {
 /// The position of a command in the claim order: its `available_at`, then its id.
 type ClaimKey = (Timestamp, CommandId);
 
+/// A claim window's width, and the capabilities its commands' routes must meet.
+type Window<'a> = (u32, Option<&'a Capabilities>);
+
 /// Appends the claim window: up to `window` commands claimable at `now` that come
 /// after `after` in the claim order, oldest first — a plain, non-locking read. Each
 /// arm of the `UNION` is a range scan of its own index: `command_claimable`, which
 /// covers the window (migration 2) and is already in its order, and
 /// `command_expired`, whose few expired leases are sorted.
-fn push_claim_window<'a>(sql: &mut Sql<'a>, now: NowSql, after: Option<&'a ClaimKey>, window: u32) {
+fn push_claim_window<'a>(sql: &mut Sql<'a>, now: NowSql, after: Option<&'a ClaimKey>, (window, caps): Window<'a>) {
     let arm = |sql: &mut Sql<'a>, index: &str, condition: &str| {
         sql.push("(SELECT id, attempt_id, available_at FROM command FORCE INDEX (")
             .push(index)
             .push(") WHERE ")
             .push(condition);
         now.push(sql);
+        if let Some(caps) = caps {
+            write::push_route_filter(sql, "", caps);
+        }
         if let Some((at, id)) = after {
             sql.push(" AND (available_at > ")
                 .bind(Value::ts(*at))
@@ -195,7 +223,7 @@ async fn lock_claimable<S: Session>(
     s: &mut S,
     now: NowSql,
     after: Option<&ClaimKey>,
-    window: u32,
+    window: Window<'_>,
     want: u32,
 ) -> Result<Vec<Picked>, TxError> {
     let mut sql = Sql::new(&MYSQL);
@@ -238,7 +266,7 @@ async fn claim_window_end<S: Session>(
     s: &mut S,
     now: NowSql,
     after: Option<&ClaimKey>,
-    window: u32,
+    window: Window<'_>,
 ) -> Result<Option<(ClaimKey, Timestamp)>, TxError> {
     let mut sql = Sql::new(&MYSQL);
     sql.push("SELECT w.available_at, w.id, ");
@@ -246,7 +274,7 @@ async fn claim_window_end<S: Session>(
     sql.push(" FROM (");
     push_claim_window(&mut sql, now, after, window);
     sql.push(") AS w ORDER BY w.available_at, w.id LIMIT 1 OFFSET ")
-        .bind(Value::Int(window.saturating_sub(1).into()));
+        .bind(Value::Int(window.0.saturating_sub(1).into()));
     query_one(s, &sql.text, &sql.values, |row| {
         let at = Timestamp::from_millis(decode::scalar(row, 0, "claim window: available_at")?);
         let id = decode::command_id(row, 1)?;
@@ -270,7 +298,12 @@ struct Held {
 /// not full: the queue ends there. A clock given to the ledger decides; else the
 /// first statement's `now` does, for every later statement too, so the batch shares
 /// one guard.
-async fn lock_windows(tx: &mut Tx<'_>, batch: u32, base_window: u32, now: Option<Timestamp>) -> Result<Held, TxError> {
+async fn lock_windows(
+    tx: &mut Tx<'_>,
+    (batch, base_window): (u32, u32),
+    now: Option<Timestamp>,
+    caps: Option<&Capabilities>,
+) -> Result<Held, TxError> {
     let window_max = CLAIM_WINDOW_MAX.max(batch);
     let mut held = Held {
         heads: Vec::new(),
@@ -280,7 +313,7 @@ async fn lock_windows(tx: &mut Tx<'_>, batch: u32, base_window: u32, now: Option
     let (mut after, mut window): (Option<ClaimKey>, u32) = (None, base_window);
     while held.heads.len() < batch as usize {
         let want = batch - held.heads.len() as u32;
-        let picked = lock_claimable(tx, NowSql::of(held.now), after.as_ref(), window, want).await?;
+        let picked = lock_claimable(tx, NowSql::of(held.now), after.as_ref(), (window, caps), want).await?;
         let looked_through = picked.len() < want as usize;
         for p in picked {
             let decide_at = *held.now.get_or_insert(p.now);
@@ -297,7 +330,8 @@ async fn lock_windows(tx: &mut Tx<'_>, batch: u32, base_window: u32, now: Option
         // Every command of the window was taken or held by others. Look further only
         // if there is more: a wider window from the same place (or, at the widest,
         // the next window), so that no command nobody holds is passed over.
-        let Some((end, db_now)) = claim_window_end(tx, NowSql::of(held.now), after.as_ref(), window).await? else {
+        let Some((end, db_now)) = claim_window_end(tx, NowSql::of(held.now), after.as_ref(), (window, caps)).await?
+        else {
             break;
         };
         held.now.get_or_insert(db_now);
@@ -338,7 +372,8 @@ pub(super) async fn claim_skip_locked(
     let base_window = batch.saturating_mul(spread).clamp(batch, CLAIM_WINDOW_MAX.max(batch));
     #[cfg(test)]
     super::hooks::pause_at(&backend.hooks.pause).await;
-    let held = lock_windows(tx, batch, base_window, ctx.clock.as_ref().map(|c| c.now())).await?;
+    let at = ctx.clock.as_ref().map(|c| c.now());
+    let held = lock_windows(tx, (batch, base_window), at, request.capabilities.as_ref()).await?;
     backend.stats.lost_claim_races.fetch_add(held.lost, Ordering::Relaxed);
     let Some(now) = held.now.filter(|_| !held.heads.is_empty()) else {
         return Ok(Vec::new());
@@ -420,7 +455,8 @@ pub(super) async fn claim_portable(
     let batch = request.batch;
     let spread = backend.url.options.claim_spread.max(1);
     let window = batch.saturating_mul(spread).min(CLAIM_WINDOW_MAX);
-    let candidates = retry(ctx, || candidates_once(backend, ctx, window)).await?;
+    let caps = request.capabilities.as_ref();
+    let candidates = retry(ctx, || candidates_once(backend, ctx, window, caps)).await?;
     #[cfg(test)]
     super::hooks::pause_at(&backend.hooks.pause).await;
     let start = match candidates.len().checked_sub(batch as usize) {
@@ -444,16 +480,21 @@ pub(super) async fn claim_portable(
     Ok(claimed)
 }
 
-/// Lists up to `limit` claimable commands, oldest first (a plain read that locks
-/// nothing).
-async fn candidates_once(backend: &MyBackend, ctx: &SqlContext, limit: u32) -> Result<Vec<Candidate>, TxError> {
+/// Lists up to `limit` claimable commands whose route `caps` can run, oldest first
+/// (a plain read that locks nothing).
+async fn candidates_once(
+    backend: &MyBackend,
+    ctx: &SqlContext,
+    limit: u32,
+    caps: Option<&Capabilities>,
+) -> Result<Vec<Candidate>, TxError> {
     let mut conn = backend.connect().await?;
     let mut s = MySession(MyConn::Single(&mut conn));
     let now = match &ctx.clock {
         Some(clock) => clock.now(),
         None => session::db_now(&mut s).await?,
     };
-    claim_candidates(&mut s, now, limit).await
+    claim_candidates(&mut s, now, limit, caps).await
 }
 
 /// Claims up to `want` of `candidates` in one transaction, in their order (the

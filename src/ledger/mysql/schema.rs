@@ -47,6 +47,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "delivery_policy",
         sql: include_str!("../../../migrations/mysql/0005_delivery_policy.sql"),
     },
+    Migration {
+        version: 6,
+        name: "routing",
+        sql: include_str!("../../../migrations/mysql/0006_routing.sql"),
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

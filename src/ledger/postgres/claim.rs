@@ -11,7 +11,7 @@ use crate::ledger::sql::table::{ATTEMPT, COMMAND};
 use crate::ledger::sql::{write, Sql, Value, POSTGRES};
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::is_claimable;
-use leasehold_engine::{Attempt, AttemptId, ClaimRequest, Command, PlanId, Request, Timestamp};
+use leasehold_engine::{Attempt, AttemptId, Capabilities, ClaimRequest, Command, PlanId, Request, Timestamp};
 use std::sync::atomic::Ordering;
 
 /// How many candidates per command wanted a claim looks through (at least
@@ -48,7 +48,7 @@ pub(super) async fn claim_in<C: PgClient>(
         .clamp(CLAIM_WINDOW_MIN, CLAIM_WINDOW_MAX)
         .max(request.batch);
     let at = ctx.clock.as_ref().map(|c| c.now());
-    let (picked, now) = lock_claimable(tx, at, window, request.batch).await?;
+    let (picked, now) = lock_claimable(tx, at, (window, request.batch), request.capabilities.as_ref()).await?;
     let (heads, lost): (Vec<_>, Vec<_>) = picked.into_iter().partition(|p| is_claimable(&p.command, now));
     backend
         .stats
@@ -90,15 +90,21 @@ pub(super) async fn claim_in<C: PgClient>(
 }
 
 /// The candidates' query of [`lock_claimable`]: `now` bound, or the database's clock
-/// read once (the `clock` CTE) when `None`.
-fn claimable_sql(now: Option<Timestamp>, window: u32, want: u32) -> Sql<'static> {
+/// read once (the `clock` CTE) when `None`; only commands whose route `caps` can run
+/// when given.
+fn claimable_sql<'a>(now: Option<Timestamp>, (window, want): (u32, u32), caps: Option<&'a Capabilities>) -> Sql<'a> {
     let mut sql = Sql::new(&POSTGRES);
-    let push_now = |sql: &mut Sql<'_>| match now {
+    let push_now = |sql: &mut Sql<'a>| match now {
         Some(t) => {
             sql.bind(Value::ts(t));
         }
         None => {
             sql.push("(SELECT now_ms FROM clock)");
+        }
+    };
+    let push_route = |sql: &mut Sql<'a>| {
+        if let Some(caps) = caps {
+            write::push_route_filter(sql, "", caps);
         }
     };
     sql.push(&format!(
@@ -108,6 +114,7 @@ fn claimable_sql(now: Option<Timestamp>, window: u32, want: u32) -> Sql<'static>
     sql.push("(SELECT id, attempt_id, available_at FROM command WHERE ")
         .push(&write::claimable_pending(""));
     push_now(&mut sql);
+    push_route(&mut sql);
     sql.push(" ORDER BY ")
         .push(write::CLAIM_ORDER)
         .push(" LIMIT ")
@@ -115,6 +122,7 @@ fn claimable_sql(now: Option<Timestamp>, window: u32, want: u32) -> Sql<'static>
         .push(") UNION ALL (SELECT id, attempt_id, available_at FROM command WHERE ")
         .push(&write::claimable_expired(""));
     push_now(&mut sql);
+    push_route(&mut sql);
     sql.push(" ORDER BY lease_until, id LIMIT ")
         .bind(Value::Int(window.into()))
         .push("))");
@@ -131,8 +139,8 @@ fn claimable_sql(now: Option<Timestamp>, window: u32, want: u32) -> Sql<'static>
 }
 
 /// Locks up to `want` commands claimable at `now` (bound, or the database's clock
-/// when `None`), oldest `available_at` first, then by id, with their attempts,
-/// skipping every one that another transaction holds.
+/// when `None`) whose route `caps` can run, oldest `available_at` first, then by id,
+/// with their attempts, skipping every one that another transaction holds.
 ///
 /// The CTE picks the candidates from the two arms of the claim rule, each a range of
 /// its own partial index (`command_pending`, `command_leased`), without locking them;
@@ -145,10 +153,10 @@ fn claimable_sql(now: Option<Timestamp>, window: u32, want: u32) -> Sql<'static>
 async fn lock_claimable<C: PgClient>(
     tx: &mut PgSession<C>,
     now: Option<Timestamp>,
-    window: u32,
-    want: u32,
+    window_want: (u32, u32),
+    caps: Option<&Capabilities>,
 ) -> Result<(Vec<Picked>, Timestamp), TxError> {
-    let sql = claimable_sql(now, window, want);
+    let sql = claimable_sql(now, window_want, caps);
     let attempt_columns = ATTEMPT.columns.len();
     let base = attempt_columns + COMMAND.columns.len();
     let rows = tx

@@ -35,6 +35,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "delivery_policy",
         sql: include_str!("../../../migrations/postgres/0004_delivery_policy.sql"),
     },
+    Migration {
+        version: 5,
+        name: "routing",
+        sql: include_str!("../../../migrations/postgres/0005_routing.sql"),
+    },
 ];
 
 /// The advisory lock key that serializes migrators of one database ("leasehol" in ASCII).

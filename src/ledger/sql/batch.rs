@@ -36,7 +36,7 @@ pub(crate) async fn apply_writes_batch<S: Session>(
     }
     let writes: Vec<&Writes> = items.iter().map(|(_, w)| *w).collect();
     let commands: Vec<&Command> = writes.iter().filter_map(|w| w.command.as_ref()).collect();
-    let rows: Vec<[Value<'_>; 11]> = commands.iter().map(|c| command_values(c)).collect();
+    let rows: Vec<[Value<'_>; 14]> = commands.iter().map(|c| command_values(c)).collect();
     if update_rows(s, &COMMAND, &rows, Some(&first.guard)).await? != rows.len() as u64 {
         return Err(write::stale(&commands[0].id).into());
     }
@@ -48,7 +48,7 @@ pub(crate) async fn apply_writes_batch<S: Session>(
     if update_rows(s, &ATTEMPT, &attempts, None).await? != attempts.len() as u64 {
         return Err(LedgerError::Integrity("an attempt vanished during a transition".into()).into());
     }
-    let receipts: Vec<[Value<'_>; 11]> = writes.iter().flat_map(|w| &w.receipts).map(receipt_values).collect();
+    let receipts: Vec<[Value<'_>; 13]> = writes.iter().flat_map(|w| &w.receipts).map(receipt_values).collect();
     if update_rows(s, &RECEIPT, &receipts, None).await? != receipts.len() as u64 {
         return Err(LedgerError::Integrity("a receipt vanished during a transition".into()).into());
     }

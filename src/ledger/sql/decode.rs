@@ -155,6 +155,7 @@ fn plan_with_id<R: ColumnReader + ?Sized>(row: &mut R, base: usize, id: String) 
         recovery: c.text_enum(3)?,
         steps: c.json::<Vec<Step>>(4)?,
         volatile_fields: c.json::<Vec<String>>(5)?,
+        queue: c.opt_string(9)?,
         fingerprint: c.string(6)?,
         created_at: c.timestamp(7)?,
         retry: c.opt_json(8)?,
@@ -192,6 +193,9 @@ pub(crate) fn command<R: ColumnReader + ?Sized>(row: &mut R, base: usize) -> Res
         delivery_count: c.count(8)?,
         last_error: c.opt_string(9)?,
         finished_at: c.opt_timestamp(10)?,
+        queue: c.string(11)?,
+        executor: c.string(12)?,
+        target: c.string(13)?,
     })
 }
 
@@ -203,6 +207,8 @@ pub(crate) fn receipt<R: ColumnReader + ?Sized>(row: &mut R, base: usize) -> Res
         ordinal: c.count(1)?,
         step_code: c.string(2)?,
         idempotency_key: c.string(3)?,
+        executor: c.string(11)?,
+        target: c.string(12)?,
         status: c.text_enum(4)?,
         evidence: c.opt_string(5)?,
         evidence_sha256: c.opt_string(6)?,

@@ -19,13 +19,14 @@ use super::session::{self, not_found, Session};
 use super::TxError;
 use crate::clock::Clock;
 use crate::entropy::Entropy;
+use crate::ledger::fleet::WorkerRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
 use leasehold_engine::transition::Start;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
-    PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
+    PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -325,6 +326,14 @@ impl<B: SqlBackend> SqlLedger<B> {
         Self {
             backend: Arc::new(backend),
             ctx: Arc::new(SqlContext::new(clock, entropy, tries)),
+        }
+    }
+
+    /// The ledger's now: its injected clock, else the database's, read in `s`.
+    async fn now_in<S: Session>(&self, s: &mut S) -> Result<Timestamp, TxError> {
+        match &self.ctx.clock {
+            Some(clock) => Ok(clock.now()),
+            None => session::db_now(s).await,
         }
     }
 
@@ -703,6 +712,36 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
 
     fn list_attempts(&self, query: &AttemptQuery) -> impl Future<Output = Result<AttemptPage, LedgerError>> + Send {
         async move { self.retry(|| self.list_attempts_once(query)).await }
+    }
+
+    fn report_worker(
+        &self,
+        id: &str,
+        capabilities: &Capabilities,
+        starting: bool,
+    ) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let capabilities = crate::ledger::fleet::capabilities_json(capabilities);
+        async move {
+            self.retry(|| async {
+                in_tx!(self, TxKind::Write, |tx| {
+                    let now = self.now_in(&mut tx).await?;
+                    super::fleet::report_worker(&mut tx, id, &capabilities, now, starting).await
+                })
+            })
+            .await
+        }
+    }
+
+    fn workers(&self) -> impl Future<Output = Result<(Vec<WorkerRow>, Timestamp), LedgerError>> + Send {
+        async move {
+            self.retry(|| async {
+                in_tx!(self, TxKind::Read, |tx| {
+                    let rows = super::fleet::read_workers(&mut tx).await?;
+                    Ok((rows, self.now_in(&mut tx).await?))
+                })
+            })
+            .await
+        }
     }
 
     fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

@@ -24,6 +24,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod decode;
+pub(crate) mod fleet;
 pub(crate) mod ledger;
 pub(crate) mod listing;
 pub(crate) mod query;

@@ -59,6 +59,7 @@ pub(crate) static PLAN: Table = Table {
         "fingerprint",
         "created_at",
         "retry_json",
+        "queue",
     ],
     key: 1,
     mutable: &[2],
@@ -100,9 +101,13 @@ pub(crate) static COMMAND: Table = Table {
         "delivery_count",
         "last_error",
         "finished_at",
+        "queue",
+        "executor",
+        "target",
     ],
     key: 1,
-    mutable: &[2, 3, 4, 5, 6, 7, 8, 9, 10],
+    // The queue is the plan's; the executor and target follow the next step.
+    mutable: &[2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13],
     // PENDING: 22 bytes; held, with a 128-bit token, a heartbeat and an owner name of
     // 28 characters: 98.
     reserve: 128,
@@ -123,6 +128,8 @@ pub(crate) static RECEIPT: Table = Table {
         "error",
         "started_at",
         "finished_at",
+        "executor",
+        "target",
     ],
     key: 2,
     mutable: &[4, 5, 6, 7, 8, 9, 10],
@@ -133,7 +140,7 @@ pub(crate) static RECEIPT: Table = Table {
 
 /// A plan's row; `steps` and `volatile` are its JSON columns, encoded by the caller
 /// ([`plan_json`]).
-pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry): &'a PlanJson) -> [Value<'a>; 9] {
+pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry): &'a PlanJson) -> [Value<'a>; 10] {
     [
         Value::Text(p.id.as_str()),
         Value::Text(&p.name),
@@ -144,6 +151,7 @@ pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry): &'a PlanJso
         Value::Text(&p.fingerprint),
         Value::ts(p.created_at),
         Value::opt_text(retry.as_deref()),
+        Value::opt_text(p.queue.as_deref()),
     ]
 }
 
@@ -180,7 +188,7 @@ pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 9] {
 }
 
 /// A command's row.
-pub(crate) fn command_values(c: &Command) -> [Value<'_>; 11] {
+pub(crate) fn command_values(c: &Command) -> [Value<'_>; 14] {
     [
         Value::Text(c.id.as_str()),
         Value::Text(c.attempt_id.as_str()),
@@ -193,11 +201,14 @@ pub(crate) fn command_values(c: &Command) -> [Value<'_>; 11] {
         Value::Int(c.delivery_count.into()),
         Value::opt_text(c.last_error.as_deref()),
         Value::opt_ts(c.finished_at),
+        Value::Text(&c.queue),
+        Value::Text(&c.executor),
+        Value::Text(&c.target),
     ]
 }
 
 /// A receipt's row.
-pub(crate) fn receipt_values(r: &Receipt) -> [Value<'_>; 11] {
+pub(crate) fn receipt_values(r: &Receipt) -> [Value<'_>; 13] {
     [
         Value::Text(r.attempt_id.as_str()),
         Value::Int(r.ordinal.into()),
@@ -210,5 +221,7 @@ pub(crate) fn receipt_values(r: &Receipt) -> [Value<'_>; 11] {
         Value::opt_text(r.error.as_deref()),
         Value::opt_ts(r.started_at),
         Value::opt_ts(r.finished_at),
+        Value::Text(&r.executor),
+        Value::Text(&r.target),
     ]
 }

@@ -61,6 +61,9 @@ fn command() -> impl Strategy<Value = Command> {
         delivery_count: 1,
         last_error: None,
         finished_at: None,
+        queue: String::new(),
+        executor: String::new(),
+        target: String::new(),
     })
 }
 

@@ -16,9 +16,9 @@
 //! [`Expect::check`]; on any error it abandons the transaction.
 
 use super::table::{attempt_values, command_values, receipt_values, Table, ATTEMPT, COMMAND, RECEIPT};
-use super::{push_placeholder, query::queries, Dialect, Value};
+use super::{push_placeholder, query::queries, Dialect, Sql, Value};
 use crate::ledger::LedgerError;
-use leasehold_engine::{AttemptId, AttemptRecord, CommandId, Guard, Refusal, Writes};
+use leasehold_engine::{AttemptId, AttemptRecord, Capabilities, CommandId, Guard, Reach, Refusal, Writes};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,6 +34,45 @@ pub(crate) fn claimable_pending(alias: &str) -> String {
 /// NULL deadline never compares true). Append the `now` placeholder.
 pub(crate) fn claimable_expired(alias: &str) -> String {
     format!("{alias}status = 'PROCESSING' AND {alias}lease_until < ")
+}
+
+/// Appends ` {alias}{column} IN (…)` over `values` (`1 = 0` for none).
+fn push_in<'a>(sql: &mut Sql<'a>, alias: &str, column: &str, values: impl IntoIterator<Item = &'a String>) {
+    let mut values = values.into_iter().peekable();
+    if values.peek().is_none() {
+        sql.push("1 = 0");
+        return;
+    }
+    sql.push(alias).push(column).push(" IN (");
+    for (i, v) in values.enumerate() {
+        if i > 0 {
+            sql.push(", ");
+        }
+        sql.bind(Value::Text(v));
+    }
+    sql.push(")");
+}
+
+/// Appends a claim's routing condition on a command row, ` AND (…)` with bound
+/// values ([`leasehold_engine::route`]): its queue one that `caps` takes, and its
+/// executor one that `caps` runs for any target, or for the targets it may reach.
+/// A row written before routing (`''` there) passes, for the engine to decide from
+/// its plan. Columns are prefixed with `alias` (`""` or `"c."`).
+pub(crate) fn push_route_filter<'a>(sql: &mut Sql<'a>, alias: &str, caps: &'a Capabilities) {
+    sql.push(" AND (").push(alias).push("queue = '' OR ");
+    push_in(sql, alias, "queue", &caps.queues);
+    sql.push(") AND (").push(alias).push("executor = '' OR ");
+    let any = caps.executors.iter().filter(|(_, r)| matches!(r, Reach::Any));
+    push_in(sql, alias, "executor", any.map(|(e, _)| e));
+    for (executor, reach) in &caps.executors {
+        if let Reach::Only(targets) = reach {
+            sql.push(" OR (").push(alias).push("executor = ");
+            sql.bind(Value::Text(executor)).push(" AND ");
+            push_in(sql, alias, "target", targets);
+            sql.push(")");
+        }
+    }
+    sql.push(")");
 }
 
 /// The claim order: oldest availability first, then by id.

@@ -54,13 +54,15 @@ pub use transitions::{SqliteCore, BUSY_TIMEOUT};
 use writer::{Call, Job, Writer};
 pub use writer::{GroupCall, WriterStats};
 
+use super::fleet::WorkerRow;
 use super::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use leasehold_engine::transition::Start;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, Lease, OperatorRequest, Plan, PlanId, PlanSpec, WorkerRequest,
+    Action, AttemptId, AttemptRecord, Capabilities, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Timestamp,
+    WorkerRequest,
 };
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -381,6 +383,16 @@ impl Ledger for SqliteLedger {
 
     async fn open_attempts(&self) -> Result<u64, LedgerError> {
         self.run(|core| core.open_attempts()).await
+    }
+
+    async fn report_worker(&self, id: &str, capabilities: &Capabilities, starting: bool) -> Result<(), LedgerError> {
+        let (id, capabilities) = (id.to_owned(), capabilities.clone());
+        self.write(move |core| core.report_worker(&id, &capabilities, starting))
+            .await
+    }
+
+    async fn workers(&self) -> Result<(Vec<WorkerRow>, Timestamp), LedgerError> {
+        self.run(|core| core.workers()).await
     }
 
     // The console's reads ([`crate::ledger::sql::listing`]).

@@ -16,10 +16,11 @@ use crate::ledger::sql::ready;
 use crate::ledger::sql::session::{self, Parse, Session};
 use crate::ledger::sql::table::{ATTEMPT, COMMAND, PLAN, RECEIPT};
 use crate::ledger::sql::write::{self, Statement};
-use crate::ledger::sql::{poll_now, Dialect, TxError, Value, SQLITE, SQLITE_WITHOUT_ROOM};
-use leasehold_engine::{AttemptId, AttemptRecord, Guard, Plan, Timestamp, Writes};
+use crate::ledger::sql::{poll_now, Dialect, Sql, TxError, Value, SQLITE, SQLITE_WITHOUT_ROOM};
+use leasehold_engine::{AttemptId, AttemptRecord, Capabilities, Guard, Plan, Timestamp, Writes};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode, Row};
+use std::borrow::Cow;
 use std::future::{ready as done, Future};
 use std::sync::LazyLock;
 
@@ -233,8 +234,14 @@ pub(super) fn read_record(conn: &Connection, id: &AttemptId) -> Result<Option<At
 /// The claim statement over the commands matching `range` (one arm of the shared
 /// claim rule, the range of one partial index): see [`CLAIM_PENDING_SQL`].
 fn claim_sql(range: &str) -> String {
+    claim_sql_routed(range, "")
+}
+
+/// [`claim_sql`] with a routing condition after the range (` AND …`, placeholders
+/// from `?3`).
+fn claim_sql_routed(range: &str, route: &str) -> String {
     format!(
-        "SELECT {}, {}, {} FROM (SELECT rowid AS rid FROM command WHERE {range}?1 ORDER BY {} LIMIT ?2) k \
+        "SELECT {}, {}, {} FROM (SELECT rowid AS rid FROM command WHERE {range}?1{route} ORDER BY {} LIMIT ?2) k \
          CROSS JOIN command c ON c.rowid = k.rid CROSS JOIN attempt a ON a.id = c.attempt_id \
          CROSS JOIN plan p ON p.id = a.plan_id LEFT JOIN receipt r ON r.attempt_id = a.id",
         attempt_and_command(),
@@ -262,6 +269,28 @@ pub(super) static ANY_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
         write::claimable_expired("")
     )
 });
+/// Adds one claim row (a command beside one of its receipts) to `found`.
+fn push_candidate_row(found: &mut Vec<Candidate>, row: &mut SqliteRow<'_, '_>) -> Result<(), LedgerError> {
+    let command = decode::command(row, COMMAND_BASE)?;
+    // A command's rows (one per receipt) come one after another; should they
+    // not, the merge after the sort joins its entries.
+    match found.last_mut() {
+        Some((record, _)) if record.command.id == command.id => {}
+        _ => {
+            let record = AttemptRecord {
+                attempt: decode::attempt(row, 0)?,
+                command,
+                receipts: Vec::new(),
+            };
+            found.push((record, decode::plan(row, CLAIM_PLAN_BASE)?));
+        }
+    }
+    if let (Some((record, _)), Some(receipt)) = (found.last_mut(), decode::receipt_if_any(row, CLAIM_RECEIPT_BASE)?) {
+        record.receipts.push(receipt);
+    }
+    Ok(())
+}
+
 /// Where the plan's and then the receipt's columns start in a claim row.
 const CLAIM_PLAN_BASE: usize = COMMAND_BASE + COMMAND.columns.len();
 const CLAIM_RECEIPT_BASE: usize = CLAIM_PLAN_BASE + PLAN.columns.len();
@@ -275,7 +304,12 @@ pub(super) type Candidate = (AttemptRecord, Plan);
 /// `batch` (written as one `OR`, SQLite unions both whole ranges and sorts every
 /// claimable command on each claim); the expired range only when
 /// [`ANY_EXPIRED_SQL`] finds it is not empty.
-pub(super) fn claim_candidates(conn: &Connection, now: Timestamp, batch: u32) -> Result<Vec<Candidate>, LedgerError> {
+pub(super) fn claim_candidates(
+    conn: &Connection,
+    now: Timestamp,
+    batch: u32,
+    caps: Option<&Capabilities>,
+) -> Result<Vec<Candidate>, LedgerError> {
     // One allocation for the batch, sorted in place ([`in_claim_order`]): a map of
     // these records (a few hundred bytes each) allocates a node of kilobytes per
     // eleven of them, and with glibc's allocator every allocation that large first
@@ -287,35 +321,29 @@ pub(super) fn claim_candidates(conn: &Connection, now: Timestamp, batch: u32) ->
         .sql()?
         .query_row([now.as_millis()], |row| row.get(0))
         .sql()?;
-    let sqls: &[&str] = if expired {
-        &[&CLAIM_PENDING_SQL, &CLAIM_EXPIRED_SQL]
-    } else {
-        &[&CLAIM_PENDING_SQL]
+    let mut route = Sql::new(&SQLITE);
+    route.values = vec![Value::ts(now), Value::Int(batch.into())];
+    if let Some(caps) = caps {
+        write::push_route_filter(&mut route, "", caps);
+    }
+    let routed = |range: &str| claim_sql_routed(range, &route.text);
+    let sqls: Vec<Cow<'_, str>> = match (expired, caps.is_some()) {
+        (false, false) => vec![Cow::Borrowed(CLAIM_PENDING_SQL.as_str())],
+        (true, false) => vec![
+            Cow::Borrowed(CLAIM_PENDING_SQL.as_str()),
+            Cow::Borrowed(CLAIM_EXPIRED_SQL.as_str()),
+        ],
+        (false, true) => vec![Cow::Owned(routed(&write::claimable_pending("")))],
+        (true, true) => vec![
+            Cow::Owned(routed(&write::claimable_pending(""))),
+            Cow::Owned(routed(&write::claimable_expired(""))),
+        ],
     };
-    for &sql in sqls {
+    for sql in &sqls {
         let mut stmt = conn.prepare_cached(sql).sql()?;
-        let mut rows = stmt.query(rusqlite::params![now.as_millis(), i64::from(batch)]).sql()?;
+        let mut rows = stmt.query(params_from_iter(route.values.iter().map(bind))).sql()?;
         while let Some(row) = rows.next().sql()? {
-            let row = &mut SqliteRow(row);
-            let command = decode::command(row, COMMAND_BASE)?;
-            // A command's rows (one per receipt) come one after another; should they
-            // not, the merge after the sort joins its entries.
-            match found.last_mut() {
-                Some((record, _)) if record.command.id == command.id => {}
-                _ => {
-                    let record = AttemptRecord {
-                        attempt: decode::attempt(row, 0)?,
-                        command,
-                        receipts: Vec::new(),
-                    };
-                    found.push((record, decode::plan(row, CLAIM_PLAN_BASE)?));
-                }
-            }
-            if let (Some((record, _)), Some(receipt)) =
-                (found.last_mut(), decode::receipt_if_any(row, CLAIM_RECEIPT_BASE)?)
-            {
-                record.receipts.push(receipt);
-            }
+            push_candidate_row(&mut found, &mut SqliteRow(row))?;
         }
     }
     Ok(in_claim_order(found, batch))

@@ -152,7 +152,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -192,7 +192,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -258,7 +258,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -692,7 +692,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     assert_eq!(
         applied
             .iter()
-            .filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8, 9])
+            .filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
             .count(),
         1,
         "{applied:?}"
@@ -786,7 +786,7 @@ fn claim_candidates_come_whole_and_in_claim_order_even_from_rows_out_of_order() 
         core.enqueue(&plan.id, Action::Execute).unwrap();
         clock.advance_ms(1);
     }
-    let read = rows::claim_candidates(core.connection(), clock.now(), 3).unwrap();
+    let read = rows::claim_candidates(core.connection(), clock.now(), 3, None).unwrap();
     assert_eq!(read.len(), 3);
     assert!(read.iter().all(|(r, _)| r.receipts.len() == 3), "every receipt of each");
     let order: Vec<_> = read.iter().map(|(r, _)| r.command.id.clone()).collect();
@@ -882,19 +882,54 @@ fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
         .collect()
 }
 
-/// Runs `f` on a core whose schema predates the plan's `retry_json` (version 9),
-/// with that column there for the while: today's code reads and writes plans with
-/// it, and these tests write and read the rows an older ledger held. The column is
-/// dropped again before the migrations run, so they find the rows as such a ledger
-/// left them (a plan that sets no policy stores none).
-fn before_version_9<T>(core: &SqliteCore, f: impl FnOnce() -> T) -> T {
+/// Runs `f` on a core whose schema predates the plan's `retry_json` (version 9) and
+/// the routing columns (version 10), with those columns there for the while:
+/// today's code reads and writes rows with them, and these tests write and read the
+/// rows an older ledger held. The columns are dropped again before the migrations
+/// run, so they find the rows as such a ledger left them (a plan that sets no
+/// policy stores none; no row has a route).
+fn before_version_9_and_10<T>(core: &SqliteCore, f: impl FnOnce() -> T) -> T {
     let conn = core.connection();
-    conn.execute_batch("ALTER TABLE plan ADD COLUMN retry_json TEXT")
-        .unwrap();
+    for (table, column) in LATER_COLUMNS {
+        let kind = if table == "plan" {
+            "TEXT"
+        } else {
+            "TEXT NOT NULL DEFAULT ''"
+        };
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))
+            .unwrap();
+    }
     let out = f();
-    conn.execute_batch("ALTER TABLE plan DROP COLUMN retry_json").unwrap();
+    for (table, column) in LATER_COLUMNS {
+        conn.execute_batch(&format!("ALTER TABLE {table} DROP COLUMN {column}"))
+            .unwrap();
+    }
     out
 }
+
+/// Records as a ledger before version 10 held them: without routes (today's code,
+/// run in [`before_version_9_and_10`], writes them into columns that go again).
+fn unrouted(mut records: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
+    for r in &mut records {
+        let c = &mut r.command;
+        (c.queue, c.executor, c.target) = Default::default();
+        for rc in &mut r.receipts {
+            (rc.executor, rc.target) = Default::default();
+        }
+    }
+    records
+}
+
+/// The columns versions 9 and 10 add, which today's statements read.
+const LATER_COLUMNS: [(&str, &str); 7] = [
+    ("plan", "retry_json"),
+    ("plan", "queue"),
+    ("command", "queue"),
+    ("command", "executor"),
+    ("command", "target"),
+    ("receipt", "executor"),
+    ("receipt", "target"),
+];
 
 #[test]
 fn a_group_commits_every_call_but_rolls_back_only_a_failing_one() {
@@ -984,14 +1019,14 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 1);
-    let (plans, first, before) = before_version_9(&core, || {
+    let (plans, first, before) = before_version_9_and_10(&core, || {
         let plans = three_queued(&core, &clock);
         clock.advance_ms(1);
         let first = core.claim("w1", 1, LEASE_MS).unwrap().remove(0);
-        let before: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
+        let before: Vec<_> = plans.iter().map(|p| unrouted(core.history(p).unwrap())).collect();
         (plans, first, before)
     });
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8, 9, 10]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1089,6 +1124,7 @@ fn then_job(lease: &Lease, request: WorkerRequest, owner: &str) -> (super::write
             batch: 1,
             lease_ms: LEASE_MS,
             begin: false,
+            capabilities: None,
         },
         reply,
     };
@@ -1137,6 +1173,7 @@ fn a_request_then_claim_claims_with_the_groups_claims_only_once_its_request_is_a
             batch: 1,
             lease_ms: LEASE_MS,
             begin: false,
+            capabilities: None,
         },
         plain_reply,
     );
@@ -1207,7 +1244,7 @@ fn a_migration_that_would_leave_a_dangling_reference_commits_nothing() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 2);
-    before_version_9(&core, || three_queued(&core, &clock));
+    before_version_9_and_10(&core, || three_queued(&core, &clock));
     // A receipt whose attempt is gone (written with foreign keys off, as another
     // tool might have).
     core.connection().execute_batch("PRAGMA foreign_keys = OFF").unwrap();
@@ -1276,6 +1313,7 @@ fn merged_claims_take_what_the_claims_would_take_one_after_the_other() {
         batch,
         lease_ms: LEASE_MS,
         begin,
+        capabilities: None,
     };
     let requests = [
         request("w1", 2, false),
@@ -1404,7 +1442,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 2);
-    before_version_9(&core, || three_queued(&core, &clock));
+    before_version_9_and_10(&core, || three_queued(&core, &clock));
     drop(core);
     let ledger = Arc::new(SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(2))).unwrap());
     // Claims queued before and after the migration: the writer would group them with
@@ -1418,7 +1456,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8, 9]);
+    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8, 9, 10]);
     // A claim that runs before the migration reads today's plan columns: it fails
     // on the old schema, naming the missing column, and claims nothing.
     for early in before.iter().filter_map(|r| r.as_ref().err()) {
@@ -1525,6 +1563,7 @@ fn an_ending_write_and_the_claim_after_it_commit_once_outside_a_group() {
         batch: 1,
         lease_ms: LEASE_MS,
         begin: true,
+        capabilities: None,
     };
     let fail = WorkerRequest::Fail {
         ordinal: Some(1),
@@ -1753,15 +1792,15 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     migrate_to(&core, &clock, 5);
-    let before: Vec<_> = before_version_9(&core, || {
+    let before: Vec<_> = before_version_9_and_10(&core, || {
         queue_one_step_attempts(&core, &clock, 3);
         core.list_plans()
             .unwrap()
             .iter()
-            .map(|p| core.history(&p.id).unwrap())
+            .map(|p| unrouted(core.history(&p.id).unwrap()))
             .collect()
     });
-    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8, 9]);
+    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8, 9, 10]);
     let after: Vec<_> = core
         .list_plans()
         .unwrap()

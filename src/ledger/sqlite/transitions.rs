@@ -13,8 +13,8 @@ use crate::ledger::sql::{listing, Dialect};
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::Start;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, PlanStatus, Reply,
-    Request, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
+    PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use rusqlite::config::DbConfig;
 use rusqlite::Connection;
@@ -406,6 +406,29 @@ impl SqliteCore {
         ))
     }
 
+    /// Records worker `id` ([`crate::ledger::Ledger::report_worker`]).
+    pub fn report_worker(&self, id: &str, capabilities: &Capabilities, starting: bool) -> Result<(), LedgerError> {
+        let tx = self.write_tx()?;
+        let json = crate::ledger::fleet::capabilities_json(capabilities);
+        let now = self.clock.now();
+        sync(crate::ledger::sql::fleet::report_worker(
+            &mut self.session(&tx),
+            id,
+            &json,
+            now,
+            starting,
+        ))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Every worker row, and the ledger's now ([`crate::ledger::Ledger::workers`]).
+    pub fn workers(&self) -> Result<(Vec<crate::ledger::fleet::WorkerRow>, Timestamp), LedgerError> {
+        let tx = self.read_tx()?;
+        let rows = sync(crate::ledger::sql::fleet::read_workers(&mut self.session(&tx)))?;
+        Ok((rows, self.clock.now()))
+    }
+
     /// Marks a plan RETIRED.
     pub fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let tx = self.write_tx()?;
@@ -454,6 +477,7 @@ impl SqliteCore {
             batch,
             lease_ms,
             begin,
+            capabilities: None,
         };
         self.claim_batch(request)
     }
@@ -480,17 +504,51 @@ impl SqliteCore {
     /// every claimable command. Tokens are drawn in the same order as alone: per
     /// claim, per candidate of its window.
     pub fn claim_many(&self, requests: &[ClaimRequest]) -> Result<Vec<Vec<Claimed>>, LedgerError> {
-        let total = requests.iter().fold(0u32, |sum, r| sum.saturating_add(r.batch));
-        if total == 0 {
-            return Ok(requests.iter().map(|_| Vec::new()).collect());
+        let mut claimed: Vec<Vec<Claimed>> = requests.iter().map(|_| Vec::new()).collect();
+        if requests.iter().all(|r| r.batch == 0) {
+            return Ok(claimed);
         }
         let tx = self.write_tx()?;
         let now = self.clock.now();
-        let mut candidates: Vec<Option<rows::Candidate>> =
-            rows::claim_candidates(&tx, now, total)?.into_iter().map(Some).collect();
+        // Claims of workers that can run different routes read their candidates
+        // apart, one group after another in this transaction (a group's read sees
+        // the claims written before it).
+        let mut groups: Vec<(&Option<Capabilities>, Vec<usize>)> = Vec::new();
+        for (k, request) in requests.iter().enumerate() {
+            match groups.iter_mut().find(|(caps, _)| **caps == request.capabilities) {
+                Some((_, members)) => members.push(k),
+                None => groups.push((&request.capabilities, vec![k])),
+            }
+        }
+        for (_, members) in groups {
+            self.claim_group(&tx, now, requests, &members, &mut claimed)?;
+        }
+        tx.commit()?;
+        Ok(claimed)
+    }
+
+    /// The claims `members` of `requests` (all with the same capabilities), with one
+    /// candidate read ([`SqliteCore::claim_many`]), each answered into `claimed`.
+    fn claim_group(
+        &self,
+        tx: &Tx<'_>,
+        now: Timestamp,
+        requests: &[ClaimRequest],
+        members: &[usize],
+        claimed: &mut [Vec<Claimed>],
+    ) -> Result<(), LedgerError> {
+        let total = members
+            .iter()
+            .fold(0u32, |sum, &k| sum.saturating_add(requests[k].batch));
+        let caps = requests[members[0]].capabilities.as_ref();
+        let mut candidates: Vec<Option<rows::Candidate>> = rows::claim_candidates(tx, now, total, caps)?
+            .into_iter()
+            .map(Some)
+            .collect();
         // Every vector sized once (see `rows::claim_candidates` on large allocations).
         let mut decided = Vec::with_capacity(candidates.len());
-        for (k, request) in requests.iter().enumerate() {
+        for &k in members {
+            let request = &requests[k];
             let window: Vec<usize> = (0..candidates.len())
                 .filter(|&i| candidates[i].is_some())
                 .take(request.batch as usize)
@@ -512,11 +570,7 @@ impl SqliteCore {
             .collect();
         // A command taken by someone else between the candidate query and the write
         // is refused and skipped (nothing was written for it).
-        let applied = rows::update_many(&tx, self.dialect.get(), &items)?;
-        let mut claimed: Vec<Vec<Claimed>> = requests
-            .iter()
-            .map(|r| Vec::with_capacity((r.batch as usize).min(decided.len())))
-            .collect();
+        let applied = rows::update_many(tx, self.dialect.get(), &items)?;
         let mut records = self.records.borrow_mut();
         for ((k, record, plan, token, writes), applied) in decided.into_iter().zip(applied) {
             if applied {
@@ -528,9 +582,7 @@ impl SqliteCore {
                 }
             }
         }
-        drop(records);
-        tx.commit()?;
-        Ok(claimed)
+        Ok(())
     }
 
     /// Applies a request of the worker holding `lease` ([`crate::ledger::Ledger::worker`]):
