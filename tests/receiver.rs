@@ -15,6 +15,7 @@ use leasehold::receiver::postgres::PostgresStore;
 use leasehold::receiver::sqlite::SqliteStore;
 use leasehold::receiver::{Begun, Effects, Faults, KeyStore, StoredResponse};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -136,9 +137,14 @@ struct Reply {
 impl Server {
     /// POSTs `body` to `/orders` with `key` (none: no header).
     async fn try_post(&self, key: Option<&str>, body: &str) -> Result<Reply, reqwest::Error> {
+        self.try_post_to("/orders", key, body).await
+    }
+
+    /// POSTs `body` to `path` (and query) with `key` (none: no header).
+    async fn try_post_to(&self, path: &str, key: Option<&str>, body: &str) -> Result<Reply, reqwest::Error> {
         let mut request = self
             .client
-            .post(format!("http://{}/orders", self.addr))
+            .post(format!("http://{}{path}", self.addr))
             .header("content-type", "application/json")
             .body(body.to_owned());
         if let Some(key) = key {
@@ -161,7 +167,11 @@ impl Server {
     }
 
     async fn post(&self, key: Option<&str>, body: &str) -> Reply {
-        self.try_post(key, body).await.expect("an answer")
+        self.post_to("/orders", key, body).await
+    }
+
+    async fn post_to(&self, path: &str, key: Option<&str>, body: &str) -> Reply {
+        self.try_post_to(path, key, body).await.expect("an answer")
     }
 
     async fn effects(&self) -> Effects {
@@ -291,7 +301,13 @@ async fn a_request_without_the_key_gets_400_and_nothing_is_stored(backend: Backe
     assert!(reply.body["error"].as_str().unwrap().contains("Idempotency-Key"));
     let empty = server.post(Some(""), ORDER).await;
     assert_eq!(empty.status, 400, "{empty:?}");
-    assert_eq!(server.effects().await, Effects::default());
+    // Nothing stored; the two requests were processed, one at a time.
+    let processed = Effects {
+        max_concurrent: 1,
+        max_concurrent_by_path: [("/orders".to_owned(), 1)].into(),
+        ..Effects::default()
+    };
+    assert_eq!(server.effects().await, processed);
     server.stop().await;
 }
 
@@ -455,14 +471,17 @@ async fn expired_claims(store: impl KeyStore) {
         panic!("an expired claim is taken over by the same body");
     };
     assert_ne!(late.token, taker.token);
-    assert!(!store.apply(&late, "rcpt-late", &response("late"), 2_010).await.unwrap());
+    assert!(!store
+        .apply(&late, "rcpt-late", "/late", &response("late"), 2_010)
+        .await
+        .unwrap());
     assert!(store
-        .apply(&taker, "rcpt-taker", &response("taker"), 2_020)
+        .apply(&taker, "rcpt-taker", "/orders", &response("taker"), 2_020)
         .await
         .unwrap());
     assert!(
         !store
-            .apply(&taker, "rcpt-again", &response("again"), 2_030)
+            .apply(&taker, "rcpt-again", "/again", &response("again"), 2_030)
             .await
             .unwrap(),
         "a claim applies once"
@@ -477,6 +496,120 @@ async fn expired_claims(store: impl KeyStore) {
     let effects = store.effects().await.unwrap();
     assert_eq!(effects.by_key, [("ik-1".to_owned(), 1)].into());
     assert_eq!((effects.keys, effects.in_progress), (1, 0));
+    assert_eq!(
+        effects.order_by_path,
+        [("/orders".to_owned(), vec!["ik-1".to_owned()])].into(),
+        "only the applying holder's path"
+    );
+}
+
+/// `order_by_path` from `(path, keys)` pairs.
+fn order(paths: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    let keys = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect();
+    paths.iter().map(|(path, k)| (path.to_string(), keys(k))).collect()
+}
+
+async fn keys_are_listed_per_path_in_the_order_first_applied_across_a_restart(backend: Backend) {
+    let Some(db) = Db::new(backend).await else { return };
+    let server = db.serve(Faults::none()).await;
+    // Keys whose order of application is not their sorted order.
+    for (path, key) in [
+        ("/orders", "ik-30"),
+        ("/orders", "ik-10"),
+        ("/refunds", "ik-90"),
+        ("/orders", "ik-20"),
+    ] {
+        let reply = server.post_to(path, Some(key), ORDER).await;
+        assert_eq!((reply.status, reply.replayed), (201, false), "{key}: {reply:?}");
+    }
+    // Repeats apply nothing, so they append nothing: a replay on the same path, one
+    // on another path, a 422.
+    assert!(server.post_to("/orders", Some("ik-10"), ORDER).await.replayed);
+    assert!(server.post_to("/refunds", Some("ik-30"), ORDER).await.replayed);
+    assert_eq!(server.post_to("/orders", Some("ik-20"), "{}").await.status, 422);
+    // The path is taken without its query.
+    let queried = server.post_to("/orders?page=2", Some("ik-05"), ORDER).await;
+    assert_eq!(queried.status, 201, "{queried:?}");
+    let expected = order(&[
+        ("/orders", &["ik-30", "ik-10", "ik-20", "ik-05"]),
+        ("/refunds", &["ik-90"]),
+    ]);
+    assert_eq!(server.effects().await.order_by_path, expected);
+    server.stop().await;
+    // The order is read from the store; the concurrency is this process's.
+    let after = db.serve(Faults::none()).await;
+    let effects = after.effects().await;
+    assert_eq!(effects.order_by_path, expected, "{effects:?}");
+    assert_eq!((effects.max_concurrent, effects.max_concurrent_by_path.len()), (0, 0));
+    after.stop().await;
+}
+
+/// Runs `statements` on the test's database, outside any target.
+async fn execute(db: &Db, statements: &[&str]) {
+    match &db.url {
+        DbUrl::Sqlite(path) => {
+            let conn = rusqlite::Connection::open(path).unwrap();
+            for sql in statements {
+                conn.execute_batch(sql).unwrap();
+            }
+        }
+        DbUrl::Mysql(url) => {
+            use mysql_async::prelude::Queryable;
+            let opts = mysql_async::OptsBuilder::default()
+                .ip_or_hostname(url.host.clone())
+                .tcp_port(url.port)
+                .user(url.user.clone())
+                .pass(url.expose_password().map(str::to_owned))
+                .db_name(Some(url.database.clone()));
+            let mut conn = mysql_async::Conn::new(opts).await.unwrap();
+            for sql in statements {
+                conn.query_drop(*sql).await.unwrap();
+            }
+            conn.disconnect().await.unwrap();
+        }
+        DbUrl::Postgres(url) => {
+            let (client, connection) = url.config().connect(tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            for sql in statements {
+                client.batch_execute(sql).await.unwrap();
+            }
+        }
+    }
+}
+
+async fn an_effects_table_from_before_paths_gets_its_path_column(backend: Backend) {
+    let Some(db) = Db::new(backend).await else { return };
+    let id = match backend {
+        Backend::Sqlite => "id INTEGER PRIMARY KEY AUTOINCREMENT",
+        Backend::Mysql => "id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
+        Backend::Postgres => "id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+    };
+    let legacy = format!(
+        "CREATE TABLE leasehold_target_effect ({id}, idempotency_key VARCHAR(255) NOT NULL,
+         receipt_id VARCHAR(64) NOT NULL, applied_at_ms BIGINT NOT NULL)"
+    );
+    execute(
+        &db,
+        &[
+            &legacy,
+            "INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms)
+             VALUES ('ik-old', 'rcpt-old', 1)",
+        ],
+    )
+    .await;
+    // Twice: the second target finds the column there.
+    for _ in 0..2 {
+        let server = db.serve(Faults::none()).await;
+        server.post(Some("ik-new"), ORDER).await;
+        let effects = server.effects().await;
+        assert_eq!(effects.by_key, [("ik-new".into(), 1), ("ik-old".into(), 1)].into());
+        assert_eq!(
+            effects.order_by_path,
+            order(&[("/orders", &["ik-new"])]),
+            "a row without a path is not listed"
+        );
+        server.stop().await;
+    }
 }
 
 /// One test per behaviour and backend: `sqlite::NAME`, `mysql::NAME` and `postgres::NAME`.
@@ -521,4 +654,76 @@ on_every_backend!(
     concurrent_requests_with_the_same_key_apply_it_once_across_two_targets,
     the_fault_draws_follow_the_seed,
     an_expired_claim_is_taken_over_and_its_late_holder_applies_nothing,
+    keys_are_listed_per_path_in_the_order_first_applied_across_a_restart,
+    an_effects_table_from_before_paths_gets_its_path_column,
 );
+
+/// While N deliveries hold their keys (each in its delay), `max_concurrent` is N, per
+/// path too; it stays N after they are answered and while fewer run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_concurrent_is_the_most_deliveries_in_flight_at_once() {
+    let db = Db::new(Backend::Sqlite).await.unwrap();
+    // Long enough that every request is claimed while the first still works.
+    let server = std::sync::Arc::new(db.serve(delayed(3_000)).await);
+    let paths = [
+        "/orders",
+        "/orders",
+        "/orders",
+        "/orders",
+        "/orders",
+        "/refunds?x=1",
+        "/refunds",
+        "/refunds",
+    ];
+    let held: Vec<_> = paths
+        .into_iter()
+        .enumerate()
+        .map(|(n, path)| {
+            let server = std::sync::Arc::clone(&server);
+            tokio::spawn(async move { server.post_to(path, Some(&format!("ik-{n}")), ORDER).await })
+        })
+        .collect();
+    let during = wait_for(&server, "every request holding its key", |e| e.in_progress == 8).await;
+    let by_path = [("/orders".to_owned(), 5), ("/refunds".to_owned(), 3)].into();
+    assert_eq!((during.max_concurrent, &during.max_concurrent_by_path), (8, &by_path));
+    for request in held {
+        assert_eq!(request.await.unwrap().status, 201);
+    }
+    let after = server.effects().await;
+    assert_eq!(
+        (after.keys, after.max_concurrent, &after.max_concurrent_by_path),
+        (8, 8, &by_path)
+    );
+    // One at a time (refused at once: no key) leaves the maximum where it was.
+    for _ in 0..2 {
+        assert_eq!(server.post(None, ORDER).await.status, 400);
+    }
+    let later = server.effects().await;
+    assert_eq!((later.max_concurrent, &later.max_concurrent_by_path), (8, &by_path));
+    std::sync::Arc::into_inner(server).unwrap().stop().await;
+}
+
+/// `order_by_path` lists the first `MAX_ORDERED_KEYS` applications; the rest count
+/// in `effects` only.
+#[tokio::test]
+async fn the_order_lists_the_first_applications_up_to_its_bound() {
+    let db = Db::new(Backend::Sqlite).await.unwrap();
+    let DbUrl::Sqlite(path) = &db.url else { unreachable!() };
+    let store = SqliteStore::open(path).unwrap();
+    let total = leasehold::receiver::MAX_ORDERED_KEYS + 1;
+    execute(
+        &db,
+        &[&format!(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < {total})
+             INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms, path)
+             SELECT printf('ik-%06d', {total} - i), 'rcpt', 1, '/p' FROM n ORDER BY i"
+        )],
+    )
+    .await;
+    let effects = store.effects().await.unwrap();
+    assert_eq!(effects.effects as usize, total);
+    let listed = &effects.order_by_path["/p"];
+    assert_eq!(listed.len(), leasehold::receiver::MAX_ORDERED_KEYS);
+    assert_eq!(listed[0], format!("ik-{total:06}"), "the first applied first");
+    assert_eq!(listed.last().unwrap(), "ik-000002", "the last one applied is left out");
+}

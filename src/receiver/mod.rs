@@ -27,7 +27,8 @@
 //!
 //! The effect here is one row per applied key in an effects table, with no unique
 //! constraint: a receiver that applied a key twice would show two rows, so
-//! `GET /effects` ([`Effects`]) proves exactly-once instead of assuming it. A real
+//! `GET /effects` ([`Effects`]) proves exactly-once instead of assuming it; each row
+//! also keeps the request's path, and its id the order of the applications. A real
 //! receiver replaces that insert with its own business write (create the order),
 //! in the same transaction as the stored response. An effect outside the database (a
 //! call to yet another service) cannot share the transaction: pass the key on to it.
@@ -45,13 +46,16 @@
 //! [`mysql::MysqlStore`] and [`postgres::PostgresStore`]. The tables (`leasehold_target_key`,
 //! `leasehold_target_effect`, `leasehold_target_counter`) are created by the target
 //! itself, never by the ledger's migrations, so they may live in any database,
-//! the ledger's included.
+//! the ledger's included. An effects table created before effect rows kept their
+//! request's path gets its `path` column when a store opens it.
 
+mod concurrency;
 pub mod mysql;
 pub mod postgres;
 mod server;
 pub mod sqlite;
 
+pub use concurrency::MAX_TRACKED_PATHS;
 pub use server::{Faults, Target, MAX_DELAY, MAX_FAILED_KEYS};
 
 use crate::ledger::DbUrl;
@@ -67,6 +71,33 @@ pub const PROCESSING_HOLD: Duration = Duration::from_secs(10);
 
 /// The longest key accepted, in characters.
 pub const MAX_KEY_CHARS: usize = 255;
+
+/// The most first applications listed in [`Effects::order_by_path`]: the earliest
+/// ones, by effect row id; later applications count in `keys` and `effects` only.
+pub const MAX_ORDERED_KEYS: usize = 65_536;
+
+/// The query every store reads [`Effects::order_by_path`] with: `(path, key)` of each
+/// key's first effect row, in the order of their ids, for the first
+/// [`MAX_ORDERED_KEYS`]. Rows written before the path was stored (`NULL`) are left
+/// out.
+fn order_query() -> String {
+    format!(
+        "SELECT e.path, e.idempotency_key FROM leasehold_target_effect e
+         WHERE e.path IS NOT NULL AND NOT EXISTS (
+             SELECT 1 FROM leasehold_target_effect f
+             WHERE f.idempotency_key = e.idempotency_key AND f.id < e.id)
+         ORDER BY e.id LIMIT {MAX_ORDERED_KEYS}"
+    )
+}
+
+/// Groups the rows of [`order_query`] (in their order) by path.
+fn order_by_path(rows: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, Vec<String>> {
+    let mut by_path: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (path, key) in rows {
+        by_path.entry(path).or_default().push(key);
+    }
+    by_path
+}
 
 /// What a store answers when a request claims a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +180,19 @@ pub struct Effects {
     pub mismatches: u64,
     /// Effect rows per key: 1 for every key when each was applied exactly once.
     pub by_key: BTreeMap<String, u64>,
+    /// Per request path (without its query), the keys in the order they were first
+    /// applied there; a replay appends nothing. From the store, for the first
+    /// [`MAX_ORDERED_KEYS`] applications.
+    #[serde(default)]
+    pub order_by_path: BTreeMap<String, Vec<String>>,
+    /// The most deliveries this process was processing at once since it started
+    /// (not stored).
+    #[serde(default)]
+    pub max_concurrent: u64,
+    /// The same per request path (without its query), for the first
+    /// [`MAX_TRACKED_PATHS`] paths met (not stored).
+    #[serde(default)]
+    pub max_concurrent_by_path: BTreeMap<String, u64>,
     /// Faults injected by this process since it started (not stored).
     pub faults: FaultCounts,
 }
@@ -197,12 +241,14 @@ pub trait KeyStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Begun, StoreError>> + Send;
 
     /// In one transaction: when `claim` still holds its key, records the effect
-    /// (`receipt_id` names it) and stores `response` as the key's answer; answers
-    /// whether it did. `false`: the claim was taken over, nothing was written.
+    /// (`receipt_id` names it, `path` is the request's path without its query) and
+    /// stores `response` as the key's answer; answers whether it did. `false`: the
+    /// claim was taken over, nothing was written.
     fn apply(
         &self,
         claim: &Claim,
         receipt_id: &str,
+        path: &str,
         response: &StoredResponse,
         now_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -210,7 +256,8 @@ pub trait KeyStore: Send + Sync + 'static {
     /// Adds one to a counter.
     fn count(&self, counted: Counted) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// A consistent reading of keys, effects and counters (`faults` left zero).
+    /// A consistent reading of keys, effects, their order and counters (`faults` and
+    /// the concurrency fields left zero).
     fn effects(&self) -> impl Future<Output = Result<Effects, StoreError>> + Send;
 }
 

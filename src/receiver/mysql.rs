@@ -13,7 +13,7 @@
 //! sender's retry then finds the key done, or still held by this claim until its
 //! hold expires). Passwords never appear in errors: the URL prints as `***`.
 
-use super::{Begun, Claim, Counted, Effects, KeyStore, StoreError, StoredResponse};
+use super::{order_by_path, order_query, Begun, Claim, Counted, Effects, KeyStore, StoreError, StoredResponse};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ledger::mysql::MysqlUrl;
 use mysql_async::prelude::Queryable;
@@ -26,6 +26,8 @@ const ER_DUP_ENTRY: u16 = 1062;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 /// Lock wait timeout exceeded.
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// Duplicate column name.
+const ER_DUP_FIELDNAME: u16 = 1060;
 
 /// The target's tables; see `sqlite.rs` for what each column means.
 const SCHEMA: &[&str] = &[
@@ -45,6 +47,7 @@ const SCHEMA: &[&str] = &[
         idempotency_key VARCHAR(255) NOT NULL,
         receipt_id      VARCHAR(64) NOT NULL,
         applied_at_ms   BIGINT NOT NULL,
+        path            MEDIUMTEXT NULL,
         KEY leasehold_target_effect_key (idempotency_key)
     ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
     "CREATE TABLE IF NOT EXISTS leasehold_target_counter (
@@ -112,7 +115,18 @@ impl MysqlStore {
                 .await
                 .map_err(|e| StoreError::Invalid(format!("{url}: cannot create the target's tables: {e}")))?;
         }
-        Ok(store)
+        // An effects table created before effect rows kept their path gets it (its
+        // earlier rows keep NULL); where it is there already, or another target added
+        // it just now, the server answers "duplicate column".
+        match conn
+            .query_drop("ALTER TABLE leasehold_target_effect ADD COLUMN path MEDIUMTEXT NULL")
+            .await
+        {
+            Err(e) if code(&e) != Some(ER_DUP_FIELDNAME) => Err(StoreError::Invalid(format!(
+                "{url}: cannot add the path column to leasehold_target_effect: {e}"
+            ))),
+            _ => Ok(store),
+        }
     }
 
     async fn conn(&self) -> Result<Conn, StoreError> {
@@ -138,6 +152,7 @@ impl MysqlStore {
         conn: &mut Conn,
         claim: &Claim,
         receipt_id: &str,
+        path: &str,
         response: &StoredResponse,
         now: i64,
     ) -> Result<bool, mysql_async::Error> {
@@ -156,8 +171,9 @@ impl MysqlStore {
         // The effect. A receiver of your own writes its business rows here, in this
         // same transaction.
         tx.exec_drop(
-            "INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms) VALUES (?, ?, ?)",
-            (&claim.key, receipt_id, now),
+            "INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms, path)
+             VALUES (?, ?, ?, ?)",
+            (&claim.key, receipt_id, now, path),
         )
         .await?;
         tx.commit().await?;
@@ -237,6 +253,7 @@ impl KeyStore for MysqlStore {
         &self,
         claim: &Claim,
         receipt_id: &str,
+        path: &str,
         response: &StoredResponse,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
@@ -244,7 +261,7 @@ impl KeyStore for MysqlStore {
         let tries = self.url.options.retry_max.max(1);
         for tried in 1..=tries {
             match self
-                .apply_once(&mut conn, claim, receipt_id, response, to_i64(now_ms))
+                .apply_once(&mut conn, claim, receipt_id, path, response, to_i64(now_ms))
                 .await
             {
                 Ok(applied) => return Ok(applied),
@@ -294,6 +311,8 @@ impl KeyStore for MysqlStore {
                 effects.effects += count(Some(n));
                 effects.by_key.insert(key, count(Some(n)));
             }
+            let order: Vec<(String, String)> = tx.query(order_query()).await?;
+            effects.order_by_path = order_by_path(order);
             let counters: Vec<(String, i64)> = tx.query("SELECT name, value FROM leasehold_target_counter").await?;
             for (name, n) in counters {
                 match name.as_str() {

@@ -14,13 +14,14 @@
 //! claim until its hold expires). Passwords never appear in errors: the URL prints
 //! with `***`.
 
-use super::{Begun, Claim, Counted, Effects, KeyStore, StoreError, StoredResponse};
+use super::{order_by_path, order_query, Begun, Claim, Counted, Effects, KeyStore, StoreError, StoredResponse};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ledger::postgres::{PostgresLedger, PostgresUrl};
 use std::time::Duration;
 use tokio_postgres::error::SqlState;
 
-/// The target's tables; see `sqlite.rs` for what each column means.
+/// The target's tables; see `sqlite.rs` for what each column means. An effects
+/// table created before effect rows kept their path gets it (earlier rows: NULL).
 const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS leasehold_target_key (
         idempotency_key TEXT COLLATE \"C\" NOT NULL PRIMARY KEY,
@@ -37,8 +38,10 @@ const SCHEMA: &str = "
         id              BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         idempotency_key TEXT COLLATE \"C\" NOT NULL,
         receipt_id      TEXT NOT NULL,
-        applied_at_ms   BIGINT NOT NULL
+        applied_at_ms   BIGINT NOT NULL,
+        path            TEXT NULL
     );
+    ALTER TABLE leasehold_target_effect ADD COLUMN IF NOT EXISTS path TEXT NULL;
     CREATE INDEX IF NOT EXISTS leasehold_target_effect_key ON leasehold_target_effect (idempotency_key);
     CREATE TABLE IF NOT EXISTS leasehold_target_counter (
         name  TEXT NOT NULL PRIMARY KEY,
@@ -114,6 +117,7 @@ impl PostgresStore {
         client: &mut deadpool_postgres::Client,
         claim: &Claim,
         receipt_id: &str,
+        path: &str,
         response: &StoredResponse,
         now: i64,
     ) -> Result<bool, tokio_postgres::Error> {
@@ -139,8 +143,9 @@ impl PostgresStore {
         // The effect. A receiver of your own writes its business rows here, in this
         // same transaction.
         tx.execute(
-            "INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms) VALUES ($1, $2, $3)",
-            &[&claim.key, &receipt_id, &now],
+            "INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms, path)
+             VALUES ($1, $2, $3, $4)",
+            &[&claim.key, &receipt_id, &now, &path],
         )
         .await?;
         tx.commit().await?;
@@ -230,13 +235,14 @@ impl KeyStore for PostgresStore {
         &self,
         claim: &Claim,
         receipt_id: &str,
+        path: &str,
         response: &StoredResponse,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
         let mut client = self.client().await?;
         let tries = self.ledger.url().options.retry_max.max(1);
         for tried in 1..=tries {
-            match Self::apply_once(&mut client, claim, receipt_id, response, to_i64(now_ms)).await {
+            match Self::apply_once(&mut client, claim, receipt_id, path, response, to_i64(now_ms)).await {
                 Ok(applied) => return Ok(applied),
                 Err(e) if retryable(&e) && tried < tries => {
                     tokio::time::sleep(Duration::from_millis(10 * u64::from(tried))).await;
@@ -265,7 +271,7 @@ impl KeyStore for PostgresStore {
     async fn effects(&self) -> Result<Effects, StoreError> {
         let mut client = self.client().await?;
         let read = async {
-            // One snapshot for the three reads.
+            // One snapshot for all the reads.
             let tx = client
                 .build_transaction()
                 .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -295,6 +301,8 @@ impl KeyStore for PostgresStore {
                 effects.effects += count(n);
                 effects.by_key.insert(key, count(n));
             }
+            let order = tx.query(&order_query(), &[]).await?;
+            effects.order_by_path = order_by_path(order.iter().map(|row| (row.get(0), row.get(1))));
             for row in tx
                 .query("SELECT name, value FROM leasehold_target_counter", &[])
                 .await?

@@ -2,8 +2,11 @@
 //! fault draws, and how a reply is dropped.
 //!
 //! Routes: `GET /effects` answers [`Effects`] as JSON; every other request (any
-//! method, any path) is a delivery, keyed by its `Idempotency-Key`.
+//! method, any path) is a delivery, keyed by its `Idempotency-Key`. Deliveries are
+//! counted in flight ([`Concurrency`]) from the start of their handler until their
+//! answer is ready; `GET /effects` is not.
 
+use super::concurrency::Concurrency;
 use super::{
     Begun, Counted, Effects, FaultCounts, KeyStore, StoreError, StoredResponse, MAX_KEY_CHARS, PROCESSING_HOLD,
 };
@@ -11,7 +14,7 @@ use crate::entropy::{Entropy, OsEntropy, SeededEntropy};
 use crate::listener;
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -94,6 +97,7 @@ pub struct Target<S> {
     failed: AtomicU64,
     failed_by_key: Mutex<BTreeMap<String, u64>>,
     dropped_replies: AtomicU64,
+    concurrency: Concurrency,
 }
 
 impl<S> std::fmt::Debug for Target<S> {
@@ -135,6 +139,7 @@ impl<S: KeyStore> Target<S> {
             failed: AtomicU64::new(0),
             failed_by_key: Mutex::new(BTreeMap::new()),
             dropped_replies: AtomicU64::new(0),
+            concurrency: Concurrency::default(),
         }
     }
 
@@ -204,8 +209,8 @@ impl<S: KeyStore> Target<S> {
         }
     }
 
-    /// Steps 3 to 6 of the contract for one delivery.
-    async fn handle(&self, key: String, fingerprint: String) -> Result<Answer, StoreError> {
+    /// Steps 3 to 6 of the contract for one delivery to `path`.
+    async fn handle(&self, key: String, fingerprint: String, path: &str) -> Result<Answer, StoreError> {
         let hold_ms = (PROCESSING_HOLD + self.faults.delay).as_millis() as u64;
         match self.store.begin(&key, &fingerprint, now_ms(), hold_ms).await? {
             Begun::Claimed(claim) => {
@@ -217,7 +222,7 @@ impl<S: KeyStore> Target<S> {
                     status: StatusCode::CREATED.as_u16(),
                     body: json!({"id": receipt_id, "idempotency_key": key, "status": "applied"}).to_string(),
                 };
-                if self.store.apply(&claim, &receipt_id, &response, now_ms()).await? {
+                if self.store.apply(&claim, &receipt_id, path, &response, now_ms()).await? {
                     Ok(Answer::Applied(response))
                 } else {
                     // Held past its hold and taken over by a repeat, which applies it.
@@ -251,6 +256,8 @@ async fn effects<S: KeyStore>(State(target): State<Arc<Target<S>>>) -> Response 
                 failed_by_key: target.failed_by_key.lock().unwrap_or_else(|e| e.into_inner()).clone(),
                 dropped_replies: target.dropped_replies.load(Ordering::Relaxed),
             },
+            max_concurrent: target.concurrency.max(),
+            max_concurrent_by_path: target.concurrency.max_by_path(),
             ..effects
         })
         .into_response(),
@@ -262,9 +269,12 @@ async fn effects<S: KeyStore>(State(target): State<Arc<Target<S>>>) -> Response 
 async fn deliver<S: KeyStore>(
     State(target): State<Arc<Target<S>>>,
     ConnectInfo(reply_drop): ConnectInfo<ReplyDrop>,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let path = uri.path().to_owned();
+    let in_flight = target.concurrency.enter(&path);
     let key = match idempotency_key(&headers) {
         Ok(key) => key,
         Err(why) => return problem(StatusCode::BAD_REQUEST, why),
@@ -279,20 +289,25 @@ async fn deliver<S: KeyStore>(
     }
     let fingerprint = hex::encode(Sha256::digest(&body));
     // In a task of its own: once the key is claimed, the work runs to its end even
-    // if the client hangs up, so no key is left half-done by a vanished sender.
+    // if the client hangs up, so no key is left half-done by a vanished sender. The
+    // task holds the delivery in flight while it runs and hands it back with its
+    // answer, so it leaves once the answer is ready (or the work ends unanswered).
     let work = tokio::spawn({
         let target = Arc::clone(&target);
-        async move { target.handle(key, fingerprint).await }
+        async move { (target.handle(key, fingerprint, &path).await, in_flight) }
     });
-    let answer = match work.await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => return problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    let (done, _in_flight) = match work.await {
+        Ok(done) => done,
         Err(e) => {
             return problem(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 &format!("the request's task failed: {e}"),
             )
         }
+    };
+    let answer = match done {
+        Ok(answer) => answer,
+        Err(e) => return problem(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     };
     match answer {
         Answer::Applied(stored) => {

@@ -4,7 +4,7 @@
 //! the busy timeout). The file is created if it does not exist; WAL with
 //! `synchronous=FULL`, so a stored response survives a crash of the machine too.
 
-use super::{Begun, Claim, Counted, Effects, KeyStore, StoreError, StoredResponse};
+use super::{order_by_path, order_query, Begun, Claim, Counted, Effects, KeyStore, StoreError, StoredResponse};
 use crate::entropy::{Entropy, OsEntropy};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::sync::{Arc, Mutex};
@@ -15,7 +15,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The target's tables. `state` is `processing` (claimed, no effect yet) or `done`
 /// (effect applied, response stored); the effects table has no unique key on
-/// purpose, so a double application would show.
+/// purpose, so a double application would show. An effect's `path` is its request's
+/// path (without the query); its `id` orders the applications.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS leasehold_target_key (
     idempotency_key TEXT PRIMARY KEY NOT NULL,
@@ -32,7 +33,8 @@ CREATE TABLE IF NOT EXISTS leasehold_target_effect (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     idempotency_key TEXT NOT NULL,
     receipt_id      TEXT NOT NULL,
-    applied_at_ms   INTEGER NOT NULL
+    applied_at_ms   INTEGER NOT NULL,
+    path            TEXT
 );
 CREATE INDEX IF NOT EXISTS leasehold_target_effect_key ON leasehold_target_effect (idempotency_key);
 CREATE TABLE IF NOT EXISTS leasehold_target_counter (
@@ -77,6 +79,7 @@ impl SqliteStore {
         }
         conn.pragma_update(None, "synchronous", "FULL").map_err(unavailable)?;
         conn.execute_batch(SCHEMA)
+            .and_then(|()| add_path_column(&conn))
             .map_err(|e| StoreError::Invalid(format!("sqlite://{path}: cannot create the target's tables: {e}")))?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -112,6 +115,26 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("sqlite call failed: {e}")))?
+    }
+}
+
+/// Adds `path` to an effects table created before effect rows kept it (its
+/// earlier rows keep `NULL`). Another process adding it at the same time is fine.
+fn add_path_column(conn: &Connection) -> rusqlite::Result<()> {
+    let has_path = |conn: &Connection| {
+        conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('leasehold_target_effect') WHERE name = 'path'",
+            [],
+            |row| row.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+    };
+    if has_path(conn)? {
+        return Ok(());
+    }
+    match conn.execute("ALTER TABLE leasehold_target_effect ADD COLUMN path TEXT", []) {
+        Err(_) if has_path(conn)? => Ok(()),
+        added => added.map(|_| ()),
     }
 }
 
@@ -206,10 +229,12 @@ impl KeyStore for SqliteStore {
         &self,
         claim: &Claim,
         receipt_id: &str,
+        path: &str,
         response: &StoredResponse,
         now_ms: u64,
     ) -> Result<bool, StoreError> {
         let (claim, receipt_id, response) = (claim.clone(), receipt_id.to_owned(), response.clone());
+        let path = path.to_owned();
         let now = to_i64(now_ms);
         self.transaction(true, move |tx| {
             let stored = tx.execute(
@@ -224,8 +249,9 @@ impl KeyStore for SqliteStore {
             // The effect. A receiver of your own writes its business rows here, in
             // this same transaction.
             tx.execute(
-                "INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms) VALUES (?1, ?2, ?3)",
-                params![claim.key, receipt_id, now],
+                "INSERT INTO leasehold_target_effect (idempotency_key, receipt_id, applied_at_ms, path)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![claim.key, receipt_id, now, path],
             )?;
             Ok((true, true))
         })
@@ -261,6 +287,9 @@ impl KeyStore for SqliteStore {
                 let (key, n) = row?;
                 effects.by_key.insert(key, n.max(0) as u64);
             }
+            let mut order = tx.prepare(&order_query())?;
+            let rows = order.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)))?;
+            effects.order_by_path = order_by_path(rows.collect::<rusqlite::Result<Vec<_>>>()?);
             let mut counters = tx.prepare("SELECT name, value FROM leasehold_target_counter")?;
             for row in counters.query_map([], |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)))? {
                 let (name, n) = row?;
