@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 mod policy;
+mod routing;
 pub use policy::*;
+pub use routing::*;
 
 /// Where every test's ledger clock starts (2023-11-14T22:13:20Z).
 pub const START: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -130,6 +132,10 @@ macro_rules! conformance_suite {
             the_deadline_ends_an_attempt_exhausted_at_a_claim,
             a_scheduled_enqueue_is_claimable_from_its_start_and_never_before,
             bulk_recovery_retries_and_aborts_through_the_ledgers_transitions,
+            claims_take_only_the_routes_the_worker_can_run,
+            a_claim_finds_a_runnable_command_behind_many_it_cannot_run,
+            the_command_follows_its_next_step_and_only_a_capable_worker_takes_it_over,
+            the_fleet_says_what_a_queued_attempt_waits_for,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,
