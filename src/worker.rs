@@ -1038,4 +1038,71 @@ mod tests {
         assert_eq!((report.claimed, report.delivered), (3, 3));
         assert_eq!(ledger.open_attempts().await.unwrap(), 0);
     }
+
+    /// Dry runs, but saying it reaches no target with any executor.
+    struct Blind;
+
+    impl Executor for Blind {
+        async fn execute(&self, request: ExecRequest) -> ExecutorResult {
+            DryRun.execute(request).await
+        }
+
+        fn reach(&self) -> Option<std::collections::BTreeMap<String, leasehold_engine::Reach>> {
+            Some(std::collections::BTreeMap::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_can_run_nothing_says_so_and_claims_nothing() {
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
+        let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(5))));
+        let plan = ledger
+            .register_plan(crate::bench::plan_spec("p".into(), 1), &Executors::new().names())
+            .await
+            .unwrap();
+        ledger.enqueue(&plan.id, Action::Execute).await.unwrap();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&events);
+        let config = WorkerConfig::clamped(true, 10, 2, 60_000);
+        let worker = Worker::new("w", Arc::clone(&ledger), Arc::new(Blind), clock, config)
+            .on_event(move |e| seen.lock().unwrap().push(e.to_string()));
+        let options = RunOptions {
+            until_idle: true,
+            grace_ms: 0,
+        };
+        let report = worker.run(std::future::pending(), options).await;
+        assert_eq!(report.claimed, 0);
+        assert_eq!(
+            ledger.open_attempts().await.unwrap(),
+            1,
+            "the attempt waits for another worker"
+        );
+        assert_eq!(
+            *events.lock().unwrap(),
+            [
+                "this worker can run nothing: it has no executor that reaches any target \
+              (register an executor, or allow hosts for http:v1); it claims nothing"
+            ]
+        );
+        // It did not join the fleet either.
+        assert!(ledger.workers().await.unwrap().0.is_empty());
+        // A worker that can run the plan reports itself and delivers it.
+        let able = Worker::new(
+            "able",
+            Arc::clone(&ledger),
+            Arc::new(Executors::new()),
+            Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000))),
+            config,
+        );
+        assert_eq!(worker_queues(&able), ["default"]);
+        assert_eq!(able.run(std::future::pending(), options).await.delivered, 1);
+        let (fleet, _) = ledger.workers().await.unwrap();
+        assert_eq!(fleet.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(), ["able"]);
+    }
+
+    fn worker_queues<L: Ledger, E: Executor, C: Clock>(w: &Worker<L, E, C>) -> Vec<String> {
+        w.capabilities()
+            .map(|c| c.queues.iter().cloned().collect())
+            .unwrap_or_default()
+    }
 }
