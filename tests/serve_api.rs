@@ -209,6 +209,13 @@ fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<Route> {
             Some(Role::Viewer),
             None,
         ),
+        (
+            Method::GET,
+            "/api/v1/workers".into(),
+            "/api/v1/workers",
+            Some(Role::Viewer),
+            None,
+        ),
         (Method::GET, "/api/v1/healthz".into(), "/api/v1/healthz", None, None),
         (Method::GET, "/api/v1/readyz".into(), "/api/v1/readyz", None, None),
         (
@@ -966,7 +973,7 @@ async fn the_openapi_document_describes_every_route_and_the_bearer_scheme() {
         .json();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{}", doc["openapi"]);
     assert_eq!(doc["components"]["securitySchemes"]["token"]["scheme"], "bearer");
-    assert_eq!(doc["paths"].as_object().unwrap().len(), 19);
+    assert_eq!(doc["paths"].as_object().unwrap().len(), 20);
     let reconcile = &doc["paths"]["/api/v1/attempts/{id}/reconcile"]["post"];
     assert!(reconcile["responses"]["409"].is_object(), "{reconcile}");
     assert_eq!(
@@ -1601,4 +1608,48 @@ async fn metrics_count_exhausted_attempts_given_back_deliveries_and_the_oldest_w
     clock.set(queued.command.available_at.plus_ms(42_000));
     let text = scrape().await;
     assert_eq!(sample(&text, "leasehold_oldest_queued_attempt_age_seconds"), "42.0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_and_what_a_queued_attempt_waits_for_are_shown() {
+    use leasehold_engine::route::{Reach, DEFAULT_QUEUE};
+    let server = TestServer::start().await;
+    let viewer = Some(server.viewer.as_str());
+    let record = server.enqueue(&server.plan("waiting", 1).await).await;
+    let id = record.attempt.id.as_str();
+    // No worker yet: the attempt waits for any.
+    let a = call(&server, Method::GET, &format!("/api/v1/attempts/{id}"), viewer, None).await;
+    assert_eq!(a.json()["waits_for"], "a worker (none is live)", "{}", a.body);
+    // A live worker that cannot run dry-run:v1 (only the CRM, in the default queue).
+    let caps = leasehold_engine::Capabilities {
+        executors: [("acme-crm:v1".to_owned(), Reach::Any)].into(),
+        queues: [DEFAULT_QUEUE.to_owned()].into(),
+    };
+    server.ledger.report_worker("crm-1", &caps, true).await.unwrap();
+    let a = call(&server, Method::GET, &format!("/api/v1/attempts/{id}"), viewer, None).await;
+    assert_eq!(a.json()["waits_for"], "a worker that can run dry-run:v1", "{}", a.body);
+    let w = call(&server, Method::GET, "/api/v1/workers", viewer, None).await.json();
+    assert_eq!(w["workers"][0]["id"], "crm-1", "{w}");
+    assert_eq!(w["workers"][0]["live"], true, "{w}");
+    assert_eq!(w["workers"][0]["capabilities"]["queues"], json!(["default"]), "{w}");
+    let page = call(&server, Method::GET, "/fleet", viewer, None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.body
+            .contains("<code>crm-1</code></td><td>live</td><td><code>acme-crm:v1</code></td>"),
+        "{}",
+        page.body
+    );
+    let attempt_page = call(&server, Method::GET, &format!("/attempts/{id}"), viewer, None).await;
+    assert!(
+        attempt_page.body.contains("a worker that can run dry-run:v1"),
+        "{}",
+        attempt_page.body
+    );
+    // Once a worker that can run it reports, nothing is said.
+    let mut able = caps.clone();
+    able.executors.insert("dry-run:v1".into(), Reach::Any);
+    server.ledger.report_worker("able-1", &able, true).await.unwrap();
+    let a = call(&server, Method::GET, &format!("/api/v1/attempts/{id}"), viewer, None).await;
+    assert!(a.json().get("waits_for").is_none(), "{}", a.body);
 }

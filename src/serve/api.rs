@@ -116,6 +116,7 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(bulk_retry))
         .routes(routes!(bulk_abort))
         .routes(routes!(counts))
+        .routes(routes!(workers))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(openapi_json))
@@ -758,6 +759,25 @@ async fn bulk_abort(State(app): State<App>, headers: HeaderMap, bytes: Bytes) ->
 async fn counts(State(app): State<App>, headers: HeaderMap) -> ApiResult {
     app.require(&headers, Role::Viewer).await?;
     ok(to_json(&app.backend().count_attempts(app.count_cap()).await?)?)
+}
+
+/// The fleet: every worker the ledger has heard of, whether it is live, and what it
+/// runs.
+#[utoipa::path(get, path = "/api/v1/workers", tag = "workers", security(("token" = [])),
+    responses((status = 200, description = "`{\"workers\": [{\"id\", \"live\", \"capabilities\", \"started_at\", \"last_seen_at\"}]}`", body = Value),
+        (status = 401, body = Problem, content_type = "application/problem+json")))]
+async fn workers(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    let (rows, now) = app.backend().workers().await?;
+    let workers: Vec<Value> = rows
+        .iter()
+        .map(|w| {
+            let mut v = to_json(w)?;
+            v["live"] = Value::Bool(w.is_live(now));
+            Ok(v)
+        })
+        .collect::<Result<_, Problem>>()?;
+    ok(json!({ "workers": workers }))
 }
 
 /// Liveness: the process answers.

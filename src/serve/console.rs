@@ -41,6 +41,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 use std::time::Instant;
 
+mod fleet;
 mod recovery;
 
 const CSS: &str = include_str!("assets/console.css");
@@ -62,6 +63,7 @@ pub fn routes() -> Router<App> {
         .route("/recovery", get(recovery::page))
         .route("/recovery/confirm", get(recovery::confirm))
         .route("/recovery/act", post(recovery::act))
+        .route("/fleet", get(fleet::page))
         .route("/plans", get(plans_page))
         .route("/plans/{plan}", get(plan_page))
         .route("/plans/{plan}/compare", get(compare_page))
@@ -178,7 +180,7 @@ fn layout(title: &str, who: Option<&Principal>, content: &str) -> String {
     if let Some(who) = who {
         let _ = write!(
             out,
-            "<nav aria-label=\"Main\"><ul><li><a href=\"/attempts\">Attempts</a></li><li><a href=\"/plans\">Plans</a></li>{}</ul></nav>\n\
+            "<nav aria-label=\"Main\"><ul><li><a href=\"/attempts\">Attempts</a></li><li><a href=\"/plans\">Plans</a></li><li><a href=\"/fleet\">Fleet</a></li>{}</ul></nav>\n\
              <div class=\"who\"><span>{} <span class=\"role\">({})</span></span>\
              <form method=\"post\" action=\"/logout\"><button type=\"submit\" class=\"link\">Log out</button></form></div>\n",
             if who.role.allows(Role::Operator) {
