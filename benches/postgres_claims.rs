@@ -10,7 +10,10 @@
 //!   pool, as separate machines would have), call `Ledger::claim` until nothing is
 //!   left. The database's clock decides; the run is timed from the first claim to the
 //!   empty queue, and checks that every command was claimed exactly once.
-//!   Environment: `BATCHES` (default `1,5,32`), `WORKERS` (default `1,2,4,8`).
+//!   Environment: `BATCHES` (default `1,5,32`), `WORKERS` (default `1,2,4,8`),
+//!   `ROUTED=1` (each claim carries the capabilities of a `leasehold worker` with one
+//!   allowed host, so the claim's query filters by route, as a real worker's does;
+//!   default: no capabilities, no filter).
 //! - `latency`: one real [`Worker`] (batch 1, `POLL_MS`, default 1,000 ms) idles on
 //!   a scratch database while `SAMPLES` (default 40) attempts are enqueued one at a
 //!   time, a random 100–400 ms apart; each sample is the time from just before the
@@ -27,7 +30,8 @@ use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
 use leasehold::ledger::Ledger;
 use leasehold::worker::{RunOptions, Worker, WorkerEvent};
 use leasehold_engine::lease::WorkerConfig;
-use leasehold_engine::{Action, AttemptId, PlanSpec};
+use leasehold_engine::route::DEFAULT_QUEUE;
+use leasehold_engine::{Action, AttemptId, Capabilities, ClaimRequest, PlanSpec};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -81,7 +85,14 @@ async fn claims(admin: &PostgresUrl, jobs: u64, batch: u32, workers: u32) -> (f6
             let mut mine = Vec::new();
             barrier.wait().await;
             loop {
-                let claimed = ledger.claim(&owner, batch, LEASE_MS).await.expect("claim");
+                let request = ClaimRequest {
+                    owner: owner.clone(),
+                    batch,
+                    lease_ms: LEASE_MS,
+                    begin: false,
+                    capabilities: routed(),
+                };
+                let claimed = ledger.claim_batch(request).await.expect("claim");
                 if claimed.is_empty() {
                     break;
                 }
@@ -183,6 +194,19 @@ async fn latency(admin: &PostgresUrl, notify: bool, samples: u64, poll_ms: u64) 
     ms
 }
 
+/// With `ROUTED=1`: what a `leasehold worker --http-allow crm.example` can run.
+fn routed() -> Option<Capabilities> {
+    if std::env::var("ROUTED").as_deref() != Ok("1") {
+        return None;
+    }
+    let config = leasehold::executor::HttpConfig::allowing(["crm.example"]).expect("a host");
+    let executors = Executors::builder().http(config).build().expect("executors");
+    leasehold::executor::Executor::reach(&executors).map(|executors| Capabilities {
+        executors,
+        queues: BTreeSet::from([DEFAULT_QUEUE.to_owned()]),
+    })
+}
+
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -209,7 +233,12 @@ async fn main() {
     let admin = PostgresUrl::parse(&admin).unwrap_or_else(|e| panic!("LEASEHOLD_TEST_POSTGRES_URL: {e}"));
     let mode = support::bench_arg();
     if mode.as_deref() != Some("latency") {
-        println!("max(2000, 200 × batch) one-step commands per run, database clock\n");
+        let routed = if routed().is_some() {
+            "routed claims"
+        } else {
+            "claims without capabilities"
+        };
+        println!("max(2000, 200 × batch) one-step commands per run, database clock, {routed}\n");
         println!("batch  workers  claims/s    elapsed  lost races");
         for &batch in &list("BATCHES", "1,5,32") {
             for &w in &list("WORKERS", "1,2,4,8") {

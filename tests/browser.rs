@@ -256,7 +256,7 @@ async fn the_console_works_in_a_real_browser() {
     loop {
         let statuses = js(
             &client,
-            "return Array.from(document.querySelectorAll('#live tbody tr')).map(r => r.cells[2].textContent);",
+            "return Array.from(document.querySelectorAll('#live tbody tr')).map(r => r.cells[3].textContent);",
         )
         .await;
         let s: Vec<String> = serde_json::from_value(statuses).unwrap();
