@@ -262,6 +262,11 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         self.inner.open_attempts().await
     }
 
+    async fn open_attempts_for(&self, capabilities: &leasehold_engine::Capabilities) -> Result<u64, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.open_attempts_for(capabilities).await
+    }
+
     async fn report_worker(
         &self,
         id: &str,

@@ -222,7 +222,7 @@ impl fmt::Display for WorkerEvent {
 /// How a worker run ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RunOptions {
-    /// Exit once no attempt is QUEUED or RUNNING.
+    /// Exit once no attempt the worker could run is QUEUED or RUNNING.
     pub until_idle: bool,
     /// After a stop request, how long in-flight deliveries may take.
     pub grace_ms: u64,
@@ -324,7 +324,8 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     }
 
     /// Runs until `stop` resolves (then drains within the grace period) or, with
-    /// `until_idle`, until no attempt is QUEUED or RUNNING. A worker that can run
+    /// `until_idle`, until no attempt that it could run is QUEUED or RUNNING
+    /// ([`Ledger::open_attempts_for`]). A worker that can run
     /// nothing ([`Capabilities::is_empty`]) says so ([`WorkerEvent::RunsNothing`])
     /// and claims nothing.
     pub async fn run(&self, stop: impl Future<Output = ()>, options: RunOptions) -> WorkerReport {
@@ -418,7 +419,11 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             return Some(0);
         }
         if options.until_idle && round.tasks.is_empty() {
-            match self.ledger.open_attempts().await {
+            let open = match &self.capabilities {
+                Some(capabilities) => self.ledger.open_attempts_for(capabilities).await,
+                None => self.ledger.open_attempts().await,
+            };
+            match open {
                 Ok(0) => return None,
                 Ok(_) => {}
                 Err(e) => return Some(self.back_off(round.backoff_ms, &e)),

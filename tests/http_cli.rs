@@ -127,17 +127,23 @@ fn an_allowed_host_gets_the_step_with_its_key_and_the_receipt_records_its_id() {
 }
 
 #[test]
-fn a_host_off_the_allowlist_fails_the_step_naming_the_flag_and_is_never_called() {
+fn a_worker_whose_allowlist_lacks_the_host_leaves_the_step_waiting_and_never_calls_it() {
     let (port, seen) = server();
     let db = Db::new();
     let plan = db.http_plan(&format!("http://127.0.0.1:{port}/orders"));
     let attempt = db.ok(&["enqueue", &plan]).trim().to_owned();
-    // Allowed: another port of the same host only.
-    db.ok(&["worker", "--until-idle", "--http-allow", "127.0.0.1:1"]);
+    // Allowed: another port of the same host only. The worker claims nothing it
+    // cannot run, and `--until-idle` ends once nothing it could run is open.
+    let out = db.ok(&["worker", "--until-idle", "--http-allow", "127.0.0.1:1"]);
+    assert!(out.contains("done: claimed 0,"), "{out}");
     let status = db.status(&attempt);
-    assert_eq!(status["attempt"]["status"], "FAILED", "{status}");
-    let error = status["receipts"][0]["error"].as_str().unwrap();
-    assert!(error.contains(&format!("--http-allow 127.0.0.1:{port}")), "{error}");
+    assert_eq!(status["attempt"]["status"], "QUEUED", "{status}");
+    assert_eq!(status["receipts"][0]["target"], format!("http://127.0.0.1:{port}"), "{status}");
+    let text = db.ok(&["status", &attempt]);
+    assert!(
+        text.contains(&format!("waits for       a worker that may reach http://127.0.0.1:{port} with http:v1")),
+        "{text}"
+    );
     assert!(seen.lock().unwrap().is_empty());
 }
 

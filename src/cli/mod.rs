@@ -92,7 +92,8 @@ enum Command {
         /// that ends one claims the next.
         #[arg(long, default_value_t = 5)]
         batch: u32,
-        /// Exit once no attempt is QUEUED or RUNNING.
+        /// Exit once no attempt this worker could run (its executors, allowed hosts and
+        /// queues) is QUEUED or RUNNING.
         #[arg(long)]
         until_idle: bool,
         /// Seconds in-flight deliveries get to finish after SIGINT/SIGTERM (clamped to 0..=3600).

@@ -451,6 +451,16 @@ impl Ledger for MemoryLedger {
         Ok(self.lock().index.open())
     }
 
+    async fn open_attempts_for(&self, capabilities: &Capabilities) -> Result<u64, LedgerError> {
+        let open = self
+            .lock()
+            .attempts
+            .values()
+            .filter(|r| !r.command.status.is_terminal() && capabilities.admits(&r.command))
+            .count();
+        Ok(open as u64)
+    }
+
     async fn report_worker(&self, id: &str, capabilities: &Capabilities, starting: bool) -> Result<(), LedgerError> {
         let now = self.clock.now();
         let mut state = self.lock();

@@ -519,6 +519,14 @@ pub trait Ledger: Send + Sync + 'static {
         listing::count_from_history(self, cap)
     }
 
+    /// How many open attempts (QUEUED or RUNNING) a worker with `capabilities` could
+    /// run ([`Capabilities::admits`] on their commands): what a worker's `until_idle`
+    /// waits for. The default counts every open attempt.
+    fn open_attempts_for(&self, capabilities: &Capabilities) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        let _ = capabilities;
+        self.open_attempts()
+    }
+
     /// Records that worker `id` runs with `capabilities`, seen now (ledger clock):
     /// `starting` a run writes its row afresh (and forgets workers unheard of for
     /// [`fleet::FORGET_AFTER_MS`]), later reports renew it ([`fleet`]). The default

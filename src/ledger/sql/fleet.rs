@@ -4,7 +4,9 @@
 
 use super::decode;
 use super::session::Session;
-use super::{Sql, TxError, Value};
+use super::session::query_one;
+use super::{write, Sql, TxError, Value};
+use leasehold_engine::Capabilities;
 use crate::ledger::fleet::{self, WorkerRow, FORGET_AFTER_MS};
 use leasehold_engine::Timestamp;
 
@@ -63,4 +65,17 @@ pub(crate) async fn read_workers<S: Session>(s: &mut S) -> Result<Vec<WorkerRow>
         })
     })
     .await
+}
+
+/// How many open attempts (PENDING or PROCESSING commands) a worker with
+/// `capabilities` could run: what its `until_idle` waits for. A command without a
+/// route (written before routing) counts.
+pub(crate) async fn count_open_for<S: Session>(s: &mut S, capabilities: &Capabilities) -> Result<u64, TxError> {
+    let mut sql = Sql::new(s.dialect());
+    sql.push("SELECT COUNT(*) FROM command WHERE status IN ('PENDING', 'PROCESSING')");
+    write::push_route_filter(&mut sql, "", capabilities);
+    let n = query_one(s, &sql.text, &sql.values, |row| decode::scalar(row, 0, "open attempts"))
+        .await?
+        .unwrap_or(0);
+    Ok(u64::try_from(n).unwrap_or(0))
 }

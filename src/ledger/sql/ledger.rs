@@ -714,6 +714,15 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
         async move { self.retry(|| self.list_attempts_once(query)).await }
     }
 
+    fn open_attempts_for(&self, capabilities: &Capabilities) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        async move {
+            self.retry(|| async {
+                in_tx!(self, TxKind::Single, |tx| super::fleet::count_open_for(&mut tx, capabilities).await)
+            })
+            .await
+        }
+    }
+
     fn report_worker(
         &self,
         id: &str,

@@ -385,6 +385,11 @@ impl Ledger for SqliteLedger {
         self.run(|core| core.open_attempts()).await
     }
 
+    async fn open_attempts_for(&self, capabilities: &Capabilities) -> Result<u64, LedgerError> {
+        let capabilities = capabilities.clone();
+        self.run(move |core| core.open_attempts_for(&capabilities)).await
+    }
+
     async fn report_worker(&self, id: &str, capabilities: &Capabilities, starting: bool) -> Result<(), LedgerError> {
         let (id, capabilities) = (id.to_owned(), capabilities.clone());
         self.write(move |core| core.report_worker(&id, &capabilities, starting))

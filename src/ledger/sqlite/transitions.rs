@@ -422,6 +422,13 @@ impl SqliteCore {
         Ok(())
     }
 
+    /// Open attempts a worker with `capabilities` could run
+    /// ([`crate::ledger::Ledger::open_attempts_for`]).
+    pub fn open_attempts_for(&self, capabilities: &Capabilities) -> Result<u64, LedgerError> {
+        let tx = self.read_tx()?;
+        sync(crate::ledger::sql::fleet::count_open_for(&mut self.session(&tx), capabilities))
+    }
+
     /// Every worker row, and the ledger's now ([`crate::ledger::Ledger::workers`]).
     pub fn workers(&self) -> Result<(Vec<crate::ledger::fleet::WorkerRow>, Timestamp), LedgerError> {
         let tx = self.read_tx()?;
