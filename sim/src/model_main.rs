@@ -20,8 +20,8 @@ fn parse(args: &[String]) -> Result<(Vec<Config>, Vec<Bug>), String> {
         let value = it.next().ok_or_else(|| format!("{arg}: a value is missing"))?;
         match arg.as_str() {
             "--config" => {
-                configs =
-                    Config::named(value).ok_or_else(|| format!("--config: {value:?} is not small, large or pair"))?;
+                configs = Config::named(value)
+                    .ok_or_else(|| format!("--config: {value:?} is not small, policy, large or pair"))?;
             }
             "--max-states" => {
                 let n = value

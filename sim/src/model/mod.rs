@@ -68,6 +68,7 @@
 //! back, backs off or exhausts. The
 //! simulator checks the delivery policy (invariants 14–18).
 
+mod digest;
 mod ledger;
 mod search;
 mod state;
@@ -75,10 +76,14 @@ mod state;
 pub use search::{check, Report};
 
 use crate::bugs::Bug;
-use leasehold_engine::Recovery;
+use leasehold_engine::{Recovery, RetrySpec};
 
 /// Milliseconds per tick of the model's clock.
 pub const TICK_MS: u64 = 1_000;
+
+/// Half a tick: the shipped configurations' backoff, so that a command given back
+/// at a tick is claimable from the next one, and a claim decided early is seen.
+const HALF_TICK_MS: i64 = TICK_MS as i64 / 2;
 
 /// How many of each fault and operator action a run may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -95,6 +100,9 @@ pub struct Budget {
     pub exec_losses: u8,
     /// Permanent executor failures.
     pub permanents: u8,
+    /// Transient executor failures before the target (it is unreachable): the
+    /// driver calls again within its step's tries, then gives the command back.
+    pub transients: u8,
     /// Operator reconciles.
     pub reconciles: u8,
     /// Operator aborts.
@@ -126,6 +134,15 @@ pub struct Config {
     pub exec_ticks: u32,
     /// Faults and operator actions.
     pub budget: Budget,
+    /// The faults and operator actions of the operator's retry or compensate: once
+    /// every attempt has ended and the workers are quiet, the past is archived and
+    /// the new attempt starts with this budget (and the clock at t=0).
+    pub second: Budget,
+    /// The plans' delivery policy (their `[retry]` table).
+    pub retry: Option<RetrySpec>,
+    /// Picks the point in each give-back's backoff window (the driver's jitter; the
+    /// model draws no randomness).
+    pub jitter: u64,
     /// The bound of the liveness check, in ticks from any state.
     pub liveness_ticks: u32,
     /// Planted bugs.
@@ -137,10 +154,12 @@ pub struct Config {
 
 impl Config {
     /// The CI configuration for `recovery`: two workers (the second one's clock a
-    /// tick ahead), one plan of two steps, a lease of three ticks, the clock up
-    /// to tick 5, executor calls of up to three ticks, one crash, one pause (whose
-    /// request in flight lands late: the stale-token case), one reconcile, one
-    /// abort, and one retry or compensate (a second attempt).
+    /// tick ahead), one plan of two steps, a lease of three ticks, the clock up to
+    /// tick 5, executor calls of up to three ticks; a delivery policy of two
+    /// deliveries, one call of a step per delivery and a backoff of half a tick;
+    /// one crash, one pause (whose request in flight lands late: the stale-token
+    /// case), one reconcile, one abort, and one retry or compensate (a second
+    /// attempt, without faults).
     pub fn small(recovery: Recovery) -> Self {
         Self {
             name: format!("small-{recovery}"),
@@ -154,14 +173,20 @@ impl Config {
             budget: Budget {
                 crashes: 1,
                 pauses: 1,
-                lost_replies: 0,
-                delays: 0,
-                exec_losses: 0,
-                permanents: 0,
                 reconciles: 1,
                 aborts: 1,
                 enqueues: 1,
+                ..Budget::default()
             },
+            second: Budget::default(),
+            retry: Some(RetrySpec {
+                max_deliveries: Some(2),
+                backoff_base_ms: Some(HALF_TICK_MS),
+                backoff_max_ms: Some(HALF_TICK_MS),
+                step_max_tries: Some(1),
+                deadline_secs: None,
+            }),
+            jitter: HALF_TICK_MS as u64,
             liveness_ticks: 24,
             bugs: Vec::new(),
             max_states: 0,
@@ -169,12 +194,19 @@ impl Config {
     }
 
     /// The larger configuration for `recovery`: the small one with a tick more of
-    /// horizon and a lost ledger reply.
+    /// horizon, a lost ledger reply, a transient executor failure (a give-back),
+    /// and the first attempt's faults and operator actions (but another retry or
+    /// compensate) for the second attempt too.
     pub fn large(recovery: Recovery) -> Self {
         let mut c = Self::small(recovery);
         c.name = format!("large-{recovery}");
         c.horizon = 6;
         c.budget.lost_replies = 1;
+        c.budget.transients = 1;
+        c.second = Budget {
+            enqueues: 0,
+            ..c.budget
+        };
         c
     }
 
@@ -195,10 +227,36 @@ impl Config {
         c
     }
 
-    /// The named configurations (`small`, `large` or `pair`), one per recovery mode.
+    /// The delivery policy's configuration: the small one with two transient
+    /// executor failures (two give-backs: the second exhausts the attempt's two
+    /// deliveries) in place of the pause, so that the search goes through every
+    /// give-back, backoff, re-claim and exhaustion.
+    pub fn policy(recovery: Recovery) -> Self {
+        let mut c = Self::small(recovery);
+        c.name = format!("policy-{recovery}");
+        c.budget.pauses = 0;
+        c.budget.transients = 2;
+        c
+    }
+
+    /// The configuration the model checker looks for `bug` in: the delivery
+    /// policy's for the bugs the simulator catches by its invariants (14–18), the
+    /// small one of `recovery` for the others.
+    pub fn finding(bug: Bug, recovery: Recovery) -> Self {
+        let make = if bug.caught_by().0 >= 14 {
+            Config::policy
+        } else {
+            Config::small
+        };
+        make(recovery).with_bugs(&[bug])
+    }
+
+    /// The named configurations (`small`, `policy`, `large` or `pair`), one per
+    /// recovery mode.
     pub fn named(name: &str) -> Option<Vec<Config>> {
         let make = match name {
             "small" => Config::small,
+            "policy" => Config::policy,
             "large" => Config::large,
             "pair" => Config::pair,
             _ => return None,
