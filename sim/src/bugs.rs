@@ -146,9 +146,9 @@ impl Bug {
 
 impl Bug {
     /// The invariant the model checker ([`crate::model`]) finds it by first, and the
-    /// recovery mode of the configuration it is found in; `None` for the delivery
-    /// policy's bugs, which need what the model does not explore (a target failing
-    /// past a step's tries, a backoff or a scheduled start, the executor's client).
+    /// recovery mode of the configuration it is found in; `None` for
+    /// `executor-retries-detached` (the model has no executor client to misbehave)
+    /// and `claim-ignores-route` (its workers run every executor: no mixed fleet).
     pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
         Some(match self {
@@ -158,11 +158,10 @@ impl Bug {
             Bug::FingerprintKeepsVolatile => (9, Replay),
             Bug::ResumeRedeliversSucceeded | Bug::AbortRewritesSucceeded | Bug::ReconcileKeepsRunning => (11, Resume),
             Bug::LateHeartbeat => (13, Resume),
-            Bug::ClaimBeforeAvailable
-            | Bug::DeliveryCapOffByOne
-            | Bug::BackoffInSeconds
-            | Bug::ExecutorRetriesDetached
-            | Bug::ClaimIgnoresRoute => return None,
+            Bug::ClaimBeforeAvailable => (14, Resume),
+            Bug::DeliveryCapOffByOne => (11, Resume),
+            Bug::BackoffInSeconds => (8, Resume),
+            Bug::ExecutorRetriesDetached | Bug::ClaimIgnoresRoute => return None,
         })
     }
 }

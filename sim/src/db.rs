@@ -226,8 +226,9 @@ impl Seam {
     }
 }
 
-/// `plan` with every resolved `max_deliveries` (the plan's and each step's) one more.
-fn one_more(plan: &Plan) -> Plan {
+/// `plan` with every resolved `max_deliveries` (the plan's and each step's) one more:
+/// the policy `delivery-cap-off-by-one` decides again under.
+pub fn one_more(plan: &Plan) -> Plan {
     let mut p = plan.clone();
     let cap = |code: &str| Some(i64::from(plan.policy(code).max_deliveries) + 1);
     p.retry = Some(RetrySpec {

@@ -2,6 +2,7 @@
 //!
 //! ```sh
 //! cargo run --release -p leasehold-sim --bin leasehold-model -- --config large
+//! cargo run --release -p leasehold-sim --bin leasehold-model -- --config large --recovery replay
 //! cargo run --release -p leasehold-sim --bin leasehold-model -- --config small --bug late-heartbeat
 //! ```
 //!
@@ -20,8 +21,8 @@ fn parse(args: &[String]) -> Result<(Vec<Config>, Vec<Bug>), String> {
         let value = it.next().ok_or_else(|| format!("{arg}: a value is missing"))?;
         match arg.as_str() {
             "--config" => {
-                configs =
-                    Config::named(value).ok_or_else(|| format!("--config: {value:?} is not small, large or pair"))?;
+                configs = Config::named(value)
+                    .ok_or_else(|| format!("--config: {value:?} is not small, policy, large or pair"))?;
             }
             "--max-states" => {
                 let n = value
@@ -35,10 +36,16 @@ fn parse(args: &[String]) -> Result<(Vec<Config>, Vec<Bug>), String> {
                     .map_err(|_| format!("--horizon: {value:?} is not a tick"))?;
                 configs.iter_mut().for_each(|c| c.horizon = n);
             }
+            "--recovery" => {
+                let mode: leasehold_engine::Recovery = value
+                    .parse()
+                    .map_err(|_| format!("--recovery: {value:?} is not resume or replay"))?;
+                configs.retain(|c| c.recovery == mode);
+            }
             "--bug" => bugs.push(Bug::from_name(value).ok_or_else(|| format!("--bug: no planted bug {value:?}"))?),
             other => {
                 return Err(format!(
-                    "{other}: unknown option (use --config, --bug, --max-states, --horizon)"
+                    "{other}: unknown option (use --config, --recovery, --bug, --max-states, --horizon)"
                 ))
             }
         }

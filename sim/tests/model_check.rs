@@ -1,14 +1,13 @@
-//! The model checker explores every interleaving of the small configurations with the
-//! engine's own code: with no bug planted every invariant holds in every reachable
-//! state, and each planted bug is found, in every run, by its invariant with a
-//! shortest counterexample.
+//! The model checker explores every interleaving of the small configurations and
+//! the delivery policy's with the engine's own code: with no bug planted every
+//! invariant holds in every reachable state, and each planted bug is found, in
+//! every run, by its invariant with a shortest counterexample.
 
 use leasehold_sim::bugs::Bug;
 use leasehold_sim::model::{self, Config};
 
-#[test]
-fn the_small_configurations_hold_every_invariant() {
-    for config in Config::named("small").expect("a shipped configuration") {
+fn holds_every_invariant(name: &str) {
+    for config in Config::named(name).expect("a shipped configuration") {
         let report = model::check(&config);
         print!("{report}");
         assert!(!report.truncated, "{} was explored to the end", config.name);
@@ -18,12 +17,22 @@ fn the_small_configurations_hold_every_invariant() {
             config.name
         );
         assert!(
-            report.states > 1_000,
+            report.states > 10_000,
             "{} explored {} states",
             config.name,
             report.states
         );
     }
+}
+
+#[test]
+fn the_small_configurations_hold_every_invariant() {
+    holds_every_invariant("small");
+}
+
+#[test]
+fn the_delivery_policy_configurations_hold_every_invariant() {
+    holds_every_invariant("policy");
 }
 
 #[test]
@@ -33,7 +42,7 @@ fn every_planted_bug_is_found_with_a_shortest_counterexample() {
         let Some((invariant, recovery)) = bug.found_by_model() else {
             continue;
         };
-        let config = Config::small(recovery).with_bugs(&[*bug]);
+        let config = Config::finding(*bug, recovery);
         let report = model::check(&config);
         println!("{}: found by invariant {invariant}", bug.name());
         print!("{report}");

@@ -5,10 +5,11 @@
 
 use super::Config;
 use crate::bugs::Bug;
-use crate::db::{planted_decision, planted_instant, skips_token_check, DbEvent, EventOutcome, Snap};
+use crate::db::{one_more, planted_decision, planted_instant, skips_token_check, DbEvent, EventOutcome, Snap};
 use leasehold_engine::transition::is_claimable;
 use leasehold_engine::{
-    decide, AttemptRecord, ClaimRequest, Op, OperatorRequest, Plan, Refusal, Reply, Request, Timestamp, WorkerRequest,
+    decide, AttemptRecord, ClaimRequest, Exhaustion, Op, OperatorRequest, Plan, Refusal, Reply, Request, Timestamp,
+    WorkerRequest,
 };
 
 /// The token text minted for ordinal `n`.
@@ -162,7 +163,10 @@ impl Ledger<'_> {
         }
     }
 
-    /// The engine's decision, through the planted bugs' seams.
+    /// The engine's decision, through the planted bugs' seams; with
+    /// `delivery-cap-off-by-one` planted, a claim or give-back the engine finds
+    /// exhausted by deliveries is decided again under a cap one higher
+    /// ([`one_more`]), as the db host decides it.
     fn decide(
         &self,
         record: &AttemptRecord,
@@ -170,9 +174,35 @@ impl Ledger<'_> {
         now: Timestamp,
     ) -> Result<(leasehold_engine::Writes, Reply), Refusal> {
         let plan = self.plan_of(record);
-        let recovery = plan.recovery;
+        let decided = self.decide_under(plan, record, req, now);
+        let heartbeat_ms = match req {
+            Req::Worker(WorkerRequest::Heartbeat { lease_ms }, ..) => *lease_ms,
+            _ => 0,
+        };
+        match planted_decision(
+            self.bugs(),
+            (req.op(), now, heartbeat_ms),
+            plan.recovery,
+            record,
+            decided,
+        ) {
+            Ok((_, Reply::Exhausted(Exhaustion::Deliveries))) if self.bugs().contains(&Bug::DeliveryCapOffByOne) => {
+                self.decide_under(&one_more(plan), record, req, now)
+            }
+            decided => decided,
+        }
+    }
+
+    /// The engine's decision of `req` under `plan`.
+    fn decide_under(
+        &self,
+        plan: &Plan,
+        record: &AttemptRecord,
+        req: &Req<'_>,
+        now: Timestamp,
+    ) -> Result<(leasehold_engine::Writes, Reply), Refusal> {
         let lease_ms = self.config.lease_ms();
-        let decided = match req {
+        match req {
             Req::Claim(owner, n, _) => {
                 let claim = ClaimRequest {
                     owner: (*owner).to_owned(),
@@ -194,12 +224,7 @@ impl Ledger<'_> {
                     now,
                 )
             }
-            Req::Operator(o) => decide(record, Request::Operator(o, recovery), now),
-        };
-        let heartbeat_ms = match req {
-            Req::Worker(WorkerRequest::Heartbeat { lease_ms }, ..) => *lease_ms,
-            _ => 0,
-        };
-        planted_decision(self.bugs(), (req.op(), now, heartbeat_ms), recovery, record, decided)
+            Req::Operator(o) => decide(record, Request::Operator(o, plan.recovery), now),
+        }
     }
 }

@@ -2,9 +2,9 @@
 //!
 //! Contract: [`check`] explores every interleaving of a small [`Config`] (workers,
 //! an attempt of each of its `resume` or `replay` plans and the operator's retry or
-//! compensate, a lease of a few ticks, bounded faults) breadth first and answers a [`Report`]: the states explored, and the first
-//! state that breaks an invariant with the shortest path to it, as a numbered step
-//! list. The model is the code: every ledger transition goes through
+//! compensate, a lease of a few ticks, a delivery policy, bounded faults) breadth
+//! first and answers a [`Report`]: the states explored, and the first state that
+//! breaks an invariant with the shortest path to it, as a numbered step list. The model is the code: every ledger transition goes through
 //! [`leasehold_engine::request::decide`] and [`leasehold_engine::Writes::apply_to`]
 //! under its guard, exactly as the memory ledger applies it, with the planted bugs'
 //! seams of the simulator's db host ([`crate::db::planted_instant`],
@@ -15,10 +15,12 @@
 //! # Why a hand-written breadth-first search
 //! Stateright wants `Hash + Eq` states; the engine's rows and the driver hold
 //! `serde_json::Value`s and a [`leasehold_engine::LeaseToken`] whose `Debug` hides
-//! its value. Here a state is fingerprinted by hashing its `Debug` text (tokens are
-//! kept as ordinals beside the rows, as the simulator's [`crate::db::Snap`] keeps
-//! them), and the search keeps one parent pointer per fingerprint, so the first
-//! violation found is one with the fewest steps. No dependency is added.
+//! its value. Here a state is fingerprinted by a 64-bit digest of its `Debug` text
+//! (tokens are kept as ordinals beside the rows, as the simulator's
+//! [`crate::db::Snap`] keeps them; the kept past, which only grows, by the chained
+//! digest of its events), and the search keeps one parent pointer per fingerprint,
+//! so the first violation found is one with the fewest steps. No dependency is
+//! added.
 //!
 //! # State
 //! Every attempt's rows (as [`crate::db::Snap`]: the memory ledger's record, the
@@ -34,6 +36,24 @@
 //! transition's own events, so two paths that reach the same rows, drivers and
 //! effects by different histories are one state.
 //!
+//! # Reductions
+//! What cannot influence the future is dropped, so that more paths meet:
+//! - a worker's lease that no row holds any more is forgotten with whether a fault
+//!   touched it (a token is never minted twice: no claim can take it over again);
+//! - once every attempt has ended and the workers are quiet, the operator's retry or
+//!   compensate archives the past: no worker, request or call refers to an attempt
+//!   any more and nothing open holds an instant or a token, so the attempts so far
+//!   keep only what the engine's enqueue guard reads (identity, action, number,
+//!   status, and the receipts' steps and statuses while another enqueue may come),
+//!   the kept past, the target's records and the leases are dropped (every
+//!   invariant read them on every transition that could change them, and none
+//!   reads two attempts together but the enqueue counts and invariant 9, which only
+//!   compares successful forward attempts, and a retry follows only a failed or
+//!   aborted one), and the clock and the token ordinals start again at t=0 and #1.
+//!   Every ending of the first attempt leads to one of a few second attempts (a
+//!   retry, or a compensate of one or two steps), each explored once, with the
+//!   configuration's `second` budget of faults.
+//!
 //! # Actions
 //! A worker acts (fires its due timers and performs what `poll_action` answers:
 //! a ledger request or an executor call), or claims when idle (the first claimable
@@ -43,31 +63,42 @@
 //! that ends its attempt ([`leasehold_engine::driver::Driver::ends_attempt`]) is
 //! delivered either alone or with the worker's next claim in the same write, as
 //! `Ledger::worker_then_claim` does; its executor call answers (done, reply lost
-//! after the effect, permanent failure); it crashes or pauses and resumes; the
-//! operator reconciles or aborts an attempt, or, once every attempt of a plan has
-//! ended and the workers are quiet, retries or compensates it: a new attempt
-//! enqueued through the engine's `enqueue` under its action guard, which then runs
-//! without faults (a bound on the search); the clock advances one tick. Time advances only when no worker that is up has work due at the current
-//! tick (maximal progress: a healthy worker is never late by the scheduler's
-//! choice), and an executor call answers within `exec_ticks`.
+//! after the effect, permanent failure, or unreachable: a transient failure before
+//! the target); it crashes or pauses and resumes; the operator reconciles or aborts
+//! an attempt, or, once every attempt of a plan has ended and the workers are
+//! quiet, retries or compensates it: a new attempt enqueued through the engine's
+//! `enqueue` under its action guard, which then runs with the `second` budget of
+//! faults; the clock advances one tick. Time advances only when no worker that is
+//! up has work due at the current tick (maximal progress: a healthy worker is never
+//! late by the scheduler's choice), and an executor call answers within
+//! `exec_ticks`.
 //!
 //! # Properties
 //! After every transition: the simulator's safety invariants 1–7, 9, 11, 12, 14 and 15 (the
-//! checker's own functions, [`crate::checker::check_transition`]) and 13 (a lease
-//! taken over only from a holder a fault touched). Liveness (invariant 8): from every
-//! state, the fault-free fair schedule (paused workers resume, requests and calls
-//! answer at once, the clock advances when nothing is due, no operator) ends every
-//! attempt within `liveness_ticks`.
+//! checker's own functions, [`crate::checker::check_transition`]: 11 is the history
+//! model, [`crate::history::transitions`], and 14 and 15 the delivery policy's
+//! [`crate::delivery::claims_after_available`] and
+//! [`crate::delivery::delivery_cap`]) and 13 (a lease taken over only from a
+//! holder a fault touched). Liveness (invariant 8): from every state, the
+//! fault-free fair schedule (paused workers resume, requests and calls answer at
+//! once, the clock advances when nothing is due, no operator) ends every attempt
+//! within `liveness_ticks`.
 //!
 //! # The delivery policy
 //! The ledger decides each claim and give-back with the attempt's plan, as the
-//! memory ledger does, and a claim that exhausts its attempt grants no lease; but
-//! the model explores no give-back: its plans keep the default policy (25
-//! deliveries, 3 tries per step) and its executor fails transiently only within the
-//! `exec_losses` budget (none in the shipped configurations), so no delivery gives
-//! back, backs off or exhausts. The
-//! simulator checks the delivery policy (invariants 14–18).
+//! memory ledger does; each driver has the plan's policy
+//! ([`leasehold_engine::driver::Driver::with_policy`], with the configuration's
+//! fixed `jitter`). The shipped plans allow two deliveries, one call of a step per
+//! delivery and a backoff of half a tick: an unreachable target makes the driver
+//! give the command back at once, claimable again from the next tick, and the
+//! second give-back (or a claim after a takeover of the second delivery) ends the
+//! attempt FAILED, exhausted. The `policy` and `large` configurations have
+//! transient failures to spend. The simulator's invariants 16–18 need what the
+//! model has not: 16 and 18 a target that is down or flaky by its plan (here a
+//! transient failure is a fault, and liveness, with no fault, is 16's bound), 17
+//! the executor's own client.
 
+mod digest;
 mod ledger;
 mod search;
 mod state;
@@ -75,10 +106,14 @@ mod state;
 pub use search::{check, Report};
 
 use crate::bugs::Bug;
-use leasehold_engine::Recovery;
+use leasehold_engine::{Recovery, RetrySpec};
 
 /// Milliseconds per tick of the model's clock.
 pub const TICK_MS: u64 = 1_000;
+
+/// Half a tick: the shipped configurations' backoff, so that a command given back
+/// at a tick is claimable from the next one, and a claim decided early is seen.
+const HALF_TICK_MS: i64 = TICK_MS as i64 / 2;
 
 /// How many of each fault and operator action a run may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -95,6 +130,9 @@ pub struct Budget {
     pub exec_losses: u8,
     /// Permanent executor failures.
     pub permanents: u8,
+    /// Transient executor failures before the target (it is unreachable): the
+    /// driver calls again within its step's tries, then gives the command back.
+    pub transients: u8,
     /// Operator reconciles.
     pub reconciles: u8,
     /// Operator aborts.
@@ -126,6 +164,16 @@ pub struct Config {
     pub exec_ticks: u32,
     /// Faults and operator actions.
     pub budget: Budget,
+    /// The faults and operator actions of the operator's retry or compensate: once
+    /// every attempt has ended and the workers are quiet, the past is archived and
+    /// the new attempt starts with this budget (and the clock at t=0); its
+    /// `enqueues` is not read: the operator's enqueues are the first budget's.
+    pub second: Budget,
+    /// The plans' delivery policy (their `[retry]` table).
+    pub retry: Option<RetrySpec>,
+    /// Picks the point in each give-back's backoff window (the driver's jitter; the
+    /// model draws no randomness).
+    pub jitter: u64,
     /// The bound of the liveness check, in ticks from any state.
     pub liveness_ticks: u32,
     /// Planted bugs.
@@ -137,10 +185,12 @@ pub struct Config {
 
 impl Config {
     /// The CI configuration for `recovery`: two workers (the second one's clock a
-    /// tick ahead), one plan of two steps, a lease of three ticks, the clock up
-    /// to tick 5, executor calls of up to three ticks, one crash, one pause (whose
-    /// request in flight lands late: the stale-token case), one reconcile, one
-    /// abort, and one retry or compensate (a second attempt).
+    /// tick ahead), one plan of two steps, a lease of three ticks, the clock up to
+    /// tick 5, executor calls of up to three ticks; a delivery policy of two
+    /// deliveries, one call of a step per delivery and a backoff of half a tick;
+    /// one crash, one pause (whose request in flight lands late: the stale-token
+    /// case), one reconcile, one abort, and one retry or compensate (a second
+    /// attempt, without faults).
     pub fn small(recovery: Recovery) -> Self {
         Self {
             name: format!("small-{recovery}"),
@@ -154,14 +204,20 @@ impl Config {
             budget: Budget {
                 crashes: 1,
                 pauses: 1,
-                lost_replies: 0,
-                delays: 0,
-                exec_losses: 0,
-                permanents: 0,
                 reconciles: 1,
                 aborts: 1,
                 enqueues: 1,
+                ..Budget::default()
             },
+            second: Budget::default(),
+            retry: Some(RetrySpec {
+                max_deliveries: Some(2),
+                backoff_base_ms: Some(HALF_TICK_MS),
+                backoff_max_ms: Some(HALF_TICK_MS),
+                step_max_tries: Some(1),
+                deadline_secs: None,
+            }),
+            jitter: HALF_TICK_MS as u64,
             liveness_ticks: 24,
             bugs: Vec::new(),
             max_states: 0,
@@ -169,12 +225,19 @@ impl Config {
     }
 
     /// The larger configuration for `recovery`: the small one with a tick more of
-    /// horizon and a lost ledger reply.
+    /// horizon, a lost ledger reply, a transient executor failure (a give-back),
+    /// and the first attempt's faults and operator actions (but another retry or
+    /// compensate) for the second attempt too.
     pub fn large(recovery: Recovery) -> Self {
         let mut c = Self::small(recovery);
         c.name = format!("large-{recovery}");
         c.horizon = 6;
         c.budget.lost_replies = 1;
+        c.budget.transients = 1;
+        c.second = Budget {
+            enqueues: 0,
+            ..c.budget
+        };
         c
     }
 
@@ -195,10 +258,36 @@ impl Config {
         c
     }
 
-    /// The named configurations (`small`, `large` or `pair`), one per recovery mode.
+    /// The delivery policy's configuration: the small one with two transient
+    /// executor failures (two give-backs: the second exhausts the attempt's two
+    /// deliveries) in place of the pause, so that the search goes through every
+    /// give-back, backoff, re-claim and exhaustion.
+    pub fn policy(recovery: Recovery) -> Self {
+        let mut c = Self::small(recovery);
+        c.name = format!("policy-{recovery}");
+        c.budget.pauses = 0;
+        c.budget.transients = 2;
+        c
+    }
+
+    /// The configuration the model checker looks for `bug` in: the delivery
+    /// policy's for the bugs the simulator catches by its invariants (14–18), the
+    /// small one of `recovery` for the others.
+    pub fn finding(bug: Bug, recovery: Recovery) -> Self {
+        let make = if bug.caught_by().0 >= 14 {
+            Config::policy
+        } else {
+            Config::small
+        };
+        make(recovery).with_bugs(&[bug])
+    }
+
+    /// The named configurations (`small`, `policy`, `large` or `pair`), one per
+    /// recovery mode.
     pub fn named(name: &str) -> Option<Vec<Config>> {
         let make = match name {
             "small" => Config::small,
+            "policy" => Config::policy,
             "large" => Config::large,
             "pair" => Config::pair,
             _ => return None,

@@ -2,7 +2,7 @@
 //! every transition and liveness from every state.
 
 use super::ledger::Ledger;
-use super::state::{enabled, enqueue_attempt, perform, Done, State, Worker};
+use super::state::{enabled, enqueue_attempt, perform, Done, Past, State, Worker};
 use super::Config;
 use crate::checker::{self, CheckInput, Violation};
 use crate::clients::ClientLog;
@@ -14,8 +14,7 @@ use crate::trace::Trace;
 use leasehold_engine::{Action, Op, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::fmt::{self, Write as _};
-use std::hash::{DefaultHasher, Hasher};
+use std::fmt;
 use std::time::{Duration, Instant};
 
 /// The outcome of checking one configuration.
@@ -80,20 +79,10 @@ impl fmt::Display for Report {
     }
 }
 
-struct HashWriter(DefaultHasher);
-
-impl fmt::Write for HashWriter {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        self.0.write(s.as_bytes());
-        Ok(())
-    }
-}
-
-/// The state's fingerprint: a hash of its `Debug` text (tokens are ordinals there).
+/// The state's fingerprint: the digest of its `Debug` text (tokens are ordinals
+/// there, and the kept past is its digest).
 fn fingerprint(s: &State) -> u64 {
-    let mut w = HashWriter(DefaultHasher::new());
-    let _ = write!(w, "{s:?}");
-    w.0.finish()
+    super::digest::digest(0, s)
 }
 
 /// Plan `n` of `config`: `steps` steps on the durable target (`resume`) or in a
@@ -117,7 +106,7 @@ fn model_plan(config: &Config, n: u32) -> Plan {
         recovery: config.recovery.to_string(),
         volatile_fields: vec!["worker".into()],
         steps,
-        retry: None,
+        retry: config.retry.clone(),
         queue: None,
     };
     let t0 = Timestamp::from_millis(EPOCH_MS);
@@ -131,12 +120,13 @@ fn initial(ledger: &Ledger<'_>) -> State {
     let mut s = State {
         tick: 0,
         attempts: Vec::new(),
+        archived: 0,
         workers: vec![Worker::default(); config.skews_ms.len()],
         strays: Vec::new(),
         keys: BTreeMap::new(),
         applied: BTreeMap::new(),
         calls: Vec::new(),
-        past: Vec::new(),
+        past: Past::default(),
         budget: config.budget,
         minted: 0,
         receipts_given: 0,
@@ -149,17 +139,17 @@ fn initial(ledger: &Ledger<'_>) -> State {
 
 /// The simulator's invariants on one transition, plus 13.
 fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Violation> {
-    let mut events = s.past.clone();
+    // The kept past ends with this transition's own kept events: they go back in
+    // their place among its others (a give-back, then the claim fused with it).
     let kept = |e: &&DbEvent| (e.op.is_claim() || e.op == Op::Enqueue) && e.outcome == EventOutcome::Applied;
-    events.extend(done.events.iter().filter(|e| !kept(e)).cloned());
+    let past = s.past.events();
+    let before = past.len() - done.events.iter().filter(kept).count();
+    let mut events = past[..before].to_vec();
+    events.extend(done.events.iter().cloned());
     let mut target = TargetState::new(0, 0.0, 1, Trace::new());
     target.keys = s.keys.clone();
     target.calls = s.calls.clone();
-    let latest: BTreeMap<_, _> = s
-        .attempts
-        .iter()
-        .map(|a| (a.record.attempt.id.clone(), a.clone()))
-        .collect();
+    let latest: BTreeMap<_, _> = s.live().map(|a| (a.record.attempt.id.clone(), a.clone())).collect();
     let clients = ClientLog::default();
     let input = CheckInput {
         events: &events,
@@ -181,15 +171,17 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
     v
 }
 
-/// Runs the fault-free fair schedule from `s` (no operator either); answers why it
+/// Runs the fault-free fair schedule from `s` (whose fingerprint is `h`; no operator either); answers why it
 /// did not end every attempt within the bound. States proven to end are
 /// remembered in `live`.
-fn liveness(ledger: &Ledger<'_>, s: &State, live: &mut BTreeSet<u64>) -> Option<String> {
+fn liveness(ledger: &Ledger<'_>, (mut h, s): (u64, &State), live: &mut BTreeSet<u64>) -> Option<String> {
     let mut cur = s.clone();
     let mut seen = Vec::new();
     let bound = cur.tick + ledger.config.liveness_ticks;
-    for _ in 0..10_000 {
-        let h = fingerprint(&cur);
+    for step in 0..10_000 {
+        if step > 0 {
+            h = fingerprint(&cur);
+        }
         if live.contains(&h) || cur.all_terminal() {
             live.extend(seen);
             return None;
@@ -257,7 +249,7 @@ pub fn check(config: &Config) -> Report {
             truncated = true;
             break;
         }
-        if let Some(why) = liveness(&ledger, &s, &mut live) {
+        if let Some(why) = liveness(&ledger, (h, &s), &mut live) {
             found = Some((
                 h,
                 vec![Violation {

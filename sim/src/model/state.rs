@@ -56,6 +56,32 @@ pub(super) struct Stray {
     pub sent_at: Timestamp,
 }
 
+/// The kept past: it only grows (until it is archived), so in the state's `Debug`
+/// text (its fingerprint) the chained digest of its events stands for it, and the
+/// events are not written out again on every transition.
+#[derive(Clone, Default)]
+pub(super) struct Past {
+    events: Vec<DbEvent>,
+    digest: u64,
+}
+
+impl Past {
+    pub fn events(&self) -> &[DbEvent] {
+        &self.events
+    }
+
+    fn push(&mut self, e: DbEvent) {
+        self.digest = super::digest::digest(self.digest, &e);
+        self.events.push(e);
+    }
+}
+
+impl std::fmt::Debug for Past {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Past({}, {:016x})", self.events.len(), self.digest)
+    }
+}
+
 /// One worker.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Worker {
@@ -76,13 +102,16 @@ pub(super) struct State {
     pub tick: u32,
     /// Every attempt's rows, in the order they were enqueued (`att-1` first).
     pub attempts: Vec<Snap>,
+    /// How many of them, first, are archived ([`archive`]): ended before the
+    /// operator's retry or compensate, and checked no more.
+    pub archived: usize,
     pub workers: Vec<Worker>,
     pub strays: Vec<Stray>,
     pub keys: BTreeMap<(String, Option<String>), KeyRecord>,
     pub applied: BTreeMap<String, Vec<String>>,
     pub calls: Vec<CallRecord>,
-    /// The enqueues and the applied claims: what invariants 6 and 12 read of the past.
-    pub past: Vec<DbEvent>,
+    /// The enqueues and the applied claims: what invariants 6, 7 and 12 read of the past.
+    pub past: Past,
     pub budget: Budget,
     pub minted: u32,
     pub receipts_given: u32,
@@ -100,6 +129,7 @@ pub(super) enum Act {
     ExecDone(usize),
     ExecLost(usize),
     ExecPermanent(usize),
+    ExecTransient(usize),
     Crash(usize),
     Pause(usize),
     Resume(usize),
@@ -137,6 +167,11 @@ impl State {
 
     pub fn worker_now(&self, config: &Config, i: usize) -> Timestamp {
         at(self.tick, config.skews_ms.get(i).copied().unwrap_or(0))
+    }
+
+    /// The attempts not archived.
+    pub fn live(&self) -> impl Iterator<Item = &Snap> {
+        self.attempts.iter().skip(self.archived)
     }
 
     /// Whether every attempt is terminal.
@@ -306,6 +341,9 @@ fn worker_acts(ledger: &Ledger<'_>, s: &State, i: usize, b: &Budget, acts: &mut 
         if b.permanents > 0 {
             acts.push(Act::ExecPermanent(i));
         }
+        if b.transients > 0 {
+            acts.push(Act::ExecTransient(i));
+        }
     }
     if work_due(ledger.config, s, i) {
         acts.push(Act::Work(i));
@@ -341,15 +379,36 @@ fn ends_attempt(w: &Worker) -> bool {
         .is_some_and(|h| h.token == *token && h.driver.ends_attempt(request))
 }
 
-/// Performs `act` on `s`.
+/// Performs `act` on `s`, then forgets the leases that have ended.
 pub(super) fn perform(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
+    let done = perform_act(ledger, s, act);
+    forget_ended_leases(s);
+    done
+}
+
+/// A worker's lease that no row holds any more can never be taken over again (a
+/// token is never minted twice), so whether a fault touched it matters no more
+/// (invariant 13 reads it only for a takeover of that token): two states that
+/// differ only there are one.
+fn forget_ended_leases(s: &mut State) {
+    for w in &mut s.workers {
+        let held = w.lease.is_some() && s.attempts.iter().any(|a| a.token == w.lease);
+        if !held {
+            (w.lease, w.faulted) = (None, false);
+        }
+    }
+}
+
+fn perform_act(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
     let who = |i: usize| format!("worker {}", name(i));
     match act {
         Act::Work(i) => simple(format!("{} {}", who(i), work(ledger.config, s, i))),
         Act::Claim(i, lost) => claim(ledger, s, i, lost),
         Act::Deliver(i, lost, fused) => deliver(ledger, s, i, lost, fused),
         Act::Delay(i) => delay(ledger.config, s, i),
-        Act::ExecDone(i) | Act::ExecLost(i) | Act::ExecPermanent(i) => executed(ledger, s, i, act),
+        Act::ExecDone(i) | Act::ExecLost(i) | Act::ExecPermanent(i) | Act::ExecTransient(i) => {
+            executed(ledger, s, i, act)
+        }
         Act::Crash(i) => {
             s.budget.crashes -= 1;
             s.workers[i] = Worker {
@@ -572,7 +631,8 @@ fn claim_next(
     }
     let record = super::ledger::record_of(&s.attempts[k]);
     let until = record.command.lease_until.map_or(0, ticks);
-    let driver = Driver::fused(&record, ledger.config.lease_ms(), sent_at);
+    let driver = Driver::fused(&record, ledger.config.lease_ms(), sent_at)
+        .with_policy(ledger.plan_of(&record), ledger.config.jitter);
     let held = Held {
         attempt: k,
         driver,
@@ -740,8 +800,10 @@ fn operator(ledger: &Ledger<'_>, s: &mut State, k: usize, request: OperatorReque
 
 /// The enqueue of a new attempt of plan `p` with `action`, through the engine's
 /// [`enqueue`] on the plan's history as the memory ledger makes it: the first
-/// attempts (`execute`) and the operator's retries and compensates, which spend the
-/// budget when applied. A refused one changes nothing.
+/// attempts (`execute`) and the operator's retries and compensates. A refused one
+/// changes nothing. An applied retry or compensate spends an enqueue and gives the
+/// new attempt the configuration's second budget; if every attempt has ended and
+/// the workers are quiet, the past is archived first ([`archive`]).
 pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, action: Action) -> Done {
     let plan = &ledger.plans[p];
     let history: Vec<AttemptRecord> = s
@@ -755,8 +817,10 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
         attempt: AttemptId::new(format!("att-{n}")),
         command: CommandId::new(format!("cmd-{n}")),
     };
-    let t = s.db_now();
-    let (outcome, after, label) = match enqueue(plan, &history, action, ids, t) {
+    let operator = action != Action::Execute;
+    let restart = operator && s.all_terminal() && s.quiet();
+    let t = if restart { at(0, 0) } else { s.db_now() };
+    let (outcome, after, mut label) = match enqueue(plan, &history, action, ids, t) {
         Ok(record) => {
             let rows = super::ledger::snap_of(record);
             let label = format!("operator enqueues {} of {} ({action})", rows.record.attempt.id, plan.id);
@@ -768,18 +832,23 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
             format!("operator {action} of {} (refused)", plan.id),
         ),
     };
+    if operator && after.is_some() {
+        s.budget = Budget {
+            enqueues: s.budget.enqueues.saturating_sub(1),
+            ..ledger.config.second
+        };
+        if restart {
+            archive(s, s.budget.enqueues > 0);
+            label.push_str("; the attempts before it are archived, and the clock and the tokens start again");
+        }
+    }
     let count = history.len() + usize::from(after.is_some());
     let event = DbEvent {
         seq: 0,
         at_ms: 0,
         db_now: t,
         decided_at: t,
-        from: if action == Action::Execute {
-            "enqueuer"
-        } else {
-            "operator"
-        }
-        .into(),
+        from: if operator { "operator" } else { "enqueuer" }.into(),
         op: leasehold_engine::Op::Enqueue,
         attempt: after.as_ref().map(|a| a.record.attempt.id.clone()),
         ordinal: None,
@@ -792,18 +861,86 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
     };
     let mut done = simple(label);
     if let Some(rows) = after {
-        if action != Action::Execute {
-            // The new attempt runs without faults (so that the search stays within
-            // the CI's time); every lease so far has ended, so which worker a
-            // fault touched matters no more.
-            let ended = s.all_terminal();
-            s.workers.iter_mut().for_each(|w| w.faulted &= !ended);
-            s.budget = Budget::default();
-        }
         s.attempts.push(rows);
     }
     log(s, event, &mut done);
     done
+}
+
+/// Archives the past once every attempt has ended and the workers are quiet: no
+/// worker, request or executor call refers to an attempt any more, nothing open
+/// holds an instant or a token, and every invariant of the attempts so far has been
+/// checked on every transition that could change what it reads (their rows, claims,
+/// calls and effects change no more). What the future reads of them is the plan's
+/// history for the enqueue guard: the archived rows keep each attempt's identity,
+/// action, number and status and (if `more` enqueues may come) its receipts'
+/// steps and statuses, nothing else. The kept past, the target's records and every
+/// worker's lease are dropped, and the clock and the token ordinals start again:
+/// two pasts that end alike are one state from here on.
+fn archive(s: &mut State, more: bool) {
+    for snap in &mut s.attempts[s.archived..] {
+        *snap = archived(&snap.record, more);
+    }
+    s.archived = s.attempts.len();
+    s.tick = 0;
+    s.workers.iter_mut().for_each(|w| *w = Worker::default());
+    s.past = Past::default();
+    s.calls.clear();
+    s.keys.clear();
+    s.applied.clear();
+    (s.minted, s.receipts_given) = (0, 0);
+}
+
+/// An ended attempt's rows as the archive keeps them.
+fn archived(r: &AttemptRecord, more: bool) -> Snap {
+    let t0 = at(0, 0);
+    let a = &r.attempt;
+    let attempt = leasehold_engine::Attempt {
+        id: a.id.clone(),
+        plan_id: a.plan_id.clone(),
+        number: a.number,
+        action: a.action,
+        status: a.status,
+        created_at: t0,
+        started_at: None,
+        finished_at: None,
+        error: None,
+    };
+    let receipts = if more {
+        r.receipts
+            .iter()
+            .map(|x| leasehold_engine::Receipt {
+                evidence: None,
+                evidence_sha256: None,
+                target_receipt: None,
+                error: None,
+                started_at: None,
+                finished_at: None,
+                ..x.clone()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let command = leasehold_engine::Command {
+        available_at: t0,
+        lease_owner: None,
+        lease_token: None,
+        lease_until: None,
+        last_heartbeat_at: None,
+        finished_at: None,
+        delivery_count: 0,
+        last_error: None,
+        ..r.command.clone()
+    };
+    Snap {
+        record: AttemptRecord {
+            attempt,
+            command,
+            receipts,
+        },
+        token: None,
+    }
 }
 
 /// The executor call in flight answers: done, its reply lost after the effect, or a
@@ -817,6 +954,11 @@ fn executed(ledger: &Ledger<'_>, s: &mut State, i: usize, act: Act) -> Done {
             s.budget.permanents -= 1;
             let r = ExecutorResult::Permanent("the target refuses".into());
             (r, "fails permanently")
+        }
+        Act::ExecTransient(_) => {
+            s.budget.transients -= 1;
+            let r = ExecutorResult::Transient("the target is unreachable".into());
+            (r, "is unreachable for")
         }
         _ => {
             let done = call_target(ledger, s, i, &exec);
