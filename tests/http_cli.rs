@@ -138,10 +138,16 @@ fn a_worker_whose_allowlist_lacks_the_host_leaves_the_step_waiting_and_never_cal
     assert!(out.contains("done: claimed 0,"), "{out}");
     let status = db.status(&attempt);
     assert_eq!(status["attempt"]["status"], "QUEUED", "{status}");
-    assert_eq!(status["receipts"][0]["target"], format!("http://127.0.0.1:{port}"), "{status}");
+    assert_eq!(
+        status["receipts"][0]["target"],
+        format!("http://127.0.0.1:{port}"),
+        "{status}"
+    );
     let text = db.ok(&["status", &attempt]);
     assert!(
-        text.contains(&format!("waits for       a worker that may reach http://127.0.0.1:{port} with http:v1")),
+        text.contains(&format!(
+            "waits for       a worker that may reach http://127.0.0.1:{port} with http:v1"
+        )),
         "{text}"
     );
     assert!(seen.lock().unwrap().is_empty());

@@ -3,11 +3,11 @@
 //! console.
 
 use super::decode;
-use super::session::Session;
 use super::session::query_one;
+use super::session::Session;
 use super::{write, Sql, TxError, Value};
-use leasehold_engine::Capabilities;
 use crate::ledger::fleet::{self, WorkerRow, FORGET_AFTER_MS};
+use leasehold_engine::Capabilities;
 use leasehold_engine::Timestamp;
 
 /// Records worker `id` as seen at `now` with `capabilities` (canonical JSON):

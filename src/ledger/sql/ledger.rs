@@ -717,7 +717,11 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
     fn open_attempts_for(&self, capabilities: &Capabilities) -> impl Future<Output = Result<u64, LedgerError>> + Send {
         async move {
             self.retry(|| async {
-                in_tx!(self, TxKind::Single, |tx| super::fleet::count_open_for(&mut tx, capabilities).await)
+                in_tx!(self, TxKind::Single, |tx| super::fleet::count_open_for(
+                    &mut tx,
+                    capabilities
+                )
+                .await)
             })
             .await
         }

@@ -426,7 +426,10 @@ impl SqliteCore {
     /// ([`crate::ledger::Ledger::open_attempts_for`]).
     pub fn open_attempts_for(&self, capabilities: &Capabilities) -> Result<u64, LedgerError> {
         let tx = self.read_tx()?;
-        sync(crate::ledger::sql::fleet::count_open_for(&mut self.session(&tx), capabilities))
+        sync(crate::ledger::sql::fleet::count_open_for(
+            &mut self.session(&tx),
+            capabilities,
+        ))
     }
 
     /// Every worker row, and the ledger's now ([`crate::ledger::Ledger::workers`]).
