@@ -20,8 +20,9 @@ use crate::ledger::sql::{poll_now, Dialect, Sql, TxError, Value, SQLITE, SQLITE_
 use leasehold_engine::{AttemptId, AttemptRecord, Capabilities, Guard, Plan, Timestamp, Writes};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{params_from_iter, Connection, ErrorCode, Row};
-use std::borrow::Cow;
+use std::cell::RefCell;
 use std::future::{ready as done, Future};
+use std::rc::Rc;
 use std::sync::LazyLock;
 
 /// Maps a rusqlite error: busy or locked is retryable, a value that does not convert
@@ -269,6 +270,28 @@ pub(super) static ANY_EXPIRED_SQL: LazyLock<String> = LazyLock::new(|| {
         write::claimable_expired("")
     )
 });
+thread_local! {
+    /// The routed claim statements of the last routing condition this thread (the
+    /// writer's) claimed with: a worker's claims all carry the same capabilities, so
+    /// the statements' text is built once, not on every claim.
+    static ROUTED_CLAIM_SQL: RefCell<Option<(String, Rc<[String; 2]>)>> = const { RefCell::new(None) };
+}
+
+/// The claim statements (PENDING, then expired) with the routing condition `route`.
+fn routed_claim_sql(route: &str) -> Rc<[String; 2]> {
+    ROUTED_CLAIM_SQL.with_borrow_mut(|cached| match cached {
+        Some((text, sqls)) if text == route => Rc::clone(sqls),
+        _ => {
+            let sqls = Rc::new([
+                claim_sql_routed(&write::claimable_pending(""), route),
+                claim_sql_routed(&write::claimable_expired(""), route),
+            ]);
+            *cached = Some((route.to_owned(), Rc::clone(&sqls)));
+            sqls
+        }
+    })
+}
+
 /// Adds one claim row (a command beside one of its receipts) to `found`.
 fn push_candidate_row(found: &mut Vec<Candidate>, row: &mut SqliteRow<'_, '_>) -> Result<(), LedgerError> {
     let command = decode::command(row, COMMAND_BASE)?;
@@ -326,20 +349,14 @@ pub(super) fn claim_candidates(
     if let Some(caps) = caps {
         write::push_route_filter(&mut route, "", caps);
     }
-    let routed = |range: &str| claim_sql_routed(range, &route.text);
-    let sqls: Vec<Cow<'_, str>> = match (expired, caps.is_some()) {
-        (false, false) => vec![Cow::Borrowed(CLAIM_PENDING_SQL.as_str())],
-        (true, false) => vec![
-            Cow::Borrowed(CLAIM_PENDING_SQL.as_str()),
-            Cow::Borrowed(CLAIM_EXPIRED_SQL.as_str()),
-        ],
-        (false, true) => vec![Cow::Owned(routed(&write::claimable_pending("")))],
-        (true, true) => vec![
-            Cow::Owned(routed(&write::claimable_pending(""))),
-            Cow::Owned(routed(&write::claimable_expired(""))),
-        ],
+    let routed = caps.map(|_| routed_claim_sql(&route.text));
+    let sqls: Vec<&str> = match (&routed, expired) {
+        (None, false) => vec![&CLAIM_PENDING_SQL],
+        (None, true) => vec![&CLAIM_PENDING_SQL, &CLAIM_EXPIRED_SQL],
+        (Some(r), false) => vec![&r[0]],
+        (Some(r), true) => vec![&r[0], &r[1]],
     };
-    for sql in &sqls {
+    for sql in sqls {
         let mut stmt = conn.prepare_cached(sql).sql()?;
         let mut rows = stmt.query(params_from_iter(route.values.iter().map(bind))).sql()?;
         while let Some(row) = rows.next().sql()? {
