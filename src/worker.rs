@@ -190,6 +190,10 @@ impl fmt::Display for WorkerEvent {
                     write!(f, "attempt {attempt}: gave back ({error}); next delivery at {until}")
                 }
                 Outcome::Exhausted { why, error } => write!(f, "attempt {attempt}: failed, {} ({error})", why.as_str()),
+                Outcome::Yielded { until } => write!(
+                    f,
+                    "attempt {attempt}: handed back, its next step's target is at its limit; next delivery at {until}"
+                ),
             },
             WorkerEvent::HeartbeatFailed { attempt, error } => {
                 write!(
@@ -549,7 +553,7 @@ fn tally(report: &mut WorkerReport, done: Result<Ended, tokio::task::JoinError>)
     match outcome {
         Outcome::Delivered => report.delivered += 1,
         Outcome::Failed(_) | Outcome::Exhausted { .. } => report.failed += 1,
-        Outcome::GaveBack { .. } => report.gave_back += 1,
+        Outcome::GaveBack { .. } | Outcome::Yielded { .. } => report.gave_back += 1,
         Outcome::Refused(_) => report.refused += 1,
         Outcome::Abandoned(_) => report.abandoned += 1,
     }

@@ -174,6 +174,12 @@ pub enum Outcome {
     },
     /// The worker gave up and leaves the lease to expire.
     Abandoned(String),
+    /// The next step's target admitted no more leases: the command was handed back,
+    /// claimable again from `until` (ledger clock), without spending a delivery.
+    Yielded {
+        /// Its new `available_at`.
+        until: Timestamp,
+    },
 }
 
 /// What an ending write ends the attempt (or the delivery) with: what a read-back
@@ -604,6 +610,7 @@ impl Driver {
                 )));
             }
             Continued::Finished => self.outcome = Some(Outcome::Delivered),
+            Continued::Yielded(until) => self.outcome = Some(Outcome::Yielded { until }),
         }
     }
 

@@ -14,6 +14,7 @@ pub mod evidence;
 pub mod gate;
 pub mod ids;
 pub mod lease;
+pub mod limits;
 pub mod model;
 pub mod names;
 pub mod plan;

@@ -907,6 +907,30 @@ impl Writes {
     }
 }
 
+/// Yield: a lease whose next step's target refused it ([`crate::limits`]) hands its
+/// command back, applied on top of the write that moved it there. The command
+/// PENDING, claimable again at `until`, its lease cleared (the holder kept in
+/// `lease_owner`), `last_error` the reason; the attempt QUEUED; a RUNNING receipt
+/// PENDING again. The delivery it ends is not counted against the policy's cap
+/// (`delivery_count` one less): it was ended by a limit, not by a failure.
+pub fn yield_lease(record: &AttemptRecord, token: &LeaseToken, reason: &str, until: Timestamp) -> Writes {
+    let mut command = record.command.clone();
+    command.status = CommandStatus::Pending;
+    command.lease_token = None;
+    command.lease_until = None;
+    command.available_at = until;
+    command.last_error = Some(reason.to_owned());
+    command.delivery_count = command.delivery_count.saturating_sub(1);
+    let mut attempt = record.attempt.clone();
+    attempt.status = AttemptStatus::Queued;
+    Writes {
+        guard: Guard::Holds(token.clone()),
+        attempt: Some(attempt),
+        command: Some(command),
+        receipts: reset_for_takeover(&record.receipts, Recovery::Resume),
+    }
+}
+
 /// The first receipt that has not SUCCEEDED: the step a delivery continues with.
 pub fn next_step(record: &AttemptRecord) -> Option<u32> {
     record
@@ -979,6 +1003,9 @@ pub enum Continued {
     Began(u32),
     /// Finished the attempt: SUCCEEDED and DELIVERED.
     Finished,
+    /// The next step's target admitted no lease ([`crate::limits`]): the command was
+    /// handed back ([`yield_lease`]), claimable again from this instant.
+    Yielded(Timestamp),
 }
 
 /// Complete a step and, in the same transaction, begin the next one or — after the

@@ -1270,6 +1270,7 @@ mod scripted_schedules {
                 "abandoned"
             }
             Some(Outcome::Refused(r)) => panic!("seed {seed}: the sole lease holder was refused: {r}"),
+            Some(Outcome::Yielded { .. }) => panic!("seed {seed}: no target is limited, yet the lease yielded"),
             None => {
                 assert!(now >= horizon, "seed {seed}: stopped without an outcome");
                 "still running"

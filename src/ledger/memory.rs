@@ -11,9 +11,11 @@
 //! directly, and the count of open attempts is kept the same way.
 
 use super::fleet::WorkerRow;
+use super::limits::{self, Leases, LimitTable, TargetRow};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
+use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::{self, NewIds, Start};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, OperatorRequest,
@@ -43,6 +45,38 @@ struct State {
     index: ClaimIndex,
     /// The fleet's rows, by worker id.
     workers: std::collections::BTreeMap<String, WorkerRow>,
+    /// The limited targets' rows.
+    limits: LimitTable,
+}
+
+/// The live leases as the memory ledger's limits see them: a walk of the leased
+/// index from `now` on.
+struct LiveLeases<'a> {
+    attempts: &'a Lookup<AttemptId, AttemptRecord>,
+    index: &'a ClaimIndex,
+}
+
+impl Leases for LiveLeases<'_> {
+    fn live(&self, target: &str, now: Timestamp) -> (u32, Option<Timestamp>) {
+        let mut live = self
+            .index
+            .leased
+            .iter()
+            .skip_while(|(until, _)| *until < now)
+            .filter(|(_, id)| self.attempts.get(id).is_some_and(|r| r.command.target == target))
+            .map(|(until, _)| *until);
+        let first = live.next();
+        (first.map_or(0, |_| 1 + live.count() as u32), first)
+    }
+
+    fn lease_of(&self, command: &CommandId, target: &str, now: Timestamp) -> Option<Timestamp> {
+        let record = self.attempts.values().find(|r| r.command.id == *command)?;
+        let c = &record.command;
+        (c.status == CommandStatus::Processing && c.target == target)
+            .then_some(c.lease_until)
+            .flatten()
+            .filter(|until| *until >= now)
+    }
 }
 
 /// What a claim and an idle worker ask about, kept in step with every command row so
@@ -135,8 +169,13 @@ impl ClaimIndex {
         attempts: &Lookup<AttemptId, AttemptRecord>,
         now: Timestamp,
         (batch, caps): (usize, Option<&Capabilities>),
+        blocked: impl Fn(&str) -> bool,
     ) -> Vec<(Timestamp, CommandId, AttemptId)> {
-        let admits = |id: &AttemptId| caps.is_none_or(|c| attempts.get(id).is_some_and(|r| c.admits(&r.command)));
+        let admits = |id: &AttemptId| {
+            attempts
+                .get(id)
+                .is_some_and(|r| caps.is_none_or(|c| c.admits(&r.command)) && !blocked(&r.command.target))
+        };
         let mut candidates: Vec<(Timestamp, CommandId, AttemptId)> = self
             .pending
             .iter()
@@ -287,12 +326,19 @@ impl MemoryLedger {
         let mut guard = self.lock();
         let state = &mut *guard;
         let window = (request.batch as usize, request.capabilities.as_ref());
-        let candidates = state.index.claimable(&state.attempts, now, window);
+        let candidates = {
+            let leases = LiveLeases {
+                attempts: &state.attempts,
+                index: &state.index,
+            };
+            let blocked = |t: &str| !state.limits.is_empty() && state.limits.blocks(t, &leases, now);
+            state.index.claimable(&state.attempts, now, window, blocked)
+        };
         let mut claimed = Vec::with_capacity(candidates.len());
         for (_, command_id, attempt_id) in candidates {
             let record = state
                 .attempts
-                .get_mut(&attempt_id)
+                .get(&attempt_id)
                 .ok_or_else(|| Self::not_found("attempt", &attempt_id))?;
             let plan = state
                 .plans
@@ -303,6 +349,20 @@ impl MemoryLedger {
             let Ok((writes, _)) = super::decide(self.writes_hook.as_ref(), record, claim, now) else {
                 continue;
             };
+            if let Some(target) = limits::entered(record, &writes) {
+                let leases = LiveLeases {
+                    attempts: &state.attempts,
+                    index: &state.index,
+                };
+                if state.limits.admit(target, &command_id, &leases, now).is_err() {
+                    continue;
+                }
+            }
+            let plan = plan.clone();
+            let record = state
+                .attempts
+                .get_mut(&attempt_id)
+                .ok_or_else(|| Self::not_found("attempt", &attempt_id))?;
             state.index.apply(record, writes)?;
             let claim = Claimed {
                 lease: Lease {
@@ -310,7 +370,7 @@ impl MemoryLedger {
                     attempt_id,
                     token,
                 },
-                plan: plan.clone(),
+                plan,
                 record: record.clone(),
             };
             if claim.is_lease() {
@@ -318,6 +378,68 @@ impl MemoryLedger {
             }
         }
         Ok(claimed)
+    }
+
+    /// A worker's request while some target is limited: decided on a copy of the
+    /// record, then passed through [`MemoryLedger::limited`].
+    fn limited_worker(
+        &self,
+        lease: &Lease,
+        request: &WorkerRequest,
+        plan: Option<&Plan>,
+    ) -> Result<Reply, LedgerError> {
+        let now = self.clock.now();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let record = Self::record(state, &lease.attempt_id)?;
+        if record.command.id != lease.command_id {
+            return Err(Self::not_found("command", &lease.command_id));
+        }
+        let request_of = Request::Worker(request, &lease.token, plan);
+        let decided = super::decide(self.writes_hook.as_ref(), &record, request_of, now)?;
+        let (writes, reply) = Self::limited(state, request, lease, &record, decided, now)?;
+        let stored = state
+            .attempts
+            .get_mut(&lease.attempt_id)
+            .ok_or_else(|| Self::not_found("attempt", &lease.attempt_id))?;
+        state.index.apply(stored, writes)?;
+        Ok(reply)
+    }
+
+    /// A worker's write under the limits ([`limits`]): its outcomes recorded with
+    /// the targets' breakers, and a lease it moves onto a target admitted there or
+    /// handed back.
+    fn limited(
+        state: &mut State,
+        request: &WorkerRequest,
+        lease: &Lease,
+        record: &AttemptRecord,
+        (writes, reply): (Writes, Reply),
+        now: Timestamp,
+    ) -> Result<(Writes, Reply), LedgerError> {
+        for (target, outcome) in limits::outcomes(request, record, &writes) {
+            state.limits.record(&target, outcome, now);
+        }
+        let Some(target) = limits::entered(record, &writes) else {
+            return Ok((writes, reply));
+        };
+        let leases = LiveLeases {
+            attempts: &state.attempts,
+            index: &state.index,
+        };
+        match state.limits.admit(target, &record.command.id, &leases, now) {
+            Ok(()) => Ok((writes, reply)),
+            Err(blocked) => {
+                let until = blocked.until().unwrap_or(now.plus_ms(limits::YIELD_PAUSE_MS));
+                Ok(limits::yielded(
+                    record,
+                    writes,
+                    &lease.token,
+                    &blocked.to_string(),
+                    until,
+                )?)
+            }
+        }
     }
 }
 
@@ -402,6 +524,9 @@ impl Ledger for MemoryLedger {
             }
             false => None,
         };
+        if !self.lock().limits.is_empty() {
+            return self.limited_worker(lease, &request, plan.as_ref());
+        }
         self.apply(
             &lease.attempt_id,
             Some(&lease.command_id),
@@ -487,6 +612,26 @@ impl Ledger for MemoryLedger {
         let rows = self.lock().workers.values().cloned().collect();
         Ok((rows, self.clock.now()))
     }
+
+    async fn set_limit(&self, limit: TargetLimit) -> Result<(), LedgerError> {
+        super::checked_limit(&limit)?;
+        self.lock().limits.set(limit);
+        Ok(())
+    }
+
+    async fn clear_limit(&self, target: &str) -> Result<bool, LedgerError> {
+        Ok(self.lock().limits.clear(target))
+    }
+
+    async fn limits(&self) -> Result<(Vec<TargetRow>, Timestamp), LedgerError> {
+        let now = self.clock.now();
+        let state = self.lock();
+        let leases = LiveLeases {
+            attempts: &state.attempts,
+            index: &state.index,
+        };
+        Ok((state.limits.list(&leases, now), now))
+    }
 }
 
 #[cfg(test)]
@@ -533,7 +678,7 @@ mod tests {
         let state = ledger.lock();
         for batch in [1, 2, 5, 1_000] {
             assert_eq!(
-                state.index.claimable(&state.attempts, now, (batch, None)),
+                state.index.claimable(&state.attempts, now, (batch, None), |_| false),
                 scanned(&state, now, batch),
                 "claim order (batch {batch}) after {why}"
             );

@@ -81,6 +81,11 @@ pub static SQLITE: &[Migration] = &[
         name: "routing",
         sql: include_str!("../../migrations/sqlite/0010_routing.sql"),
     },
+    Migration {
+        version: 11,
+        name: "target_limits",
+        sql: include_str!("../../migrations/sqlite/0011_target_limits.sql"),
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

@@ -22,6 +22,7 @@
 )]
 pub mod bulk;
 pub mod fleet;
+pub mod limits;
 pub mod listing;
 pub mod memory;
 pub mod migrate;
@@ -51,6 +52,7 @@ mod url;
 pub use sql::SqlLedger;
 pub use url::DbUrl;
 
+use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::plan::PlanError;
 use leasehold_engine::transition::{Continued, ReconcileOutcome, Start};
 use leasehold_engine::{
@@ -547,6 +549,30 @@ pub trait Ledger: Send + Sync + 'static {
     fn workers(&self) -> impl Future<Output = Result<(Vec<fleet::WorkerRow>, Timestamp), LedgerError>> + Send {
         async { Ok((Vec::new(), Timestamp::from_millis(0))) }
     }
+
+    /// Sets a target's limits ([`limits`]), its row created on first use; a bad
+    /// value is refused naming the field, and nothing is written. The default (a
+    /// ledger that keeps no limits) refuses.
+    fn set_limit(&self, limit: TargetLimit) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        let _ = limit;
+        async { Err(LedgerError::BadInput("this ledger keeps no target limits".into())) }
+    }
+
+    /// Removes a target's limits; whether it had any.
+    fn clear_limit(&self, target: &str) -> impl Future<Output = Result<bool, LedgerError>> + Send {
+        let _ = target;
+        async { Ok(false) }
+    }
+
+    /// Every limited target, by target, and the ledger's now. The default: none.
+    fn limits(&self) -> impl Future<Output = Result<(Vec<limits::TargetRow>, Timestamp), LedgerError>> + Send {
+        async { Ok((Vec::new(), Timestamp::from_millis(0))) }
+    }
+}
+
+/// A limit as given, checked: the error names the field.
+pub(crate) fn checked_limit(limit: &TargetLimit) -> Result<(), LedgerError> {
+    limit.validate().map_err(LedgerError::BadInput)
 }
 
 /// Finds a plan by id, or else by name (the newest READY plan of that name, or the

@@ -395,7 +395,11 @@ impl Metrics {
                             })
                             .inc();
                     }
-                    Outcome::Delivered | Outcome::Failed(_) | Outcome::GaveBack { .. } | Outcome::Exhausted { .. } => {}
+                    Outcome::Delivered
+                    | Outcome::Failed(_)
+                    | Outcome::GaveBack { .. }
+                    | Outcome::Exhausted { .. }
+                    | Outcome::Yielded { .. } => {}
                 }
             }
             WorkerEvent::GraceExpired { dropped } => {
@@ -425,6 +429,7 @@ fn outcome_name(outcome: &Outcome) -> &'static str {
         Outcome::Abandoned(_) => "abandoned",
         Outcome::GaveBack { .. } => "gave_back",
         Outcome::Exhausted { .. } => "exhausted",
+        Outcome::Yielded { .. } => "yielded",
     }
 }
 
@@ -466,6 +471,9 @@ pub fn log_event(worker: &str, event: &WorkerEvent, context: Option<(&str, u32)>
                 Outcome::GaveBack { until, error } => format!("{}; next delivery at {until}", clean(error)),
                 Outcome::Exhausted { why, error } => format!("{}; {}", why.as_str(), clean(error)),
                 Outcome::Refused(r) => clean(&r.to_string()),
+                Outcome::Yielded { until } => {
+                    format!("its next step's target is at its limit; next delivery at {until}")
+                }
             };
             tracing::info!(event = "finished", worker, attempt = %attempt, command, delivery, outcome = outcome_name(outcome), detail = %detail, "delivery ended");
         }

@@ -519,6 +519,7 @@ fn outcome_text(o: &Outcome) -> String {
         Outcome::Abandoned(why) => format!("abandoned ({why})"),
         Outcome::GaveBack { until, error } => format!("gave back until {until} ({error})"),
         Outcome::Exhausted { why, error } => format!("{} ({error})", why.as_str()),
+        Outcome::Yielded { until } => format!("yielded until {until}"),
     }
 }
 

@@ -14,7 +14,7 @@ use crate::ledger::sql::ledger::{retry, SqlContext, TxKind};
 use crate::ledger::sql::query::queries;
 use crate::ledger::sql::session::{self, query_one, Session};
 use crate::ledger::sql::table::{ATTEMPT, COMMAND};
-use crate::ledger::sql::{write, Sql, Value, MYSQL};
+use crate::ledger::sql::{limits, write, Sql, Value, MYSQL};
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::is_claimable;
 use leasehold_engine::{
@@ -98,6 +98,7 @@ fn candidates_sql<'a>(sql: &mut Sql<'a>, now: Timestamp, limit: u32, caps: Optio
         if let Some(caps) = caps {
             write::push_route_filter(sql, "c.", caps);
         }
+        limits::push_unblocked(sql, "c", now);
         sql.push(" ORDER BY ")
             .push(order)
             .push(" LIMIT ")
@@ -162,6 +163,12 @@ fn push_claim_window<'a>(sql: &mut Sql<'a>, now: NowSql, after: Option<&'a Claim
         now.push(sql);
         if let Some(caps) = caps {
             write::push_route_filter(sql, "", caps);
+        }
+        match now {
+            NowSql::Db => {
+                sql.push(&limits::unblocked("", NOW_SQL));
+            }
+            NowSql::At(t) => limits::push_unblocked(sql, "", t),
         }
         if let Some((at, id)) = after {
             sql.push(" AND (available_at > ")
@@ -408,15 +415,23 @@ async fn write_claims(
 ) -> Result<Vec<Claimed>, TxError> {
     let stats = &backend.stats;
     let mut decided = Vec::with_capacity(held.len());
+    let mut gates = limits::Gates::default();
+    let targets: Vec<&str> = held.iter().map(|(r, _)| r.command.target.as_str()).collect();
+    gates.read(tx, &targets, now).await?;
     for (record, plan) in held {
         let token = ctx.entropy.token();
         match decide(None, &record, Request::Claim(request, &token, &plan), now) {
-            Ok((writes, _)) => decided.push((record, plan, token, writes)),
+            Ok((writes, _)) => {
+                if limits::admits_claim(tx, &mut gates, &record, &writes, now).await? {
+                    decided.push((record, plan, token, writes));
+                }
+            }
             Err(_) => {
                 stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
+    gates.store(tx, now).await?;
     let all: Vec<(&AttemptRecord, &Writes)> = decided.iter().map(|(r, _, _, w)| (r, w)).collect();
     match apply_writes_batch(tx, &all).await {
         Err(TxError::Ledger(LedgerError::Refused(refusal))) => {

@@ -52,6 +52,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "routing",
         sql: include_str!("../../../migrations/mysql/0006_routing.sql"),
     },
+    Migration {
+        version: 7,
+        name: "target_limits",
+        sql: include_str!("../../../migrations/mysql/0007_target_limits.sql"),
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

@@ -8,7 +8,7 @@ use crate::ledger::sql::decode;
 use crate::ledger::sql::ledger::SqlContext;
 use crate::ledger::sql::session::{self, Session};
 use crate::ledger::sql::table::{ATTEMPT, COMMAND};
-use crate::ledger::sql::{write, Sql, Value, POSTGRES};
+use crate::ledger::sql::{limits, write, Sql, Value, POSTGRES};
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::transition::is_claimable;
 use leasehold_engine::{Attempt, AttemptId, Capabilities, ClaimRequest, Command, PlanId, Request, Timestamp};
@@ -64,6 +64,9 @@ pub(super) async fn claim_in<C: PgClient>(
     plan_ids.sort();
     plan_ids.dedup();
     let plans = session::read_plans_by_id(tx, &plan_ids).await?;
+    let mut gates = limits::Gates::default();
+    let targets: Vec<&str> = heads.iter().map(|(_, c)| c.target.as_str()).collect();
+    gates.read(tx, &targets, now).await?;
     let mut claimed = Vec::with_capacity(heads.len());
     for (record, plan) in decode::claimed_records(heads, receipts, &plans)? {
         let token = ctx.entropy.token();
@@ -72,6 +75,9 @@ pub(super) async fn claim_in<C: PgClient>(
             backend.stats.lost_claim_races.fetch_add(1, Ordering::Relaxed);
             continue;
         };
+        if !limits::admits_claim(tx, &mut gates, &record, &writes, now).await? {
+            continue;
+        }
         match session::apply_writes(tx, Some(&record), &writes).await {
             Err(TxError::Ledger(LedgerError::Refused(refusal))) => {
                 return Err(TxError::Retry(format!(
@@ -84,6 +90,7 @@ pub(super) async fn claim_in<C: PgClient>(
         // the leases on (`Claimed::leases`).
         claimed.push(Claimed::applied(record, plan, token, &writes));
     }
+    gates.store(tx, now).await?;
     let leases = claimed.iter().filter(|c| c.is_lease()).count();
     backend.stats.claims.fetch_add(leases as u64, Ordering::Relaxed);
     Ok(claimed)
@@ -105,6 +112,12 @@ fn claimable_sql<'a>(now: Option<Timestamp>, (window, want): (u32, u32), caps: O
     let push_route = |sql: &mut Sql<'a>| {
         if let Some(caps) = caps {
             write::push_route_filter(sql, "", caps);
+        }
+        match now {
+            Some(t) => limits::push_unblocked(sql, "", t),
+            None => {
+                sql.push(&limits::unblocked("", "(SELECT now_ms FROM clock)"));
+            }
         }
     };
     sql.push(&format!(

@@ -40,6 +40,11 @@ pub static MIGRATIONS: &[Migration] = &[
         name: "routing",
         sql: include_str!("../../../migrations/postgres/0005_routing.sql"),
     },
+    Migration {
+        version: 6,
+        name: "target_limits",
+        sql: include_str!("../../../migrations/postgres/0006_target_limits.sql"),
+    },
 ];
 
 /// The advisory lock key that serializes migrators of one database ("leasehol" in ASCII).

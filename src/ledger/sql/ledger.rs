@@ -16,13 +16,15 @@
 //! [`SqlContext::tries`] times.
 
 use super::session::{self, not_found, Session};
-use super::TxError;
+use super::{limits, TxError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::fleet::WorkerRow;
+use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
+use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
@@ -423,8 +425,14 @@ impl<B: SqlBackend> SqlLedger<B> {
             true => Some(session::plan_by_id(tx, &record.attempt.plan_id, false).await?),
             false => None,
         };
-        let request = Request::Worker(request, &lease.token, plan.as_ref());
-        let (writes, reply) = decide(None, &record, request, self.ctx.decide_at(db_now)?)?;
+        let now = self.ctx.decide_at(db_now)?;
+        let decided = decide(
+            None,
+            &record,
+            Request::Worker(request, &lease.token, plan.as_ref()),
+            now,
+        )?;
+        let (writes, reply) = limits::limit_worker(tx, (request, &lease.token), &record, decided, now).await?;
         session::apply_writes(tx, Some(&record), &writes).await?;
         self.backend.checkpoint(tx, Checkpoint::BeforeCommit).await?;
         Ok(reply)
@@ -751,6 +759,38 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
                 in_tx!(self, TxKind::Read, |tx| {
                     let rows = super::fleet::read_workers(&mut tx).await?;
                     Ok((rows, self.now_in(&mut tx).await?))
+                })
+            })
+            .await
+        }
+    }
+
+    fn set_limit(&self, limit: TargetLimit) -> impl Future<Output = Result<(), LedgerError>> + Send {
+        async move {
+            crate::ledger::checked_limit(&limit)?;
+            self.retry(|| async {
+                in_tx!(self, TxKind::Write, |tx| {
+                    let now = self.now_in(&mut tx).await?;
+                    limits::set_limit(&mut tx, &limit, now).await
+                })
+            })
+            .await
+        }
+    }
+
+    fn clear_limit(&self, target: &str) -> impl Future<Output = Result<bool, LedgerError>> + Send {
+        async move {
+            self.retry(|| async { in_tx!(self, TxKind::Write, |tx| limits::clear_limit(&mut tx, target).await) })
+                .await
+        }
+    }
+
+    fn limits(&self) -> impl Future<Output = Result<(Vec<TargetRow>, Timestamp), LedgerError>> + Send {
+        async move {
+            self.retry(|| async {
+                in_tx!(self, TxKind::Read, |tx| {
+                    let now = self.now_in(&mut tx).await?;
+                    Ok((limits::list_limits(&mut tx, now).await?, now))
                 })
             })
             .await

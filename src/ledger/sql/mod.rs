@@ -26,6 +26,7 @@ pub(crate) mod batch;
 pub(crate) mod decode;
 pub(crate) mod fleet;
 pub(crate) mod ledger;
+pub(crate) mod limits;
 pub(crate) mod listing;
 pub(crate) mod query;
 pub(crate) mod ready;

@@ -55,10 +55,12 @@ use writer::{Call, Job, Writer};
 pub use writer::{GroupCall, WriterStats};
 
 use super::fleet::WorkerRow;
+use super::limits::TargetRow;
 use super::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
+use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Timestamp,
@@ -398,6 +400,20 @@ impl Ledger for SqliteLedger {
 
     async fn workers(&self) -> Result<(Vec<WorkerRow>, Timestamp), LedgerError> {
         self.run(|core| core.workers()).await
+    }
+
+    async fn set_limit(&self, limit: TargetLimit) -> Result<(), LedgerError> {
+        crate::ledger::checked_limit(&limit)?;
+        self.write(move |core| core.set_limit(&limit)).await
+    }
+
+    async fn clear_limit(&self, target: &str) -> Result<bool, LedgerError> {
+        let target = target.to_owned();
+        self.write(move |core| core.clear_limit(&target)).await
+    }
+
+    async fn limits(&self) -> Result<(Vec<TargetRow>, Timestamp), LedgerError> {
+        self.run(|core| core.limits()).await
     }
 
     // The console's reads ([`crate::ledger::sql::listing`]).

@@ -242,12 +242,13 @@ fn claim_sql(range: &str) -> String {
 /// from `?3`).
 fn claim_sql_routed(range: &str, route: &str) -> String {
     format!(
-        "SELECT {}, {}, {} FROM (SELECT rowid AS rid FROM command WHERE {range}?1{route} ORDER BY {} LIMIT ?2) k \
+        "SELECT {}, {}, {} FROM (SELECT rowid AS rid FROM command WHERE {range}?1{route}{} ORDER BY {} LIMIT ?2) k \
          CROSS JOIN command c ON c.rowid = k.rid CROSS JOIN attempt a ON a.id = c.attempt_id \
          CROSS JOIN plan p ON p.id = a.plan_id LEFT JOIN receipt r ON r.attempt_id = a.id",
         attempt_and_command(),
         PLAN.column_list(Some("p")),
         RECEIPT.column_list(Some("r")),
+        crate::ledger::sql::limits::unblocked("", "?1"),
         write::CLAIM_ORDER,
     )
 }

@@ -5,12 +5,15 @@
 use super::rows::{self, sync, SqlResult, SqliteSession};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
+use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::migrate::{self, SQLITE};
 use crate::ledger::sql::ledger::{enqueue_in, register_in, Decider};
+use crate::ledger::sql::limits;
 use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::sql::{listing, Dialect};
 use crate::ledger::{decide, Claimed, LedgerError};
+use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
@@ -439,6 +442,30 @@ impl SqliteCore {
         Ok((rows, self.clock.now()))
     }
 
+    /// Sets a target's limits ([`crate::ledger::Ledger::set_limit`]).
+    pub fn set_limit(&self, limit: &TargetLimit) -> Result<(), LedgerError> {
+        crate::ledger::checked_limit(limit)?;
+        let tx = self.write_tx()?;
+        sync(limits::set_limit(&mut self.session(&tx), limit, self.clock.now()))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Removes a target's limits ([`crate::ledger::Ledger::clear_limit`]).
+    pub fn clear_limit(&self, target: &str) -> Result<bool, LedgerError> {
+        let tx = self.write_tx()?;
+        let cleared = sync(limits::clear_limit(&mut self.session(&tx), target))?;
+        tx.commit()?;
+        Ok(cleared)
+    }
+
+    /// Every limited target, and the ledger's now ([`crate::ledger::Ledger::limits`]).
+    pub fn limits(&self) -> Result<(Vec<TargetRow>, Timestamp), LedgerError> {
+        let tx = self.read_tx()?;
+        let now = self.clock.now();
+        Ok((sync(limits::list_limits(&mut self.session(&tx), now))?, now))
+    }
+
     /// Marks a plan RETIRED.
     pub fn retire_plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
         let tx = self.write_tx()?;
@@ -557,6 +584,8 @@ impl SqliteCore {
             .collect();
         // Every vector sized once (see `rows::claim_candidates` on large allocations).
         let mut decided = Vec::with_capacity(candidates.len());
+        let mut gates = limits::Gates::default();
+        let mut session = self.session(tx);
         for &k in members {
             let request = &requests[k];
             let window: Vec<usize> = (0..candidates.len())
@@ -567,13 +596,18 @@ impl SqliteCore {
                 let Some((record, plan)) = &candidates[i] else { continue };
                 let token = self.entropy.token();
                 let claim = Request::Claim(request, &token, plan);
-                if let Ok((writes, _)) = decide(self.writes_hook.as_ref(), record, claim, now) {
-                    if let Some((record, plan)) = candidates[i].take() {
-                        decided.push((k, record, plan, token, writes));
-                    }
+                let Ok((writes, _)) = decide(self.writes_hook.as_ref(), record, claim, now) else {
+                    continue;
+                };
+                if !sync(limits::admits_claim(&mut session, &mut gates, record, &writes, now))? {
+                    continue;
+                }
+                if let Some((record, plan)) = candidates[i].take() {
+                    decided.push((k, record, plan, token, writes));
                 }
             }
         }
+        sync(gates.store(&mut session, now))?;
         let items: Vec<_> = decided
             .iter()
             .map(|(_, record, _, _, writes)| (record, writes))
@@ -615,12 +649,19 @@ impl SqliteCore {
             ))?),
             false => None,
         };
-        let (writes, reply) = decide(
+        let decided = decide(
             self.writes_hook.as_ref(),
             &record,
             Request::Worker(&request, &lease.token, plan.as_ref()),
             now,
         )?;
+        let (writes, reply) = sync(limits::limit_worker(
+            &mut self.session(&tx),
+            (&request, &lease.token),
+            &record,
+            decided,
+            now,
+        ))?;
         rows::update_writes(&tx, self.dialect.get(), &record, &writes)?;
         let owned = owns(&record, &writes);
         writes.apply_to(&mut record);

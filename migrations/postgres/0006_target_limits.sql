@@ -1,0 +1,23 @@
+-- leasehold PostgreSQL schema, version 6: per-target limits.
+--
+-- One row per limited target: its limits (NULL: none of that kind) and what its
+-- admissions keep — the instants of its latest entries (`recent`, for the rate),
+-- its breaker's consecutive failures, open-until and probe — and until when it
+-- refuses every entry (`blocked_until`, which a claim's candidates leave out).
+CREATE TABLE target_limit (
+    target              TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+    max_in_flight       BIGINT,
+    rate_count          BIGINT,
+    rate_per_ms         BIGINT,
+    breaker_failures    BIGINT,
+    breaker_cooldown_ms BIGINT,
+    recent              TEXT NOT NULL DEFAULT '',
+    failures            BIGINT NOT NULL DEFAULT 0,
+    open_until          BIGINT,
+    probe               TEXT COLLATE "C",
+    blocked_until       BIGINT,
+    updated_at          BIGINT NOT NULL
+);
+
+-- A target's live leases are counted on every admission onto it.
+CREATE INDEX command_leased_by_target ON command (target, lease_until) WHERE status = 'PROCESSING';

@@ -1,0 +1,23 @@
+-- leasehold SQLite schema, version 11: per-target limits.
+--
+-- One row per limited target: its limits (NULL: none of that kind) and what its
+-- admissions keep — the instants of its latest entries (`recent`, for the rate),
+-- its breaker's consecutive failures, open-until and probe — and until when it
+-- refuses every entry (`blocked_until`, which a claim's candidates leave out).
+CREATE TABLE target_limit (
+    target              TEXT    NOT NULL PRIMARY KEY,
+    max_in_flight       INTEGER,
+    rate_count          INTEGER,
+    rate_per_ms         INTEGER,
+    breaker_failures    INTEGER,
+    breaker_cooldown_ms INTEGER,
+    recent              TEXT    NOT NULL DEFAULT '',
+    failures            INTEGER NOT NULL DEFAULT 0,
+    open_until          INTEGER,
+    probe               TEXT,
+    blocked_until       INTEGER,
+    updated_at          INTEGER NOT NULL
+);
+
+-- A target's live leases are counted on every admission onto it.
+CREATE INDEX command_leased_by_target ON command (target, lease_until) WHERE status = 'PROCESSING';

@@ -1,0 +1,404 @@
+//! Per-target limits on a SQL ledger ([`crate::ledger::limits`]): the
+//! `target_limit` rows, the gates a transaction admits leases through, and the
+//! candidate filter that leaves blocked targets out of a claim.
+//!
+//! A transaction that admits leases onto targets first locks their rows, in target
+//! order (`FOR UPDATE` where rows lock; SQLite's write transaction holds the whole
+//! database), then counts their live leases. Every other admission onto those
+//! targets waits for the lock, so it counts after this transaction's claims are
+//! committed: no count-then-claim race. The count is a plain read: at READ COMMITTED
+//! (PostgreSQL's writes and claims) and READ UNCOMMITTED (MySQL's claims) it reads
+//! the latest rows; a MySQL worker write (REPEATABLE READ) takes its snapshot at
+//! this first plain read, after the lock is held. Nothing that holds a target's
+//! lock waits for a command row (claims skip locked rows), so the lock takes part in
+//! no deadlock.
+
+use super::decode::{self, ColumnReader};
+use super::session::Session;
+use super::{placeholders, Sql, TxError, Value};
+use crate::ledger::limits::{self as shared, TargetRow};
+use crate::ledger::LedgerError;
+use leasehold_engine::limits::{self, Blocked, Breaker, Load, Outcome, Rate, TargetLimit};
+use leasehold_engine::{AttemptRecord, CommandId, LeaseToken, Reply, Timestamp, WorkerRequest, Writes};
+use std::collections::BTreeMap;
+
+const COLUMNS: &str = "target, max_in_flight, rate_count, rate_per_ms, breaker_failures, breaker_cooldown_ms, \
+                       recent, failures, open_until, probe, blocked_until";
+
+/// A limited target inside a transaction: its row as read, its load, and whether
+/// either changed.
+struct Gate {
+    limit: TargetLimit,
+    load: Load,
+    blocked_until: Option<Timestamp>,
+    changed: bool,
+}
+
+/// The gates of the targets one transaction admits leases onto or records outcomes
+/// for; a target without a row is not limited.
+#[derive(Default)]
+pub(crate) struct Gates {
+    read: BTreeMap<String, Option<Gate>>,
+}
+
+fn parse_row(row: &mut dyn ColumnReader) -> Result<(TargetLimit, Load, Option<Timestamp>), LedgerError> {
+    let int = |row: &mut dyn ColumnReader, i: usize, what: &str| decode::opt_scalar(row, i, what);
+    let target = decode::string(row, 0, "target_limit: target")?;
+    let max = int(row, 1, "target_limit: max_in_flight")?;
+    let rate = match (
+        int(row, 2, "target_limit: rate_count")?,
+        int(row, 3, "target_limit: rate_per_ms")?,
+    ) {
+        (Some(count), Some(per_ms)) => Some(Rate {
+            count: count as u32,
+            per_ms: per_ms as u64,
+        }),
+        _ => None,
+    };
+    let breaker = match (
+        int(row, 4, "target_limit: breaker_failures")?,
+        int(row, 5, "target_limit: breaker_cooldown_ms")?,
+    ) {
+        (Some(failures), Some(cooldown)) => Some(Breaker {
+            failures: failures as u32,
+            cooldown_ms: cooldown as u64,
+        }),
+        _ => None,
+    };
+    let recent = decode::string(row, 6, "target_limit: recent")?;
+    let load = Load {
+        recent: limits::decode_recent(&recent)
+            .ok_or_else(|| LedgerError::Integrity(format!("target_limit {target}: recent is {recent:?}")))?,
+        failures: decode::scalar(row, 7, "target_limit: failures")? as u32,
+        open_until: int(row, 8, "target_limit: open_until")?.map(Timestamp::from_millis),
+        probe: row
+            .text(9)
+            .map_err(|e| LedgerError::Integrity(format!("target_limit: probe: {e}")))?
+            .map(CommandId::new),
+        ..Load::default()
+    };
+    let blocked_until = int(row, 10, "target_limit: blocked_until")?.map(Timestamp::from_millis);
+    let limit = TargetLimit {
+        target,
+        max_in_flight: max.map(|m| m as u32),
+        rate,
+        breaker,
+    };
+    Ok((limit, load, blocked_until))
+}
+
+/// Live leases on `target` at `now`, and the earliest end among them.
+async fn live_leases<S: Session>(s: &mut S, target: &str, now: Timestamp) -> Result<(u32, Option<Timestamp>), TxError> {
+    let mut sql = Sql::new(s.dialect());
+    sql.push("SELECT COUNT(*), MIN(lease_until) FROM command WHERE target = ")
+        .bind(Value::Text(target))
+        .push(" AND status = 'PROCESSING' AND lease_until >= ")
+        .bind(Value::ts(now));
+    let rows = s
+        .query(&sql.text, &sql.values, |r| {
+            Ok((
+                decode::scalar(r, 0, "live leases")?,
+                decode::opt_scalar(r, 1, "live leases: end")?,
+            ))
+        })
+        .await?;
+    let (n, end) = rows.into_iter().next().unwrap_or((0, None));
+    Ok((u32::try_from(n).unwrap_or(u32::MAX), end.map(Timestamp::from_millis)))
+}
+
+/// The end of the probe's lease, if `probe` still holds a live lease on `target`.
+async fn probe_lease<S: Session>(
+    s: &mut S,
+    target: &str,
+    probe: &CommandId,
+    now: Timestamp,
+) -> Result<Option<Timestamp>, TxError> {
+    let mut sql = Sql::new(s.dialect());
+    sql.push("SELECT lease_until FROM command WHERE id = ")
+        .bind(Value::Text(probe.as_str()))
+        .push(" AND target = ")
+        .bind(Value::Text(target))
+        .push(" AND status = 'PROCESSING' AND lease_until >= ")
+        .bind(Value::ts(now));
+    let rows = s
+        .query(&sql.text, &sql.values, |r| decode::scalar(r, 0, "probe lease"))
+        .await?;
+    Ok(rows.into_iter().next().map(Timestamp::from_millis))
+}
+
+impl Gates {
+    /// Whether no target read so far is limited.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.read.values().all(Option::is_none)
+    }
+
+    /// Reads (and locks) the rows of those `targets` not read yet, with each limited
+    /// one's live leases and probe.
+    pub(crate) async fn read<S: Session>(
+        &mut self,
+        s: &mut S,
+        targets: &[&str],
+        now: Timestamp,
+    ) -> Result<(), TxError> {
+        let mut wanted: Vec<&str> = targets
+            .iter()
+            .copied()
+            .filter(|t| !t.is_empty() && !self.read.contains_key(*t))
+            .collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let d = s.dialect();
+        let text = format!(
+            "SELECT {COLUMNS} FROM target_limit WHERE target IN ({}) ORDER BY target{}",
+            placeholders(d, 1, wanted.len()),
+            d.for_update()
+        );
+        let values: Vec<Value<'_>> = wanted.iter().map(|t| Value::Text(t)).collect();
+        let rows = s.query(&text, &values, parse_row).await?;
+        for t in &wanted {
+            self.read.insert((*t).to_owned(), None);
+        }
+        for (limit, mut load, blocked_until) in rows {
+            (load.in_flight, _) = live_leases(s, &limit.target, now).await?;
+            if let Some(probe) = &load.probe {
+                load.probing = probe_lease(s, &limit.target, probe, now).await?.is_some();
+            }
+            let gate = Gate {
+                limit,
+                load,
+                blocked_until,
+                changed: false,
+            };
+            self.read.insert(gate.limit.target.clone(), Some(gate));
+        }
+        Ok(())
+    }
+
+    /// Admits one lease of `command` onto `target` at `now` (read first, with
+    /// [`Gates::read`]); a target without limits admits everything. A refusal
+    /// marks the target blocked until it may admit again, when that is known.
+    pub(crate) async fn admit<S: Session>(
+        &mut self,
+        s: &mut S,
+        target: &str,
+        command: &CommandId,
+        now: Timestamp,
+    ) -> Result<Result<(), Blocked>, TxError> {
+        self.read(s, &[target], now).await?;
+        let Some(Some(gate)) = self.read.get_mut(target) else {
+            return Ok(Ok(()));
+        };
+        let verdict = gate.limit.admit(&mut gate.load, command, now);
+        gate.changed = true;
+        if let Err(blocked) = &verdict {
+            gate.blocked_until = match blocked.until() {
+                Some(until) => Some(until),
+                None => blocking_until(s, gate, now).await?,
+            };
+        }
+        Ok(verdict)
+    }
+
+    /// Records how a delivery to `target` ended with its breaker.
+    pub(crate) async fn record<S: Session>(
+        &mut self,
+        s: &mut S,
+        target: &str,
+        outcome: Outcome,
+        now: Timestamp,
+    ) -> Result<(), TxError> {
+        self.read(s, &[target], now).await?;
+        if let Some(Some(gate)) = self.read.get_mut(target) {
+            if gate.limit.breaker.is_some() {
+                gate.limit.record(&mut gate.load, outcome, now);
+                gate.blocked_until = gate.load.open_until;
+                gate.changed = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes back every gate that changed.
+    pub(crate) async fn store<S: Session>(&self, s: &mut S, now: Timestamp) -> Result<(), TxError> {
+        for gate in self.read.values().flatten().filter(|g| g.changed) {
+            let recent = limits::encode_recent(&gate.load.recent);
+            let mut sql = Sql::new(s.dialect());
+            sql.push("UPDATE target_limit SET recent = ")
+                .bind(Value::Text(&recent))
+                .push(", failures = ")
+                .bind(Value::Int(gate.load.failures.into()))
+                .push(", open_until = ")
+                .bind(Value::opt_ts(gate.load.open_until))
+                .push(", probe = ")
+                .bind(Value::opt_text(gate.load.probe.as_ref().map(CommandId::as_str)))
+                .push(", blocked_until = ")
+                .bind(Value::opt_ts(gate.blocked_until.filter(|t| *t > now)))
+                .push(" WHERE target = ")
+                .bind(Value::Text(&gate.limit.target));
+            s.execute(&sql.text, &sql.values).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Until when a target that refused for want of a lease's end (in flight, probe out)
+/// surely refuses: the earliest end of a live lease on it, or of its probe's.
+async fn blocking_until<S: Session>(s: &mut S, gate: &Gate, now: Timestamp) -> Result<Option<Timestamp>, TxError> {
+    let end = match (&gate.load.probe, gate.load.probing) {
+        (Some(probe), true) => probe_lease(s, &gate.limit.target, probe, now).await?,
+        _ => live_leases(s, &gate.limit.target, now).await?.1,
+    };
+    Ok(end.map(|t| t.plus_ms(1)))
+}
+
+/// The candidate filter of a claim, as text: leaves out commands whose target
+/// refuses every entry at `now` (an SQL expression: a placeholder, or the clock) —
+/// its row's `blocked_until` is later, or it has as many live leases as its
+/// `max_in_flight`. `alias` qualifies the command's columns (empty: none). The
+/// filter's first test, whether any target is limited at all, does not depend on
+/// the row: every backend computes it once per statement, so a ledger without
+/// limits reads no more of each candidate than before.
+pub(crate) fn unblocked(alias: &str, now: &str) -> String {
+    let (head, middle) = unblocked_parts(alias);
+    format!("{head}{now}{middle}{now}))))")
+}
+
+fn unblocked_parts(alias: &str) -> (String, &'static str) {
+    let target = if alias.is_empty() {
+        "command.target".to_owned()
+    } else {
+        format!("{alias}.target")
+    };
+    (
+        format!(
+            " AND (NOT EXISTS (SELECT 1 FROM target_limit) OR NOT EXISTS (SELECT 1 FROM target_limit l \
+             WHERE l.target = {target} AND (l.blocked_until > "
+        ),
+        " OR l.max_in_flight <= (SELECT COUNT(*) FROM command x WHERE x.target = l.target \
+         AND x.status = 'PROCESSING' AND x.lease_until >= ",
+    )
+}
+
+/// [`unblocked`] with `now` bound as a value.
+pub(crate) fn push_unblocked(sql: &mut Sql<'_>, alias: &str, now: Timestamp) {
+    let (head, middle) = unblocked_parts(alias);
+    sql.push(&head)
+        .bind(Value::ts(now))
+        .push(middle)
+        .bind(Value::ts(now))
+        .push("))))");
+}
+
+/// Sets `limit` on its target at `now` (its row created on first use); the target's
+/// load is kept, its block lifted.
+pub(crate) async fn set_limit<S: Session>(s: &mut S, limit: &TargetLimit, now: Timestamp) -> Result<(), TxError> {
+    let int = |v: Option<u64>| v.map_or(Value::Null, |v| Value::Int(v as i64));
+    let values = [
+        int(limit.max_in_flight.map(u64::from)),
+        int(limit.rate.map(|r| u64::from(r.count))),
+        int(limit.rate.map(|r| r.per_ms)),
+        int(limit.breaker.map(|b| u64::from(b.failures))),
+        int(limit.breaker.map(|b| b.cooldown_ms)),
+        Value::ts(now),
+        Value::Text(&limit.target),
+    ];
+    let d = s.dialect();
+    let mut sql = Sql::new(d);
+    sql.push("UPDATE target_limit SET max_in_flight = ");
+    let names = [
+        ", rate_count = ",
+        ", rate_per_ms = ",
+        ", breaker_failures = ",
+        ", breaker_cooldown_ms = ",
+        ", blocked_until = NULL, updated_at = ",
+        " WHERE target = ",
+    ];
+    sql.bind(values[0]);
+    for (name, v) in names.iter().zip(&values[1..]) {
+        sql.push(name).bind(*v);
+    }
+    if s.execute(&sql.text, &sql.values).await? > 0 {
+        return Ok(());
+    }
+    let text = format!(
+        "INSERT INTO target_limit (max_in_flight, rate_count, rate_per_ms, breaker_failures, breaker_cooldown_ms, \
+         updated_at, target, recent, failures) VALUES ({}, '', 0)",
+        placeholders(d, 1, values.len())
+    );
+    s.execute(&text, &values).await.map(|_| ())
+}
+
+/// Removes `target`'s limits; whether it had any.
+pub(crate) async fn clear_limit<S: Session>(s: &mut S, target: &str) -> Result<bool, TxError> {
+    let mut sql = Sql::new(s.dialect());
+    sql.push("DELETE FROM target_limit WHERE target = ")
+        .bind(Value::Text(target));
+    Ok(s.execute(&sql.text, &sql.values).await? > 0)
+}
+
+/// Every limited target with its live leases and breaker at `now`, by target.
+pub(crate) async fn list_limits<S: Session>(s: &mut S, now: Timestamp) -> Result<Vec<TargetRow>, TxError> {
+    let text = format!("SELECT {COLUMNS} FROM target_limit ORDER BY target");
+    let rows = s.query(&text, &[], parse_row).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (limit, mut load, _) in rows {
+        (load.in_flight, _) = live_leases(s, &limit.target, now).await?;
+        out.push(TargetRow::of(limit, &load, now));
+    }
+    Ok(out)
+}
+
+/// Whether a claim's `writes` on `record` may stand: the lease they make enter a
+/// target must be admitted there ([`limits::entered`]).
+pub(crate) async fn admits_claim<S: Session>(
+    s: &mut S,
+    gates: &mut Gates,
+    record: &AttemptRecord,
+    writes: &Writes,
+    now: Timestamp,
+) -> Result<bool, TxError> {
+    match shared::entered(record, writes) {
+        None => Ok(true),
+        Some(target) => Ok(gates.admit(s, target, &record.command.id, now).await?.is_ok()),
+    }
+}
+
+/// A worker's `request`, decided on `record` into `decided`, under the limits: its
+/// outcomes recorded with the targets' breakers, and a lease it moves onto a target
+/// admitted there or handed back ([`shared::yielded`]).
+pub(crate) async fn limit_worker<S: Session>(
+    s: &mut S,
+    (request, token): (&WorkerRequest, &LeaseToken),
+    record: &AttemptRecord,
+    decided: (Writes, Reply),
+    now: Timestamp,
+) -> Result<(Writes, Reply), TxError> {
+    let (writes, reply) = decided;
+    let outcomes = shared::outcomes(request, record, &writes);
+    let entered = shared::entered(record, &writes);
+    let mut targets: Vec<&str> = outcomes.iter().map(|(t, _)| t.as_str()).collect();
+    targets.extend(entered);
+    let mut gates = Gates::default();
+    gates.read(s, &targets, now).await?;
+    if gates.is_empty() {
+        return Ok((writes, reply));
+    }
+    for (target, outcome) in &outcomes {
+        gates.record(s, target, *outcome, now).await?;
+    }
+    let decided = match entered {
+        None => (writes, reply),
+        Some(target) => match gates.admit(s, target, &record.command.id, now).await? {
+            Ok(()) => (writes, reply),
+            Err(blocked) => {
+                let until = blocked.until().unwrap_or(now.plus_ms(shared::YIELD_PAUSE_MS));
+                shared::yielded(record, writes, token, &blocked.to_string(), until).map_err(LedgerError::from)?
+            }
+        },
+    };
+    gates.store(s, now).await?;
+    Ok(decided)
+}
