@@ -113,11 +113,10 @@ pub(crate) fn yielded(
 pub(crate) const YIELD_PAUSE_MS: u64 = 100;
 
 /// What a limit table asks of its ledger's commands: the live leases on a target
-/// at `now` with the earliest end among them, and the end of a command's live lease
-/// on a target.
+/// at `now`, and the end of a command's live lease on a target.
 pub(crate) trait Leases {
-    /// Live leases on `target` and the earliest end among them.
-    fn live(&self, target: &str, now: Timestamp) -> (u32, Option<Timestamp>);
+    /// Live leases on `target` at `now`.
+    fn live(&self, target: &str, now: Timestamp) -> u32;
     /// The end of `command`'s live lease on `target`, if it holds one.
     fn lease_of(&self, command: &CommandId, target: &str, now: Timestamp) -> Option<Timestamp>;
 }
@@ -165,7 +164,7 @@ impl LimitTable {
             .values()
             .map(|r| {
                 let mut load = r.load.clone();
-                load.in_flight = leases.live(&r.limit.target, now).0;
+                load.in_flight = leases.live(&r.limit.target, now);
                 TargetRow::of(r.limit.clone(), &load, now)
             })
             .collect()
@@ -175,7 +174,11 @@ impl LimitTable {
     pub(crate) fn blocks(&self, target: &str, leases: &impl Leases, now: Timestamp) -> bool {
         self.rows.get(target).is_some_and(|r| {
             r.blocked_until.is_some_and(|t| t > now)
-                || r.limit.max_in_flight.is_some_and(|m| leases.live(target, now).0 >= m)
+                || r.limit.max_in_flight.is_some_and(|m| leases.live(target, now) >= m)
+                || r.load
+                    .probe
+                    .as_ref()
+                    .is_some_and(|p| leases.lease_of(p, target, now).is_some())
         })
     }
 
@@ -190,18 +193,15 @@ impl LimitTable {
         let Some(row) = self.rows.get_mut(target) else {
             return Ok(());
         };
-        let (in_flight, earliest) = leases.live(target, now);
-        row.load.in_flight = in_flight;
-        let probe_end = row.load.probe.as_ref().and_then(|p| leases.lease_of(p, target, now));
-        row.load.probing = probe_end.is_some();
+        row.load.in_flight = leases.live(target, now);
+        row.load.probing = row
+            .load
+            .probe
+            .as_ref()
+            .is_some_and(|p| leases.lease_of(p, target, now).is_some());
         let verdict = row.limit.admit(&mut row.load, command, now);
-        if let Err(blocked) = &verdict {
-            row.blocked_until = blocked.until().or_else(|| {
-                probe_end
-                    .filter(|_| row.load.probing)
-                    .or(earliest)
-                    .map(|t| t.plus_ms(1))
-            });
+        if let Some(until) = verdict.as_ref().err().and_then(Blocked::until) {
+            row.blocked_until = Some(until);
         }
         verdict
     }

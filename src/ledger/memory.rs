@@ -57,16 +57,15 @@ struct LiveLeases<'a> {
 }
 
 impl Leases for LiveLeases<'_> {
-    fn live(&self, target: &str, now: Timestamp) -> (u32, Option<Timestamp>) {
-        let mut live = self
+    fn live(&self, target: &str, now: Timestamp) -> u32 {
+        let live = self
             .index
             .leased
             .iter()
             .skip_while(|(until, _)| *until < now)
             .filter(|(_, id)| self.attempts.get(id).is_some_and(|r| r.command.target == target))
-            .map(|(until, _)| *until);
-        let first = live.next();
-        (first.map_or(0, |_| 1 + live.count() as u32), first)
+            .count();
+        u32::try_from(live).unwrap_or(u32::MAX)
     }
 
     fn lease_of(&self, command: &CommandId, target: &str, now: Timestamp) -> Option<Timestamp> {

@@ -24,8 +24,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod limits;
 mod policy;
 mod routing;
+pub use limits::*;
 pub use policy::*;
 pub use routing::*;
 
@@ -136,10 +138,17 @@ macro_rules! conformance_suite {
             a_claim_finds_a_runnable_command_behind_many_it_cannot_run,
             the_command_follows_its_next_step_and_only_a_capable_worker_takes_it_over,
             the_fleet_says_what_a_queued_attempt_waits_for,
+            a_bad_limit_is_refused_naming_the_field_and_a_new_target_is_created_on_first_use,
+            live_leases_on_a_target_never_pass_its_limit_and_an_ended_lease_frees_a_slot,
+            a_full_targets_backlog_hides_no_other_work,
+            entries_never_pass_the_rate_in_any_window,
+            a_lease_moved_onto_a_full_target_is_handed_back_without_spending_a_delivery,
+            the_breaker_opens_after_consecutive_give_backs_lets_one_probe_and_closes_on_success,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,
             race_stale_holder_writes_are_refused_while_the_new_holder_proceeds,
+            race_concurrent_claimers_never_hold_more_leases_on_a_target_than_its_limit,
         );
     };
     (@current_thread $factory:expr; $($name:ident),+ $(,)?) => {

@@ -87,23 +87,17 @@ fn parse_row(row: &mut dyn ColumnReader) -> Result<(TargetLimit, Load, Option<Ti
     Ok((limit, load, blocked_until))
 }
 
-/// Live leases on `target` at `now`, and the earliest end among them.
-async fn live_leases<S: Session>(s: &mut S, target: &str, now: Timestamp) -> Result<(u32, Option<Timestamp>), TxError> {
+/// Live leases on `target` at `now`.
+async fn live_leases<S: Session>(s: &mut S, target: &str, now: Timestamp) -> Result<u32, TxError> {
     let mut sql = Sql::new(s.dialect());
-    sql.push("SELECT COUNT(*), MIN(lease_until) FROM command WHERE target = ")
+    sql.push("SELECT COUNT(*) FROM command WHERE target = ")
         .bind(Value::Text(target))
         .push(" AND status = 'PROCESSING' AND lease_until >= ")
         .bind(Value::ts(now));
     let rows = s
-        .query(&sql.text, &sql.values, |r| {
-            Ok((
-                decode::scalar(r, 0, "live leases")?,
-                decode::opt_scalar(r, 1, "live leases: end")?,
-            ))
-        })
+        .query(&sql.text, &sql.values, |r| decode::scalar(r, 0, "live leases"))
         .await?;
-    let (n, end) = rows.into_iter().next().unwrap_or((0, None));
-    Ok((u32::try_from(n).unwrap_or(u32::MAX), end.map(Timestamp::from_millis)))
+    Ok(u32::try_from(rows.into_iter().next().unwrap_or(0)).unwrap_or(u32::MAX))
 }
 
 /// The end of the probe's lease, if `probe` still holds a live lease on `target`.
@@ -162,7 +156,7 @@ impl Gates {
             self.read.insert((*t).to_owned(), None);
         }
         for (limit, mut load, blocked_until) in rows {
-            (load.in_flight, _) = live_leases(s, &limit.target, now).await?;
+            load.in_flight = live_leases(s, &limit.target, now).await?;
             if let Some(probe) = &load.probe {
                 load.probing = probe_lease(s, &limit.target, probe, now).await?.is_some();
             }
@@ -193,11 +187,8 @@ impl Gates {
         };
         let verdict = gate.limit.admit(&mut gate.load, command, now);
         gate.changed = true;
-        if let Err(blocked) = &verdict {
-            gate.blocked_until = match blocked.until() {
-                Some(until) => Some(until),
-                None => blocking_until(s, gate, now).await?,
-            };
+        if let Some(until) = verdict.as_ref().err().and_then(Blocked::until) {
+            gate.blocked_until = Some(until);
         }
         Ok(verdict)
     }
@@ -244,50 +235,47 @@ impl Gates {
     }
 }
 
-/// Until when a target that refused for want of a lease's end (in flight, probe out)
-/// surely refuses: the earliest end of a live lease on it, or of its probe's.
-async fn blocking_until<S: Session>(s: &mut S, gate: &Gate, now: Timestamp) -> Result<Option<Timestamp>, TxError> {
-    let end = match (&gate.load.probe, gate.load.probing) {
-        (Some(probe), true) => probe_lease(s, &gate.limit.target, probe, now).await?,
-        _ => live_leases(s, &gate.limit.target, now).await?.1,
-    };
-    Ok(end.map(|t| t.plus_ms(1)))
-}
-
 /// The candidate filter of a claim, as text: leaves out commands whose target
 /// refuses every entry at `now` (an SQL expression: a placeholder, or the clock) —
-/// its row's `blocked_until` is later, or it has as many live leases as its
-/// `max_in_flight`. `alias` qualifies the command's columns (empty: none). The
-/// filter's first test, whether any target is limited at all, does not depend on
-/// the row: every backend computes it once per statement, so a ledger without
-/// limits reads no more of each candidate than before.
+/// its row's `blocked_until` is later (breaker open, rate spent), it has as many
+/// live leases as its `max_in_flight`, or its half-open breaker's probe holds a
+/// live lease. `alias` qualifies the command's columns (empty: none). The filter's
+/// first test, whether any target is limited at all, does not depend on the row:
+/// every backend computes it once per statement, so a ledger without limits reads
+/// no more of each candidate than before.
 pub(crate) fn unblocked(alias: &str, now: &str) -> String {
-    let (head, middle) = unblocked_parts(alias);
-    format!("{head}{now}{middle}{now}))))")
+    let [a, b, c] = unblocked_parts(alias);
+    format!("{a}{now}{b}{now}{c}{now}))))")
 }
 
-fn unblocked_parts(alias: &str) -> (String, &'static str) {
+fn unblocked_parts(alias: &str) -> [String; 3] {
     let target = if alias.is_empty() {
         "command.target".to_owned()
     } else {
         format!("{alias}.target")
     };
-    (
+    [
         format!(
             " AND (NOT EXISTS (SELECT 1 FROM target_limit) OR NOT EXISTS (SELECT 1 FROM target_limit l \
              WHERE l.target = {target} AND (l.blocked_until > "
         ),
         " OR l.max_in_flight <= (SELECT COUNT(*) FROM command x WHERE x.target = l.target \
-         AND x.status = 'PROCESSING' AND x.lease_until >= ",
-    )
+         AND x.status = 'PROCESSING' AND x.lease_until >= "
+            .to_owned(),
+        ") OR EXISTS (SELECT 1 FROM command p WHERE p.id = l.probe AND p.target = l.target \
+         AND p.status = 'PROCESSING' AND p.lease_until >= "
+            .to_owned(),
+    ]
 }
 
 /// [`unblocked`] with `now` bound as a value.
 pub(crate) fn push_unblocked(sql: &mut Sql<'_>, alias: &str, now: Timestamp) {
-    let (head, middle) = unblocked_parts(alias);
-    sql.push(&head)
+    let [a, b, c] = unblocked_parts(alias);
+    sql.push(&a)
         .bind(Value::ts(now))
-        .push(middle)
+        .push(&b)
+        .bind(Value::ts(now))
+        .push(&c)
         .bind(Value::ts(now))
         .push("))))");
 }
@@ -345,7 +333,7 @@ pub(crate) async fn list_limits<S: Session>(s: &mut S, now: Timestamp) -> Result
     let rows = s.query(&text, &[], parse_row).await?;
     let mut out = Vec::with_capacity(rows.len());
     for (limit, mut load, _) in rows {
-        (load.in_flight, _) = live_leases(s, &limit.target, now).await?;
+        load.in_flight = live_leases(s, &limit.target, now).await?;
         out.push(TargetRow::of(limit, &load, now));
     }
     Ok(out)
