@@ -27,6 +27,8 @@ const CLAIM_WINDOW_MAX: u32 = 1_000;
 struct Picked {
     attempt: Attempt,
     command: Command,
+    /// Whether its target had limits when the candidates were read.
+    limited: bool,
 }
 
 /// Claims up to `request.batch` commands inside `tx`: lock the oldest claimable
@@ -57,6 +59,11 @@ pub(super) async fn claim_in<C: PgClient>(
     if heads.is_empty() {
         return Ok(Vec::new());
     }
+    let mut gates = limits::Gates::default();
+    let (limited, unlimited): (Vec<&Picked>, Vec<&Picked>) = heads.iter().partition(|p| p.limited);
+    gates.unlimited(unlimited.iter().map(|p| p.command.target.as_str()));
+    let targets: Vec<&str> = limited.iter().map(|p| p.command.target.as_str()).collect();
+    gates.read(tx, &targets, now).await?;
     let heads: Vec<(Attempt, Command)> = heads.into_iter().map(|p| (p.attempt, p.command)).collect();
     let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
     let receipts = session::lock_receipts_of(tx, &ids).await?;
@@ -64,9 +71,6 @@ pub(super) async fn claim_in<C: PgClient>(
     plan_ids.sort();
     plan_ids.dedup();
     let plans = session::read_plans_by_id(tx, &plan_ids).await?;
-    let mut gates = limits::Gates::default();
-    let targets: Vec<&str> = heads.iter().map(|(_, c)| c.target.as_str()).collect();
-    gates.read(tx, &targets, now).await?;
     let mut claimed = Vec::with_capacity(heads.len());
     for (record, plan) in decode::claimed_records(heads, receipts, &plans)? {
         let token = ctx.entropy.token();
@@ -140,7 +144,8 @@ fn claimable_sql<'a>(now: Option<Timestamp>, (window, want): (u32, u32), caps: O
         .bind(Value::Int(window.into()))
         .push("))");
     sql.push(&format!(
-        " SELECT {}, {}, (SELECT now_ms FROM clock) FROM candidate w \
+        " SELECT {}, {}, (SELECT now_ms FROM clock), \
+         EXISTS (SELECT 1 FROM target_limit l WHERE l.target = c.target) FROM candidate w \
          JOIN attempt a ON a.id = w.attempt_id JOIN command c ON c.id = w.id \
          ORDER BY w.available_at, w.id LIMIT ",
         ATTEMPT.column_list(Some("a")),
@@ -177,7 +182,15 @@ async fn lock_claimable<C: PgClient>(
             let attempt = decode::attempt(r, 0)?;
             let command = decode::command(r, attempt_columns)?;
             let now = decode::scalar(r, base, "claim: now")?;
-            Ok((Picked { attempt, command }, now))
+            let limited = r.int(base + 1).map_err(crate::ledger::LedgerError::Integrity)? == Some(1);
+            Ok((
+                Picked {
+                    attempt,
+                    command,
+                    limited,
+                },
+                now,
+            ))
         })
         .await?;
     let read_now = rows.last().map(|(_, now)| Timestamp::from_millis(*now));

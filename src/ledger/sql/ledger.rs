@@ -432,10 +432,12 @@ impl<B: SqlBackend> SqlLedger<B> {
             Request::Worker(request, &lease.token, plan.as_ref()),
             now,
         )?;
-        let (writes, reply) = limits::limit_worker(tx, (request, &lease.token), &record, decided, now).await?;
-        session::apply_writes(tx, Some(&record), &writes).await?;
+        let limited = limits::limit_worker(tx, (request, &lease.token), &record, decided, now).await?;
+        let mut statements = super::write::plan(tx.dialect(), Some(&record), &limited.writes)?;
+        statements.extend(limits::reset_statements(tx.dialect(), &limited.resets));
+        tx.run(&statements).await?;
         self.backend.checkpoint(tx, Checkpoint::BeforeCommit).await?;
-        Ok(reply)
+        Ok(limited.reply)
     }
 
     /// An operator request: the same reads in lock order, with the plan for its

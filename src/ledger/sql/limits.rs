@@ -15,12 +15,14 @@
 
 use super::decode::{self, ColumnReader};
 use super::session::Session;
-use super::{placeholders, Sql, TxError, Value};
+use super::write::{Expect, Statement};
+use super::{placeholders, Dialect, Sql, TxError, Value};
 use crate::ledger::limits::{self as shared, TargetRow};
 use crate::ledger::LedgerError;
 use leasehold_engine::limits::{self, Blocked, Breaker, Load, Outcome, Rate, TargetLimit};
 use leasehold_engine::{AttemptRecord, CommandId, LeaseToken, Reply, Timestamp, WorkerRequest, Writes};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 const COLUMNS: &str = "target, max_in_flight, rate_count, rate_per_ms, breaker_failures, breaker_cooldown_ms, \
                        recent, failures, open_until, probe, blocked_until";
@@ -121,9 +123,11 @@ async fn probe_lease<S: Session>(
 }
 
 impl Gates {
-    /// Whether no target read so far is limited.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.read.values().all(Option::is_none)
+    /// Takes `targets` as read and not limited (a claim's candidates said so).
+    pub(crate) fn unlimited<'t>(&mut self, targets: impl IntoIterator<Item = &'t str>) {
+        for t in targets {
+            self.read.entry(t.to_owned()).or_insert(None);
+        }
     }
 
     /// Reads (and locks) the rows of those `targets` not read yet, with each limited
@@ -354,39 +358,82 @@ pub(crate) async fn admits_claim<S: Session>(
     }
 }
 
-/// A worker's `request`, decided on `record` into `decided`, under the limits: its
-/// outcomes recorded with the targets' breakers, and a lease it moves onto a target
-/// admitted there or handed back ([`shared::yielded`]).
+/// A worker's write under the limits: the writes and reply to apply, and the
+/// targets whose breaker a success resets with [`reset_statements`] beside the
+/// writes (a write that only completes steps needs no read of the targets' rows).
+pub(crate) struct Limited {
+    /// The writes to apply (the decision's, or a yield on top of them).
+    pub(crate) writes: Writes,
+    /// The reply.
+    pub(crate) reply: Reply,
+    /// Targets of steps it completed, whose breakers reset.
+    pub(crate) resets: Vec<String>,
+}
+
+/// A worker's `request`, decided on `record` into `decided`, under the limits: a
+/// write that only completes steps resets those targets' breakers (statements sent
+/// with the writes); a give-back, or a lease moved onto another target, reads and
+/// locks the targets' rows, records the outcomes with their breakers and admits the
+/// lease there, or hands it back ([`shared::yielded`]).
 pub(crate) async fn limit_worker<S: Session>(
     s: &mut S,
     (request, token): (&WorkerRequest, &LeaseToken),
     record: &AttemptRecord,
-    decided: (Writes, Reply),
+    (writes, reply): (Writes, Reply),
     now: Timestamp,
-) -> Result<(Writes, Reply), TxError> {
-    let (writes, reply) = decided;
+) -> Result<Limited, TxError> {
     let outcomes = shared::outcomes(request, record, &writes);
-    let entered = shared::entered(record, &writes);
+    let entered = shared::entered(record, &writes).map(str::to_owned);
+    if entered.is_none() && outcomes.iter().all(|(_, o)| *o == Outcome::Succeeded) {
+        let resets = outcomes.into_iter().map(|(t, _)| t).collect();
+        return Ok(Limited { writes, reply, resets });
+    }
     let mut targets: Vec<&str> = outcomes.iter().map(|(t, _)| t.as_str()).collect();
-    targets.extend(entered);
+    targets.extend(entered.as_deref());
     let mut gates = Gates::default();
     gates.read(s, &targets, now).await?;
-    if gates.is_empty() {
-        return Ok((writes, reply));
-    }
     for (target, outcome) in &outcomes {
         gates.record(s, target, *outcome, now).await?;
     }
-    let decided = match entered {
-        None => (writes, reply),
-        Some(target) => match gates.admit(s, target, &record.command.id, now).await? {
+    let (writes, reply) = match entered {
+        Some(target) => match gates.admit(s, &target, &record.command.id, now).await? {
             Ok(()) => (writes, reply),
             Err(blocked) => {
                 let until = blocked.until().unwrap_or(now.plus_ms(shared::YIELD_PAUSE_MS));
                 shared::yielded(record, writes, token, &blocked.to_string(), until).map_err(LedgerError::from)?
             }
         },
+        None => (writes, reply),
     };
     gates.store(s, now).await?;
-    Ok(decided)
+    Ok(Limited {
+        writes,
+        reply,
+        resets: Vec::new(),
+    })
+}
+
+/// The statements that reset the breakers of `targets` after a success, as
+/// [`TargetLimit::record`] does with [`Outcome::Succeeded`]: no failures, not open,
+/// no probe, and no block but a rate's. A target without a limit row, or whose
+/// breaker has nothing to reset, matches no row (and takes no lock).
+pub(crate) fn reset_statements<'a>(d: &'static Dialect, targets: &'a [String]) -> Vec<Statement<'a>> {
+    let text: Arc<str> = {
+        let mut sql = Sql::new(d);
+        sql.push(
+            "UPDATE target_limit SET failures = 0, probe = NULL, open_until = NULL, blocked_until = CASE \
+             WHEN blocked_until = open_until THEN NULL ELSE blocked_until END WHERE target = ",
+        )
+        .bind(Value::Null)
+        .push(" AND (failures > 0 OR probe IS NOT NULL OR open_until IS NOT NULL)");
+        sql.text.into()
+    };
+    targets
+        .iter()
+        .map(|t| Statement {
+            sql: Arc::clone(&text),
+            values: vec![Value::Text(t)],
+            expect: Expect::Any,
+        })
+        .collect()
 }

@@ -390,7 +390,7 @@ pub(super) fn in_claim_order(mut found: Vec<Candidate>, batch: u32) -> Vec<Candi
 }
 
 /// Runs the statements of a transition in order, checking each.
-fn run(conn: &Connection, statements: &[Statement<'_>]) -> Result<(), LedgerError> {
+pub(super) fn run(conn: &Connection, statements: &[Statement<'_>]) -> Result<(), LedgerError> {
     // The dialect does not matter to the checks: the statements are spelled already.
     let mut s = SqliteSession::new(conn, &SQLITE);
     statements

@@ -655,14 +655,16 @@ impl SqliteCore {
             Request::Worker(&request, &lease.token, plan.as_ref()),
             now,
         )?;
-        let (writes, reply) = sync(limits::limit_worker(
+        let limited = sync(limits::limit_worker(
             &mut self.session(&tx),
             (&request, &lease.token),
             &record,
             decided,
             now,
         ))?;
+        let (writes, reply) = (limited.writes, limited.reply);
         rows::update_writes(&tx, self.dialect.get(), &record, &writes)?;
+        rows::run(&tx, &limits::reset_statements(self.dialect.get(), &limited.resets))?;
         let owned = owns(&record, &writes);
         writes.apply_to(&mut record);
         self.records.borrow_mut().store_written(owned, record);
