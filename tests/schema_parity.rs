@@ -85,6 +85,15 @@ const INDEXES: &[(&str, [Option<&str>; 3], &str)] = &[
         "the claims' indexes (MySQL's (status, available_at, id, attempt_id) holds both statuses)",
     ),
     (
+        "target limits: a target's live leases, counted on every admission onto it",
+        [
+            Some("command_leased_by_target"),
+            Some("command_leased_by_target"),
+            Some("command_leased_by_target"),
+        ],
+        "MySQL has no partial index: (target, status, lease_until)",
+    ),
+    (
         "the console's capped counts of ended attempts, and its pages by state",
         [None, Some("attempt_by_status"), None],
         "SQLite and PostgreSQL read FAILED and ABORTED through attempt_failed and attempt_aborted; QUEUED and RUNNING are counted by their commands everywhere",

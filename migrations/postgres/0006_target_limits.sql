@@ -11,7 +11,7 @@ CREATE TABLE target_limit (
     rate_per_ms         BIGINT,
     breaker_failures    BIGINT,
     breaker_cooldown_ms BIGINT,
-    recent              TEXT NOT NULL DEFAULT '',
+    recent              TEXT NOT NULL,
     failures            BIGINT NOT NULL DEFAULT 0,
     open_until          BIGINT,
     probe               TEXT COLLATE "C",

@@ -11,7 +11,7 @@ CREATE TABLE target_limit (
     rate_per_ms         INTEGER,
     breaker_failures    INTEGER,
     breaker_cooldown_ms INTEGER,
-    recent              TEXT    NOT NULL DEFAULT '',
+    recent              TEXT    NOT NULL,
     failures            INTEGER NOT NULL DEFAULT 0,
     open_until          INTEGER,
     probe               TEXT,
