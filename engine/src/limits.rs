@@ -177,7 +177,7 @@ pub struct Load {
 #[serde(rename_all = "kebab-case")]
 pub enum Blocked {
     /// `max_in_flight` live leases already run it.
-    #[error("target {target} has {max} leases in flight, its limit")]
+    #[error("target {target} is at its limit of {max} in flight")]
     InFlight {
         /// The target.
         target: String,
