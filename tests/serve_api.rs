@@ -216,6 +216,27 @@ fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<Route> {
             Some(Role::Viewer),
             None,
         ),
+        (
+            Method::GET,
+            "/api/v1/limits".into(),
+            "/api/v1/limits",
+            Some(Role::Viewer),
+            None,
+        ),
+        (
+            Method::PUT,
+            "/api/v1/limits/http%3A%2F%2Fh%3A80".into(),
+            "/api/v1/limits/{target}",
+            Some(Role::Operator),
+            Some(json!({"max_in_flight": 2})),
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/limits/http%3A%2F%2Fh%3A80".into(),
+            "/api/v1/limits/{target}",
+            Some(Role::Operator),
+            None,
+        ),
         (Method::GET, "/api/v1/healthz".into(), "/api/v1/healthz", None, None),
         (Method::GET, "/api/v1/readyz".into(), "/api/v1/readyz", None, None),
         (
@@ -973,7 +994,7 @@ async fn the_openapi_document_describes_every_route_and_the_bearer_scheme() {
         .json();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{}", doc["openapi"]);
     assert_eq!(doc["components"]["securitySchemes"]["token"]["scheme"], "bearer");
-    assert_eq!(doc["paths"].as_object().unwrap().len(), 20);
+    assert_eq!(doc["paths"].as_object().unwrap().len(), 22);
     let reconcile = &doc["paths"]["/api/v1/attempts/{id}/reconcile"]["post"];
     assert!(reconcile["responses"]["409"].is_object(), "{reconcile}");
     assert_eq!(
@@ -1652,4 +1673,151 @@ async fn the_fleet_and_what_a_queued_attempt_waits_for_are_shown() {
     server.ledger.report_worker("able-1", &able, true).await.unwrap();
     let a = call(&server, Method::GET, &format!("/api/v1/attempts/{id}"), viewer, None).await;
     assert!(a.json().get("waits_for").is_none(), "{}", a.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_set_and_clear_target_limits_and_readers_list_them() {
+    let server = TestServer::start().await;
+    let (viewer, op) = (Some(server.viewer.as_str()), Some(server.operator.as_str()));
+    // A target with ':' and '/' travels percent-encoded in the path.
+    let path = "/api/v1/limits/http%3A%2F%2Fcrm.example%3A80";
+    let body = json!({"max_in_flight": 2, "rate": "50/s", "breaker_failures": 5, "breaker_cooldown_ms": 30000});
+    let refused = call(&server, Method::PUT, path, viewer, Some(body.clone())).await;
+    let p = refused.problem(403, "forbidden");
+    assert!(p["detail"].as_str().unwrap().contains("operator"), "{p}");
+    let set = call(&server, Method::PUT, path, op, Some(body)).await;
+    assert_eq!(set.status, StatusCode::OK, "{}", set.body);
+    assert_eq!(set.json()["target"], "http://crm.example:80", "{}", set.body);
+    let listed = call(&server, Method::GET, "/api/v1/limits", viewer, None).await.json();
+    assert!(listed["now"].is_i64(), "{listed}");
+    let row = &listed["limits"][0];
+    assert_eq!(row["target"], "http://crm.example:80", "{listed}");
+    assert_eq!(row["max_in_flight"], 2, "{listed}");
+    assert_eq!(row["rate"], json!({"count": 50, "per_ms": 1000}), "{listed}");
+    assert_eq!(row["breaker"], json!({"failures": 5, "cooldown_ms": 30000}), "{listed}");
+    assert_eq!(
+        (row["in_flight"].as_u64(), row["breaker_state"].as_str()),
+        (Some(0), Some("closed"))
+    );
+    let (rows, _) = server.ledger.limits().await.unwrap();
+    assert_eq!(rows[0].limit.max_in_flight, Some(2));
+
+    // Bad input: 400 naming the field, and the limits as they were.
+    for (bad, field) in [
+        (json!({"max_in_flight": 0}), "max_in_flight: must be at least 1, not 0"),
+        (json!({"max_in_flight": "two"}), "max_in_flight: must be a whole number"),
+        (json!({"rate": "fast"}), "rate: "),
+        (json!({"rate": 50}), "rate: must be text"),
+        (
+            json!({"breaker_failures": 3, "breaker_cooldown_ms": 0}),
+            "breaker_cooldown_ms: must be at least 1",
+        ),
+        (
+            json!({"breaker_cooldown_ms": 1000}),
+            "breaker_cooldown_ms: needs breaker_failures",
+        ),
+        (json!({"burst": 1}), "request body: unknown field \"burst\""),
+        (json!({}), "request body: give at least one of"),
+    ] {
+        let answer = call(&server, Method::PUT, path, op, Some(bad.clone())).await;
+        let p = answer.problem(400, "bad_input");
+        assert!(p["detail"].as_str().unwrap().starts_with(field), "{bad}: {p}");
+    }
+    assert_eq!(server.ledger.limits().await.unwrap().0[0].limit.max_in_flight, Some(2));
+
+    // Setting again replaces: the limits not given are removed.
+    call(&server, Method::PUT, path, op, Some(json!({"rate": "10/m"}))).await;
+    let (rows, _) = server.ledger.limits().await.unwrap();
+    assert_eq!((rows[0].limit.max_in_flight, rows[0].limit.breaker), (None, None));
+
+    call(&server, Method::DELETE, path, viewer, None)
+        .await
+        .problem(403, "forbidden");
+    let cleared = call(&server, Method::DELETE, path, op, None).await.json();
+    assert_eq!(cleared, json!({"target": "http://crm.example:80", "cleared": true}));
+    let again = call(&server, Method::DELETE, path, op, None).await.json();
+    assert_eq!(again["cleared"], false);
+    let listed = call(&server, Method::GET, "/api/v1/limits", viewer, None).await.json();
+    assert_eq!(listed["limits"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_targets_page_and_metrics_show_each_limited_target_s_load_and_breaker() {
+    use leasehold_engine::limits::{Breaker, TargetLimit};
+    let server = TestServer::start().await;
+    let viewer = Some(server.viewer.as_str());
+    let empty = call(&server, Method::GET, "/targets", viewer, None).await;
+    assert_eq!(empty.status, StatusCode::OK);
+    assert!(empty.body.contains("No target has limits"), "{}", empty.body);
+    assert!(
+        empty.body.contains("<a href=\"/targets\">Targets</a>"),
+        "{}",
+        empty.body
+    );
+    // A target whose name would be markup, with a breaker that a give-back opens.
+    let plan = server.plan("limited", 1).await;
+    let target = plan.steps[0].executor.clone();
+    server
+        .ledger
+        .set_limit(TargetLimit {
+            target: target.clone(),
+            max_in_flight: Some(3),
+            rate: None,
+            breaker: Some(Breaker {
+                failures: 1,
+                cooldown_ms: 600_000,
+            }),
+        })
+        .await
+        .unwrap();
+    server
+        .ledger
+        .set_limit(TargetLimit {
+            target: "<b>x</b>".into(),
+            max_in_flight: Some(1),
+            rate: None,
+            breaker: None,
+        })
+        .await
+        .unwrap();
+    server.enqueue(&plan).await;
+    let claimed = server.claim(60_000).await;
+    let scrape = || async { call(&server, Method::GET, "/metrics", viewer, None).await.body };
+    let text = scrape().await;
+    let in_flight = format!("leasehold_target_in_flight{{target=\"{target}\"}}");
+    let state = format!("leasehold_target_breaker_state{{target=\"{target}\"}}");
+    assert_eq!(sample(&text, &in_flight), "1", "{text}");
+    assert_eq!(sample(&text, &state), "0", "{text}");
+    let page = call(&server, Method::GET, "/targets", viewer, None).await;
+    assert!(
+        page.body.contains(&format!(
+            "<tr><td><code>{target}</code></td><td>3</td><td>1</td><td>—</td>"
+        )),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("<code>&lt;b&gt;x&lt;/b&gt;</code>"), "{}", page.body);
+    assert!(!page.body.contains("<b>x</b>"), "{}", page.body);
+
+    // A give-back is the breaker's first failure: it opens.
+    server.give_back(&claimed.lease, "busy", 1_000).await;
+    let text = scrape().await;
+    assert_eq!(sample(&text, &in_flight), "0", "{text}");
+    assert_eq!(sample(&text, &state), "1", "{text}");
+    let page = call(&server, Method::GET, "/targets", viewer, None).await;
+    assert!(
+        page.body.contains("<span aria-hidden=\"true\">✗</span> open</span>"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("<td>1 of 1</td>"), "{}", page.body);
+
+    // A cleared target has no samples.
+    server.ledger.clear_limit(&target).await.unwrap();
+    let text = scrape().await;
+    assert!(!text.contains(&in_flight) && !text.contains(&state), "{text}");
+    assert!(
+        text.contains("leasehold_target_in_flight{target=\"<b>x</b>\"} 0"),
+        "{text}"
+    );
 }

@@ -5,6 +5,7 @@
 mod output;
 
 mod bench;
+mod limits;
 mod recovery;
 mod render;
 mod when;
@@ -178,6 +179,10 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the reference idempotent HTTP receiver, storing its keys in --db (its own tables).
     Target(TargetArgs),
+    /// Set, list, clear and apply per-target limits: leases in flight, a rate and a
+    /// circuit breaker per target (see docs/limits.md).
+    #[command(subcommand)]
+    Limits(limits::LimitsCommand),
 }
 
 /// `leasehold target`: where it listens and which faults it injects.
@@ -519,7 +524,7 @@ pub fn main() -> ExitCode {
 fn open_mode(command: &Command) -> OpenMode {
     match command {
         Command::Migrate | Command::Demo { .. } | Command::Bench(_) | Command::Serve(_) => OpenMode::Create,
-        Command::Token(TokenCommand::List) => OpenMode::ReadOnly,
+        Command::Token(TokenCommand::List) | Command::Limits(limits::LimitsCommand::List) => OpenMode::ReadOnly,
         Command::Token(TokenCommand::Add { .. } | TokenCommand::Revoke { .. }) => OpenMode::Existing,
         Command::Plan(PlanCommand::List | PlanCommand::Show { .. })
         | Command::Status { .. }
@@ -532,6 +537,7 @@ fn open_mode(command: &Command) -> OpenMode {
         | Command::Reconcile { .. }
         | Command::Abort(_)
         | Command::Retry(_)
+        | Command::Limits(_)
         | Command::Target(_) => OpenMode::Existing,
     }
 }
@@ -630,6 +636,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         }),
         Command::Serve(args) => serve(ledger, args).await,
         Command::Token(command) => token(ledger.as_ref(), command, json).await,
+        Command::Limits(command) => limits::run(ledger.as_ref(), command, json).await,
     }
 }
 

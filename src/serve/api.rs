@@ -13,6 +13,8 @@
 //! | `GET /api/v1/attempts`, `GET /api/v1/attempts/{id}`, `GET /api/v1/counts` | viewer |
 //! | `POST /api/v1/attempts/{id}/reconcile`, `…/abort`, `…/retry`, `…/compensate` | operator |
 //! | `POST /api/v1/attempts:retry`, `POST /api/v1/attempts:abort` (bulk, with a filter) | operator |
+//! | `GET /api/v1/workers`, `GET /api/v1/limits` | viewer |
+//! | `PUT /api/v1/limits/{target}`, `DELETE /api/v1/limits/{target}` | operator |
 //! | `GET /api/v1/tokens`, `POST /api/v1/tokens`, `POST /api/v1/tokens/{name}/revoke` | admin |
 //! | `GET /metrics` | viewer |
 //! | `GET /api/v1/healthz`, `GET /api/v1/readyz`, `GET /api/v1/openapi.json` | none |
@@ -34,6 +36,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
+use leasehold_engine::limits::{Breaker, Rate, TargetLimit};
 use leasehold_engine::transition::{follow_up_of, ReconcileOutcome, Start};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, PlanSpec};
 use serde::Deserialize;
@@ -83,7 +86,7 @@ fn audit(who: &Principal, action: &str, target: &str, outcome: &str) {
                        `Content-Type: application/json` (else 415)."
     ),
     modifiers(&BearerAuth),
-    components(schemas(Problem, EnqueueBody, AbortBody, BulkRetryBody, BulkAbortBody, BulkCount, BulkOutcomeBody, TokenBody, DamagedRow, AttemptPageBody, NotReady))
+    components(schemas(Problem, EnqueueBody, AbortBody, BulkRetryBody, BulkAbortBody, BulkCount, BulkOutcomeBody, LimitBody, TokenBody, DamagedRow, AttemptPageBody, NotReady))
 )]
 struct ApiDoc;
 
@@ -117,6 +120,8 @@ pub fn routes() -> OpenApiRouter<App> {
         .routes(routes!(bulk_abort))
         .routes(routes!(counts))
         .routes(routes!(workers))
+        .routes(routes!(list_limits))
+        .routes(routes!(set_limit, clear_limit))
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .routes(routes!(openapi_json))
@@ -780,6 +785,164 @@ async fn workers(State(app): State<App>, headers: HeaderMap) -> ApiResult {
     ok(json!({ "workers": workers }))
 }
 
+/// Every limited target: its limits, its live leases and its breaker, with the
+/// ledger's now.
+#[utoipa::path(get, path = "/api/v1/limits", tag = "limits", security(("token" = [])),
+    responses((status = 200, description = "`{\"limits\": [{\"target\", \"max_in_flight\", \"rate\": {\"count\", \"per_ms\"}, \
+        \"breaker\": {\"failures\", \"cooldown_ms\"}, \"in_flight\", \"breaker_state\", \"failures\", \"open_until\", \"recent\"}], \
+        \"now\": ms}` (as `leasehold limits list --json`)", body = Value),
+        (status = 401, body = Problem, content_type = "application/problem+json")))]
+async fn list_limits(State(app): State<App>, headers: HeaderMap) -> ApiResult {
+    app.require(&headers, Role::Viewer).await?;
+    let (rows, now) = app.backend().limits().await?;
+    ok(json!({ "limits": to_json(&rows)?, "now": now }))
+}
+
+/// The body of `PUT /api/v1/limits/{target}`: at least one limit. It replaces the
+/// target's limits: a limit not given is removed.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitBody {
+    /// Most live leases on the target at once (at least 1).
+    #[serde(default)]
+    pub max_in_flight: Option<i64>,
+    /// Most entries onto the target in any window: `N/s`, `N/m` or `N/h`.
+    #[serde(default)]
+    pub rate: Option<String>,
+    /// Consecutive transient failures (give-backs) that open its circuit breaker.
+    #[serde(default)]
+    pub breaker_failures: Option<i64>,
+    /// How long its open breaker refuses entries, in milliseconds (default 30000;
+    /// needs `breaker_failures`).
+    #[serde(default)]
+    pub breaker_cooldown_ms: Option<i64>,
+}
+
+/// A breaker's cool-down when only its threshold is given (the API's and the CLI's).
+pub const LIMIT_COOLDOWN_DEFAULT_MS: u64 = 30_000;
+
+/// A whole number from 1 to `max`; the error names `field`.
+fn limit_count(field: &str, n: i64, max: u64) -> Result<u64, Problem> {
+    if n < 1 {
+        return Err(Problem::bad_input(format!("{field}: must be at least 1, not {n}")));
+    }
+    u64::try_from(n)
+        .ok()
+        .filter(|n| *n <= max)
+        .ok_or_else(|| Problem::bad_input(format!("{field}: must be at most {max}, not {n}")))
+}
+
+/// Reads a limit body field by field, so that a value of the wrong type is
+/// refused naming its field.
+fn limit_body(bytes: &Bytes) -> Result<LimitBody, Problem> {
+    let fields: serde_json::Map<String, Value> = body(bytes)?;
+    let whole = |key: &str| -> Result<Option<i64>, Problem> {
+        match fields.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| Problem::bad_input(format!("{key}: must be a whole number, not {v}"))),
+        }
+    };
+    if let Some(key) = fields.keys().find(|k| {
+        !matches!(
+            k.as_str(),
+            "max_in_flight" | "rate" | "breaker_failures" | "breaker_cooldown_ms"
+        )
+    }) {
+        return Err(Problem::bad_input(format!(
+            "request body: unknown field {key:?}: expected max_in_flight, rate, breaker_failures or breaker_cooldown_ms"
+        )));
+    }
+    let rate = match fields.get("rate") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(r)) => Some(r.clone()),
+        Some(v) => {
+            return Err(Problem::bad_input(format!(
+                "rate: must be text such as \"50/s\", not {v}"
+            )))
+        }
+    };
+    Ok(LimitBody {
+        max_in_flight: whole("max_in_flight")?,
+        rate,
+        breaker_failures: whole("breaker_failures")?,
+        breaker_cooldown_ms: whole("breaker_cooldown_ms")?,
+    })
+}
+
+/// The limit of `target` a body asks for; the error names the field.
+fn limit_of(target: &str, b: &LimitBody) -> Result<TargetLimit, Problem> {
+    use leasehold_engine::limits::{BREAKER_FAILURES_MAX, COOLDOWN_MS_MAX, MAX_IN_FLIGHT_MAX};
+    if b.max_in_flight.is_none() && b.rate.is_none() && b.breaker_failures.is_none() && b.breaker_cooldown_ms.is_none()
+    {
+        return Err(Problem::bad_input(
+            "request body: give at least one of max_in_flight, rate, breaker_failures (with breaker_cooldown_ms)",
+        ));
+    }
+    let max_in_flight = b
+        .max_in_flight
+        .map(|n| limit_count("max_in_flight", n, MAX_IN_FLIGHT_MAX.into()))
+        .transpose()?;
+    let rate = b
+        .rate
+        .as_deref()
+        .map(|r| Rate::parse(r).map_err(|e| Problem::bad_input(format!("rate: {e}"))))
+        .transpose()?;
+    let breaker = match (b.breaker_failures, b.breaker_cooldown_ms) {
+        (None, None) => None,
+        (None, Some(_)) => return Err(Problem::bad_input("breaker_cooldown_ms: needs breaker_failures")),
+        (Some(failures), cooldown) => Some(Breaker {
+            failures: limit_count("breaker_failures", failures, BREAKER_FAILURES_MAX.into())? as u32,
+            cooldown_ms: match cooldown {
+                Some(ms) => limit_count("breaker_cooldown_ms", ms, COOLDOWN_MS_MAX)?,
+                None => LIMIT_COOLDOWN_DEFAULT_MS,
+            },
+        }),
+    };
+    let limit = TargetLimit {
+        target: target.to_owned(),
+        max_in_flight: max_in_flight.map(|n| n as u32),
+        rate,
+        breaker,
+    };
+    limit.validate().map_err(Problem::bad_input)?;
+    Ok(limit)
+}
+
+/// Sets a target's limits, replacing any it had; an unknown target is created.
+#[utoipa::path(put, path = "/api/v1/limits/{target}", tag = "limits", security(("token" = [])),
+    params(("target" = String, Path, description = "The target, percent-encoded (`http%3A%2F%2Fcrm.example%3A80`)")),
+    request_body(content = LimitBody),
+    responses((status = 200, description = "The limits as set: `{\"target\", \"max_in_flight\", \"rate\", \"breaker\"}`", body = Value),
+        (status = 400, description = "A bad value; the detail names the field", body = Problem, content_type = "application/problem+json"),
+        (status = 401, body = Problem), (status = 403, body = Problem)))]
+async fn set_limit(State(app): State<App>, headers: HeaderMap, Path(target): Path<String>, bytes: Bytes) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    let limit = limit_of(&target, &limit_body(&bytes)?)?;
+    app.backend().set_limit(limit.clone()).await?;
+    audit(&who, "set_limit", &target, "set");
+    ok(to_json(&limit)?)
+}
+
+/// Removes a target's limits; `cleared` says whether it had any.
+#[utoipa::path(delete, path = "/api/v1/limits/{target}", tag = "limits", security(("token" = [])),
+    params(("target" = String, Path, description = "The target, percent-encoded")),
+    responses((status = 200, description = "`{\"target\", \"cleared\": bool}`", body = Value),
+        (status = 401, body = Problem, content_type = "application/problem+json"), (status = 403, body = Problem)))]
+async fn clear_limit(State(app): State<App>, headers: HeaderMap, Path(target): Path<String>) -> ApiResult {
+    let who = app.require(&headers, Role::Operator).await?;
+    let cleared = app.backend().clear_limit(&target).await?;
+    audit(
+        &who,
+        "clear_limit",
+        &target,
+        if cleared { "cleared" } else { "had none" },
+    );
+    ok(json!({ "target": target, "cleared": cleared }))
+}
+
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/api/v1/healthz", tag = "health",
     responses((status = 200, description = "`{\"status\": \"ok\"}`", body = Value)))]
@@ -880,6 +1043,8 @@ async fn revoke_token(State(app): State<App>, headers: HeaderMap, Path(name): Pa
 async fn metrics_text(app: &App) -> ApiResult {
     let counts = app.backend().count_attempts(app.count_cap()).await?;
     app.metrics().set_counts(&counts, app.now());
+    let (targets, _) = app.backend().limits().await?;
+    app.metrics().set_targets(&targets);
     let mut response = app.metrics().encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

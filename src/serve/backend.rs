@@ -3,9 +3,11 @@
 
 use crate::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome};
 use crate::ledger::fleet::WorkerRow;
+use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::{find_plan, Ledger, LedgerError};
 use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
+use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::{ReconcileOutcome, Start};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use std::future::Future;
@@ -56,6 +58,12 @@ pub trait Backend: Send + Sync + 'static {
     fn check_ready(&self) -> Fut<'_, Vec<String>>;
     /// [`Ledger::workers`].
     fn workers(&self) -> Fut<'_, (Vec<WorkerRow>, Timestamp)>;
+    /// [`Ledger::set_limit`].
+    fn set_limit(&self, limit: TargetLimit) -> Fut<'_, ()>;
+    /// [`Ledger::clear_limit`].
+    fn clear_limit<'a>(&'a self, target: &'a str) -> Fut<'a, bool>;
+    /// [`Ledger::limits`].
+    fn limits(&self) -> Fut<'_, (Vec<TargetRow>, Timestamp)>;
     /// [`TokenStore::token_by_hash`].
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>>;
     /// [`create_token`].
@@ -123,6 +131,15 @@ impl<L: Ledger + TokenStore> Backend for L {
     }
     fn workers(&self) -> Fut<'_, (Vec<WorkerRow>, Timestamp)> {
         Box::pin(Ledger::workers(self))
+    }
+    fn set_limit(&self, limit: TargetLimit) -> Fut<'_, ()> {
+        Box::pin(Ledger::set_limit(self, limit))
+    }
+    fn clear_limit<'a>(&'a self, target: &'a str) -> Fut<'a, bool> {
+        Box::pin(Ledger::clear_limit(self, target))
+    }
+    fn limits(&self) -> Fut<'_, (Vec<TargetRow>, Timestamp)> {
+        Box::pin(Ledger::limits(self))
     }
     fn token_by_hash<'a>(&'a self, hash: &'a str) -> Fut<'a, Option<TokenInfo>> {
         Box::pin(TokenStore::token_by_hash(self, hash))

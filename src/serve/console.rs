@@ -6,6 +6,8 @@
 //! legal and permitted), `/attempts/{id}/confirm?action=…` (every action asks
 //! first), `/plans`, `/plans/{plan}` (release gate checks, then the evidence
 //! history, then a comparison form), `/plans/{plan}/compare`, `/plans/{plan}/gate`,
+//! `/fleet` (the workers), `/targets` (every target with limits: its leases in
+//! flight and its circuit breaker),
 //! `/recovery` (operators: retry failed or abort open attempts in bulk, counted by a
 //! dry run and confirmed first) and `/login`. The attempt page
 //! leads with what the delivery policy did: an exhausted attempt's reason, a queued
@@ -43,6 +45,7 @@ use std::time::Instant;
 
 mod fleet;
 mod recovery;
+mod targets;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -64,6 +67,7 @@ pub fn routes() -> Router<App> {
         .route("/recovery/confirm", get(recovery::confirm))
         .route("/recovery/act", post(recovery::act))
         .route("/fleet", get(fleet::page))
+        .route("/targets", get(targets::page))
         .route("/plans", get(plans_page))
         .route("/plans/{plan}", get(plan_page))
         .route("/plans/{plan}/compare", get(compare_page))
@@ -180,7 +184,7 @@ fn layout(title: &str, who: Option<&Principal>, content: &str) -> String {
     if let Some(who) = who {
         let _ = write!(
             out,
-            "<nav aria-label=\"Main\"><ul><li><a href=\"/attempts\">Attempts</a></li><li><a href=\"/plans\">Plans</a></li><li><a href=\"/fleet\">Fleet</a></li>{}</ul></nav>\n\
+            "<nav aria-label=\"Main\"><ul><li><a href=\"/attempts\">Attempts</a></li><li><a href=\"/plans\">Plans</a></li><li><a href=\"/fleet\">Fleet</a></li><li><a href=\"/targets\">Targets</a></li>{}</ul></nav>\n\
              <div class=\"who\"><span>{} <span class=\"role\">({})</span></span>\
              <form method=\"post\" action=\"/logout\"><button type=\"submit\" class=\"link\">Log out</button></form></div>\n",
             if who.role.allows(Role::Operator) {

@@ -16,6 +16,13 @@
 //!   queued, or when every queued command waits for a later instant: a schedule or
 //!   a backoff).
 //!
+//! From the ledger's limited targets ([`crate::ledger::Ledger::limits`]), one
+//! sample per target that has limits (a cleared target's samples go):
+//!
+//! - `leasehold_target_in_flight{target}`: live leases whose next step targets it,
+//! - `leasehold_target_breaker_state{target}`: its circuit breaker, 0 closed, 1
+//!   open, 2 half-open ([`leasehold_engine::limits::BreakerState::gauge`]).
+//!
 //! Counters and histograms come from this process's in-process workers
 //! ([`crate::worker::WorkerEvent`]) and API calls:
 //!
@@ -37,6 +44,7 @@
 //! `plan` is the plan's name; past [`PLAN_LABELS_MAX`] distinct names, further
 //! plans count under `plan="other"`, so that cardinality stays bounded.
 
+use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::AttemptCounts;
 use crate::worker::WorkerEvent;
 use leasehold_engine::driver::Outcome;
@@ -72,6 +80,11 @@ struct DeliveryLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabel {
     status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TargetLabel {
+    target: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +124,11 @@ pub struct Metrics {
     exhausted_raise: Mutex<()>,
     exhausted_capped: Gauge,
     oldest_queued_age: Gauge<f64, AtomicU64>,
+    target_in_flight: Family<TargetLabel, Gauge>,
+    target_breaker_state: Family<TargetLabel, Gauge>,
+    /// Held while the target gauges are replaced, so that two scrapes at once do
+    /// not interleave their clear and their sets.
+    targets_replace: Mutex<()>,
     claims: Family<PlanLabel, Counter>,
     takeovers: Family<PlanLabel, Counter>,
     deliveries: Family<DeliveryLabels, Counter>,
@@ -148,6 +166,9 @@ impl Metrics {
             exhausted_raise: Mutex::default(),
             exhausted_capped: Gauge::default(),
             oldest_queued_age: Gauge::<f64, AtomicU64>::default(),
+            target_in_flight: Family::<TargetLabel, Gauge>::default(),
+            target_breaker_state: Family::<TargetLabel, Gauge>::default(),
+            targets_replace: Mutex::default(),
             claims: Family::<PlanLabel, Counter>::default(),
             takeovers: Family::<PlanLabel, Counter>::default(),
             deliveries: Family::<DeliveryLabels, Counter>::default(),
@@ -197,6 +218,16 @@ impl Metrics {
             "leasehold_oldest_queued_attempt_age_seconds",
             "How long the earliest claimable queued command has been claimable (0: none)",
             self.oldest_queued_age.clone(),
+        );
+        self.registry.register(
+            "leasehold_target_in_flight",
+            "Live leases whose next step runs on the target (targets with limits only)",
+            self.target_in_flight.clone(),
+        );
+        self.registry.register(
+            "leasehold_target_breaker_state",
+            "The target's circuit breaker: 0 closed, 1 open, 2 half-open (targets with limits only)",
+            self.target_breaker_state.clone(),
         );
     }
 
@@ -293,6 +324,25 @@ impl Metrics {
                     status: command.to_owned(),
                 })
                 .set(n);
+        }
+    }
+
+    /// Replaces the target gauges with the rows of every limited target, read at
+    /// scrape time: a target no longer listed has no sample.
+    pub fn set_targets(&self, rows: &[TargetRow]) {
+        let _one_at_a_time = self.targets_replace.lock().unwrap_or_else(|e| e.into_inner());
+        self.target_in_flight.clear();
+        self.target_breaker_state.clear();
+        for row in rows {
+            let label = TargetLabel {
+                target: row.limit.target.clone(),
+            };
+            self.target_in_flight
+                .get_or_create(&label)
+                .set(i64::from(row.in_flight));
+            self.target_breaker_state
+                .get_or_create(&label)
+                .set(row.breaker_state.gauge());
         }
     }
 
@@ -546,6 +596,53 @@ mod tests {
         assert_eq!(line(&metrics.encode(), total), format!("{total} 10"));
         assert_eq!(line(&metrics.encode(), capped), format!("{capped} 1"));
         assert!(metrics.encode().contains("# TYPE leasehold_attempts_exhausted counter"));
+    }
+
+    #[test]
+    fn target_gauges_follow_the_limited_targets_of_each_scrape() {
+        use leasehold_engine::limits::{Breaker, Load, TargetLimit};
+        let now = Timestamp::from_millis(1_000_000);
+        let limit = |target: &str| TargetLimit {
+            target: target.to_owned(),
+            max_in_flight: Some(4),
+            rate: None,
+            breaker: Some(Breaker {
+                failures: 2,
+                cooldown_ms: 1_000,
+            }),
+        };
+        let open = Load {
+            in_flight: 3,
+            failures: 2,
+            open_until: Some(now.plus_ms(500)),
+            ..Load::default()
+        };
+        let metrics = Metrics::new();
+        metrics.set_targets(&[
+            TargetRow::of(limit("crm"), &open, now),
+            TargetRow::of(limit("mail"), &Load::default(), now),
+        ]);
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "leasehold_target_in_flight{target=\"crm\"}"),
+            "leasehold_target_in_flight{target=\"crm\"} 3"
+        );
+        assert_eq!(
+            line(&text, "leasehold_target_breaker_state{target=\"crm\"}"),
+            "leasehold_target_breaker_state{target=\"crm\"} 1"
+        );
+        assert_eq!(
+            line(&text, "leasehold_target_breaker_state{target=\"mail\"}"),
+            "leasehold_target_breaker_state{target=\"mail\"} 0"
+        );
+        // The breaker half-open at the end of its cool-down; "mail" cleared.
+        metrics.set_targets(&[TargetRow::of(limit("crm"), &open, now.plus_ms(500))]);
+        let text = metrics.encode();
+        assert_eq!(
+            line(&text, "leasehold_target_breaker_state{target=\"crm\"}"),
+            "leasehold_target_breaker_state{target=\"crm\"} 2"
+        );
+        assert!(!text.contains("target=\"mail\""), "{text}");
     }
 
     #[test]
