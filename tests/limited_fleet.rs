@@ -1,7 +1,7 @@
 //! A target's concurrency limit holds across worker processes that are killed: four
 //! `leasehold worker` processes at batch 5 deliver `http:v1` attempts to one
 //! `leasehold target` (each request held for a while) whose target has
-//! `max_in_flight` 2, while workers are killed (SIGKILL) at seeded random moments
+//! `max_in_flight` 2 (set with `leasehold limits set`), while workers are killed (SIGKILL) at seeded random moments
 //! and replaced. The target never processed more than 2 requests at once, every
 //! attempt SUCCEEDED, and every key was applied once. On SQLite, and on MariaDB /
 //! MySQL (`LEASEHOLD_TEST_MYSQL_URL`) and PostgreSQL (`LEASEHOLD_TEST_POSTGRES_URL`)
@@ -10,12 +10,11 @@
 //! Needs the `cli` feature (the binary, the target); without it this file is empty.
 #![cfg(feature = "cli")]
 
-use leasehold::engine::limits::TargetLimit;
 use leasehold::engine::{Action, AttemptId, AttemptStatus, PlanSpec};
 use leasehold::ledger::Ledger;
 use leasehold::receiver::Effects;
 use serde_json::json;
-use std::process::Child;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[path = "procs/mod.rs"]
@@ -94,13 +93,23 @@ impl procs::Scenario for Limited<'_> {
             .1
             .wait_for_line("the target", "listening on http://", Duration::from_secs(30));
         let addr = listening.rsplit("http://").next().unwrap().trim().to_owned();
-        let limit = TargetLimit {
-            target: format!("http://{addr}"),
-            max_in_flight: Some(LIMIT),
-            rate: None,
-            breaker: None,
-        };
-        self.runtime.block_on(ledger.set_limit(limit)).expect("set the limit");
+        let target = format!("http://{addr}");
+        let set = run_cli(&[
+            "--db",
+            ledger_url,
+            "limits",
+            "set",
+            &target,
+            "--max-in-flight",
+            &LIMIT.to_string(),
+        ]);
+        assert!(set.contains(&target), "{set}");
+        let (rows, _) = self.runtime.block_on(ledger.limits()).expect("limits");
+        assert_eq!(
+            rows[0].limit.max_in_flight,
+            Some(LIMIT),
+            "the limit as the ledger holds it"
+        );
         let ids: Vec<AttemptId> = (0..ATTEMPTS).map(|n| self.enqueue(ledger, plan(n, &addr))).collect();
         let seed = 0x5eed_u64 ^ addr.len() as u64;
         let kills = self.run_fleet(ledger, (ledger_url, &addr), &ids, seed);
@@ -225,4 +234,11 @@ fn plan(n: usize, addr: &str) -> PlanSpec {
                    "payload": {"url": format!("http://{addr}/orders/{n}"), "body": {"order": n}}}],
     }))
     .expect("a valid plan")
+}
+
+/// Runs the binary to its end; answers its stdout (it must succeed).
+fn run_cli(args: &[&str]) -> String {
+    let out = Command::new(procs::BIN).args(args).output().expect("run leasehold");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
