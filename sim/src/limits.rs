@@ -240,3 +240,168 @@ impl<'a> Walk<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plans;
+    use leasehold_engine::limits::Rate;
+    use leasehold_engine::transition::{self, NewIds};
+    use leasehold_engine::{Action, AttemptRecord, CommandId, PlanId, PlanSpec, Step};
+    use serde_json::json;
+
+    const T: &str = plans::DURABLE;
+
+    fn record(id: &str) -> AttemptRecord {
+        let spec = PlanSpec {
+            name: "p".into(),
+            queue: None,
+            recovery: "resume".into(),
+            volatile_fields: vec![],
+            steps: vec![Step {
+                code: "a".into(),
+                executor: T.into(),
+                target: None,
+                payload: json!({}),
+                retry: None,
+            }],
+            retry: None,
+        };
+        let plan = spec
+            .into_plan(plans::KNOWN, PlanId::new("plan-1"), Timestamp::from_millis(0))
+            .expect("a valid plan");
+        let ids = NewIds {
+            attempt: AttemptId::new(id),
+            command: CommandId::new(format!("cmd-{id}")),
+        };
+        transition::enqueue(&plan, &[], Action::Execute, ids, Timestamp::from_millis(0)).expect("enqueue")
+    }
+
+    /// `id`'s rows: PROCESSING on `T` under `token` until `until` ms, or PENDING.
+    fn snap(id: &str, lease: Option<(u32, i64)>) -> Snap {
+        let mut record = record(id);
+        record.command.target = T.into();
+        if let Some((_, until)) = lease {
+            record.command.status = CommandStatus::Processing;
+            record.command.lease_until = Some(Timestamp::from_millis(until));
+        }
+        Snap {
+            record,
+            token: lease.map(|(t, _)| t),
+        }
+    }
+
+    fn event(seq: u64, now_ms: i64, op: Op, before: Snap, after: Snap) -> DbEvent {
+        DbEvent {
+            seq,
+            at_ms: seq,
+            db_now: Timestamp::from_millis(now_ms),
+            decided_at: Timestamp::from_millis(now_ms),
+            from: "w1".into(),
+            op,
+            attempt: Some(before.record.attempt.id.clone()),
+            ordinal: None,
+            presented: after.token,
+            before: Some(before),
+            after: Some(after),
+            outcome: EventOutcome::Applied,
+            plan_attempts: None,
+            reply_lost: false,
+        }
+    }
+
+    /// A claim of `id` at `now_ms` granting token `token` for a lease of 1 s.
+    fn claim(seq: u64, id: &str, token: u32, now_ms: i64) -> DbEvent {
+        event(
+            seq,
+            now_ms,
+            Op::Claim,
+            snap(id, None),
+            snap(id, Some((token, now_ms + 1_000))),
+        )
+    }
+
+    fn limit(max_in_flight: Option<u32>, rate: Option<Rate>, breaker: Option<Breaker>) -> TargetLimit {
+        TargetLimit {
+            target: T.into(),
+            max_in_flight,
+            rate,
+            breaker,
+        }
+    }
+
+    fn broken(events: &[DbEvent], limit: &TargetLimit) -> Vec<u8> {
+        check(events, std::slice::from_ref(limit))
+            .iter()
+            .map(|v| v.invariant)
+            .collect()
+    }
+
+    #[test]
+    fn a_second_live_lease_past_max_in_flight_breaks_20() {
+        let l = limit(Some(1), None, None);
+        assert_eq!(broken(&[claim(0, "a", 1, 0), claim(1, "b", 2, 500)], &l), vec![20]);
+        assert!(broken(&[claim(0, "a", 1, 0), claim(1, "b", 2, 1_001)], &l).is_empty());
+    }
+
+    #[test]
+    fn a_renewal_is_not_an_entry_but_an_expired_lease_renewed_counts_again() {
+        let renew = |seq, now, until| {
+            event(
+                seq,
+                now,
+                Op::Heartbeat,
+                snap("a", Some((1, 1_000))),
+                snap("a", Some((1, until))),
+            )
+        };
+        assert!(!enters(
+            Some(&snap("a", Some((1, 1_000)))),
+            &snap("a", Some((1, 2_000)))
+        ));
+        let l = limit(Some(1), None, None);
+        let late = [claim(0, "a", 1, 0), claim(1, "b", 2, 1_500), renew(2, 1_600, 2_600)];
+        assert_eq!(broken(&late, &l), vec![20]);
+        let timely = [claim(0, "a", 1, 0), renew(1, 500, 1_500), claim(2, "b", 2, 1_501)];
+        assert!(broken(&timely, &l).is_empty());
+    }
+
+    #[test]
+    fn more_entries_than_the_rate_within_a_window_break_21() {
+        let l = limit(
+            None,
+            Some(Rate {
+                count: 2,
+                per_ms: 1_000,
+            }),
+            None,
+        );
+        let tight = [claim(0, "a", 1, 0), claim(1, "b", 2, 500), claim(2, "c", 3, 999)];
+        assert_eq!(broken(&tight, &l), vec![21]);
+        let spaced = [claim(0, "a", 1, 0), claim(1, "b", 2, 500), claim(2, "c", 3, 1_000)];
+        assert!(broken(&spaced, &l).is_empty());
+    }
+
+    #[test]
+    fn entries_through_an_open_or_probing_breaker_break_22() {
+        let l = limit(
+            None,
+            None,
+            Some(Breaker {
+                failures: 1,
+                cooldown_ms: 800,
+            }),
+        );
+        let give_back = event(1, 100, Op::GiveBack, snap("a", Some((1, 1_000))), snap("a", None));
+        let opened = || vec![claim(0, "a", 1, 0), give_back.clone()];
+        let mut open = opened();
+        open.push(claim(2, "b", 2, 899));
+        assert_eq!(broken(&open, &l), vec![22]);
+        let mut probing = opened();
+        probing.extend([claim(2, "b", 2, 900), claim(3, "c", 3, 950)]);
+        assert_eq!(broken(&probing, &l), vec![22]);
+        let mut probe_expired = opened();
+        probe_expired.extend([claim(2, "b", 2, 900), claim(3, "c", 3, 1_901)]);
+        assert!(broken(&probe_expired, &l).is_empty());
+    }
+}
