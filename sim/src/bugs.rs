@@ -7,6 +7,8 @@
 //! - **tokens**: it substitutes the command's current lease token for the one a
 //!   request presented, so a stale request is applied as if it held the lease;
 //! - **`now`**: it makes the ledger decide at another instant than its own clock;
+//! - **limits**: it sets a limited target's limits without one of them just before
+//!   a claim, and back just after it;
 //! - **writes**: through the ledger's [`leasehold::ledger::WritesHook`], it rewrites
 //!   the engine's [`leasehold_engine::Writes`] of one transition (or replaces its
 //!   refusal, or decides it again under another policy) before they are applied,
@@ -74,6 +76,18 @@ pub enum Bug {
     /// Claims ignore routing: the db host drops the worker's capabilities from its
     /// claims, so a worker without an executor is handed steps it cannot run.
     ClaimIgnoresRoute,
+    /// Claims skip the in-flight gate: the db host sets every limited target's
+    /// limits without `max_in_flight` just before a claim and restores them after
+    /// it, so a claim leases a target's commands however many run there.
+    LimitIgnored,
+    /// Claims skip the rate: the db host sets every limited target's limits without
+    /// `rate` around each claim, so a claim enters a target however many entries
+    /// its window already holds.
+    RateIgnored,
+    /// Claims skip the circuit breaker: the db host sets every limited target's
+    /// limits without `breaker` around each claim, so a claim enters a target whose
+    /// breaker is open, or whose half-open probe is out.
+    BreakerIgnored,
 }
 
 impl Bug {
@@ -94,6 +108,9 @@ impl Bug {
         Bug::BackoffInSeconds,
         Bug::ExecutorRetriesDetached,
         Bug::ClaimIgnoresRoute,
+        Bug::LimitIgnored,
+        Bug::RateIgnored,
+        Bug::BreakerIgnored,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -114,6 +131,9 @@ impl Bug {
             Bug::BackoffInSeconds => "backoff-in-seconds",
             Bug::ExecutorRetriesDetached => "executor-retries-detached",
             Bug::ClaimIgnoresRoute => "claim-ignores-route",
+            Bug::LimitIgnored => "limit-ignored",
+            Bug::RateIgnored => "rate-ignored",
+            Bug::BreakerIgnored => "breaker-ignored",
         }
     }
 
@@ -140,6 +160,9 @@ impl Bug {
             Bug::BackoffInSeconds => (16, "flaky-targets"),
             Bug::ExecutorRetriesDetached => (17, "flaky-targets"),
             Bug::ClaimIgnoresRoute => (19, "mixed"),
+            Bug::LimitIgnored => (20, "limited-targets"),
+            Bug::RateIgnored => (21, "limited-targets"),
+            Bug::BreakerIgnored => (22, "limited-targets"),
         }
     }
 }
@@ -147,8 +170,9 @@ impl Bug {
 impl Bug {
     /// The invariant the model checker ([`crate::model`]) finds it by first, and the
     /// recovery mode of the configuration it is found in; `None` for
-    /// `executor-retries-detached` (the model has no executor client to misbehave)
-    /// and `claim-ignores-route` (its workers run every executor: no mixed fleet).
+    /// `executor-retries-detached` (the model has no executor client to misbehave),
+    /// `claim-ignores-route` (its workers run every executor: no mixed fleet) and the
+    /// limits' bugs (its ledger has no per-target limits).
     pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
         Some(match self {
@@ -161,7 +185,11 @@ impl Bug {
             Bug::ClaimBeforeAvailable => (14, Resume),
             Bug::DeliveryCapOffByOne => (11, Resume),
             Bug::BackoffInSeconds => (8, Resume),
-            Bug::ExecutorRetriesDetached | Bug::ClaimIgnoresRoute => return None,
+            Bug::ExecutorRetriesDetached
+            | Bug::ClaimIgnoresRoute
+            | Bug::LimitIgnored
+            | Bug::RateIgnored
+            | Bug::BreakerIgnored => return None,
         })
     }
 }

@@ -11,7 +11,7 @@
 //! - Every worker and operator transition, applied or refused, is recorded as a
 //!   [`DbEvent`]: the db host's own time, the operation, the attempt, the row images
 //!   before and after (with the lease token replaced by an ordinal that stands for
-//!   it), and the outcome. The checker proves invariants 1–4, 6 and 7 from this log.
+//!   it), and the outcome. The checker proves invariants 1–4, 6, 7 and 20–22 from this log.
 //!   Token texts are kept only in a private map, for invariant 10's scan.
 //! - Faults: while faults are on, a mutating request may be committed and its reply
 //!   dropped (the connection closes without an answer).
@@ -19,7 +19,8 @@
 //!   the ledger: a request decided at another `now` (the worker's clock reading, or
 //!   just past a live lease), a stale token replaced by the current one, or the
 //!   engine's writes rewritten through the ledger's [`WritesHook`] before they are
-//!   applied. Without planted bugs none of these seams does anything.
+//!   applied, or a claim run under loosened per-target limits ([`loosened`]).
+//!   Without planted bugs none of these seams does anything.
 
 use crate::bugs::Bug;
 use crate::clock::{elapsed_ms, DbClock};
@@ -33,6 +34,7 @@ use leasehold::ledger::sqlite::SqliteCore;
 use leasehold::ledger::WritesHook;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
+use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::{is_claimable, next_step, Start};
 use leasehold_engine::{
     decide as engine_decide, Action, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Decision, Exhaustion,
@@ -459,6 +461,23 @@ pub fn routed(bugs: &[Bug], request: &ClaimRequest) -> ClaimRequest {
     request
 }
 
+/// The limits seam: `limit` as a planted bug makes the ledger take it for one
+/// claim (`limit-ignored` without `max_in_flight`, `rate-ignored` without `rate`,
+/// `breaker-ignored` without `breaker`); `None` when no planted bug loosens it.
+pub fn loosened(bugs: &[Bug], limit: &TargetLimit) -> Option<TargetLimit> {
+    let mut l = limit.clone();
+    if bugs.contains(&Bug::LimitIgnored) {
+        l.max_in_flight = None;
+    }
+    if bugs.contains(&Bug::RateIgnored) {
+        l.rate = None;
+    }
+    if bugs.contains(&Bug::BreakerIgnored) {
+        l.breaker = None;
+    }
+    (l != *limit).then_some(l)
+}
+
 /// The token seam: whether a planted bug makes the ledger present the command's
 /// current token in place of the one a request of `op` carried.
 pub fn skips_token_check(bugs: &[Bug], op: Op) -> bool {
@@ -498,6 +517,8 @@ pub struct DbState {
     trace: Trace,
     tokens: BTreeMap<String, u32>,
     rng: Rng,
+    /// The limits set on the ledger when the world started.
+    limits: Vec<TargetLimit>,
     /// Every transition, in commit order.
     pub events: Vec<DbEvent>,
     /// The latest rows of every attempt.
@@ -580,6 +601,7 @@ impl DbState {
             trace,
             tokens: BTreeMap::new(),
             rng: Rng::new(seed, "db-replies"),
+            limits: Vec::new(),
             events: Vec::new(),
             latest: BTreeMap::new(),
             plans: BTreeMap::new(),
@@ -587,6 +609,54 @@ impl DbState {
             reply_loss,
             replies_lost: 0,
         })
+    }
+
+    /// Sets each target's `limits` on the ledger ([`Ledger::set_limit`]); the
+    /// first it refuses is the error.
+    pub fn set_limits(&mut self, limits: &[TargetLimit]) -> Result<(), LedgerError> {
+        for limit in limits {
+            self.put_limit(limit)?;
+            self.trace.line(
+                "db",
+                format!(
+                    "limit {}: max_in_flight {:?}, rate {}, breaker {:?}",
+                    limit.target,
+                    limit.max_in_flight,
+                    limit.rate.map_or_else(|| "none".to_owned(), |r| r.to_string()),
+                    limit.breaker
+                ),
+            );
+        }
+        self.limits = limits.to_vec();
+        Ok(())
+    }
+
+    /// Sets `limit` on the ledger, or clears its target's limits if it limits
+    /// nothing (a limit loosened of its only field).
+    fn put_limit(&self, limit: &TargetLimit) -> Result<(), LedgerError> {
+        if limit.max_in_flight.is_none() && limit.rate.is_none() && limit.breaker.is_none() {
+            let _cleared: bool = call!(&self.backend, clear_limit(&limit.target))?;
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Memory(m) => ready(m.set_limit(limit.clone())),
+            Backend::Sqlite(s) => s.set_limit(limit),
+        }
+    }
+
+    /// Planted: every limit loosened for the claim about to run ([`loosened`]);
+    /// answers the limits to restore after it.
+    fn loosen_limits(&self) -> Vec<TargetLimit> {
+        let mut restore = Vec::new();
+        for limit in &self.limits {
+            let Some(loose) = loosened(&self.bugs, limit) else {
+                continue;
+            };
+            if self.put_limit(&loose).is_ok() {
+                restore.push(limit.clone());
+            }
+        }
+        restore
     }
 
     /// The text of every lease token minted so far. Never print these: the checker
@@ -807,7 +877,14 @@ impl DbState {
             DbRequest::Enqueue { plan, action, start } => self.enqueue(env, times, plan, (*action, *start)),
             DbRequest::Claim(request) => {
                 let request = routed(&self.bugs, request);
-                self.claim((env, request.op()), times, |b| call!(b, claim_batch(request)))
+                let restore = self.loosen_limits();
+                let claimed = self.claim((env, request.op()), times, |b| call!(b, claim_batch(request)));
+                for limit in &restore {
+                    // The limit was set once with these values: setting it again
+                    // cannot be refused.
+                    let _ = self.put_limit(limit);
+                }
+                claimed
             }
             DbRequest::Worker { lease, request } => {
                 let lease = lease.to_lease();

@@ -6,12 +6,14 @@
 //! to the db or the target) with their weights and durations, db host restarts, lost
 //! replies, and clock skew. Every field has a default (no faults); unknown fields are
 //! an error that names them. Ranges are `[lo, hi]`, inclusive, in the unit their
-//! name ends with. The seven profiles shipped with the simulator are compiled in
+//! name ends with. The eight profiles shipped with the simulator are compiled in
 //! ([`Profile::builtin`]) from `scenarios/faults/`, `flaky-targets` (targets that
-//! fail for a while, always, or throttle) among them; any other file can be loaded
+//! fail for a while, always, or throttle) and `limited-targets` (per-target limits
+//! on the db host's ledger, `[[world.limits]]`) among them; any other file can be loaded
 //! by path. A profile names the plans its clients deliver
 //! (`clients.plans`, checked against [`crate::plans::specs`]).
 
+use leasehold_engine::limits::{Breaker, Rate, TargetLimit};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -22,6 +24,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ("stale-tokens", include_str!("../../scenarios/faults/stale-tokens.toml")),
     ("clock-skew", include_str!("../../scenarios/faults/clock-skew.toml")),
     ("lost-replies", include_str!("../../scenarios/faults/lost-replies.toml")),
+    (
+        "limited-targets",
+        include_str!("../../scenarios/faults/limited-targets.toml"),
+    ),
     ("mixed", include_str!("../../scenarios/faults/mixed.toml")),
     (
         "flaky-targets",
@@ -81,6 +87,43 @@ pub struct WorldParams {
     /// A mixed fleet: the first this many workers (`w1`, `w2`, …) run only the
     /// durable target's executor, not the sandbox's.
     pub durable_only_workers: u32,
+    /// Per-target limits set on the db host's ledger when the world starts
+    /// (`[[world.limits]]`); the checker's invariants 20–22 hold the run to them.
+    pub limits: Vec<LimitParams>,
+}
+
+/// One target's limits in a profile: the target as [`step_target`] names it
+/// (`sim-target:v1` or `sim-sandbox:v1` for the simulated plans), and any of
+/// `max_in_flight`, `rate = { count, per_ms }` and `breaker = { failures,
+/// cooldown_ms }`.
+///
+/// [`step_target`]: leasehold_engine::route::step_target
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitParams {
+    /// The limited target.
+    pub target: String,
+    /// Most live leases on it at once.
+    #[serde(default)]
+    pub max_in_flight: Option<u32>,
+    /// Most entries per window.
+    #[serde(default)]
+    pub rate: Option<Rate>,
+    /// Its circuit breaker.
+    #[serde(default)]
+    pub breaker: Option<Breaker>,
+}
+
+impl LimitParams {
+    /// The ledger's form of these limits.
+    pub fn to_limit(&self) -> TargetLimit {
+        TargetLimit {
+            target: self.target.clone(),
+            max_in_flight: self.max_in_flight,
+            rate: self.rate,
+            breaker: self.breaker,
+        }
+    }
 }
 
 impl WorldParams {
@@ -108,6 +151,7 @@ impl Default for WorldParams {
             target_timeout_ms: 1_500,
             target_slowdown: 1,
             durable_only_workers: 0,
+            limits: Vec::new(),
         }
     }
 }
@@ -233,6 +277,11 @@ impl Profile {
         if profile.clients.plans.is_empty() {
             return Err("clients.plans: name at least one plan".into());
         }
+        for (i, l) in profile.world.limits.iter().enumerate() {
+            l.to_limit()
+                .validate()
+                .map_err(|e| format!("world.limits[{i}] ({}): {e}", l.target))?;
+        }
         Ok(profile)
     }
 
@@ -287,6 +336,13 @@ mod tests {
     fn unknown_plans_are_named() {
         let e = Profile::parse("name = \"x\"\n[clients]\nplans = [\"ledger-sync\", \"nope\"]\n").unwrap_err();
         assert!(e.contains("clients.plans") && e.contains("\"nope\""), "{e}");
+    }
+
+    #[test]
+    fn bad_limits_are_named() {
+        let text = "name = \"x\"\n[[world.limits]]\ntarget = \"sim-target:v1\"\nmax_in_flight = 0\n";
+        let e = Profile::parse(text).unwrap_err();
+        assert!(e.contains("world.limits[0]") && e.contains("max_in_flight"), "{e}");
     }
 
     #[test]

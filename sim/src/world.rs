@@ -474,7 +474,7 @@ fn open_hosts(config: &RunConfig, plan: &Schedule, trace: &Trace) -> Result<Host
     let (seed, p) = (config.seed, &config.profile);
     let db_clock = Arc::new(DbClock::new(plan.db_clock.clone()));
     let entropy = Arc::new(SeededEntropy::new(seed ^ 0x6c65_6173_6568_6f6c));
-    let db = DbState::new(
+    let mut db = DbState::new(
         config.backend,
         db_clock,
         entropy,
@@ -483,6 +483,7 @@ fn open_hosts(config: &RunConfig, plan: &Schedule, trace: &Trace) -> Result<Host
         p.faults.db_reply_loss,
         &config.bugs,
     )?;
+    db.set_limits(&target_limits(&p.world))?;
     let target = TargetState::new(seed, p.faults.target_reply_loss, p.world.target_slowdown, trace.clone());
     Ok(Hosts {
         db: Rc::new(RefCell::new(db)),
@@ -490,6 +491,11 @@ fn open_hosts(config: &RunConfig, plan: &Schedule, trace: &Trace) -> Result<Host
         clients: Rc::new(RefCell::new(ClientLog::default())),
         failures: FailureLog::default(),
     })
+}
+
+/// The per-target limits the profile sets on the db host's ledger.
+fn target_limits(w: &WorldParams) -> Vec<leasehold_engine::limits::TargetLimit> {
+    w.limits.iter().map(crate::profile::LimitParams::to_limit).collect()
 }
 
 /// The report of a run whose ledger could not be opened.
@@ -689,6 +695,7 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
     let mut violations = ending.violations;
     violations.extend(checker::check(&input));
     violations.extend(crate::routing::claims_runnable(&db.events, &db.plans, w));
+    violations.extend(crate::limits::check(&db.events, &target_limits(w)));
     for v in &violations {
         lines.push(format!("violation [{}] {}", v.invariant, v.message));
     }
