@@ -75,6 +75,16 @@ pub enum Refusal {
         /// Why (its executor, target or queue).
         reason: String,
     },
+    /// A write that would renew an expired lease on a target that admits no more
+    /// leases now ([`crate::limits`]): the lease stays expired, for a claim to take
+    /// over when the target admits one.
+    #[error("command {command}: its lease expired and {reason}")]
+    Limited {
+        /// The command.
+        command: CommandId,
+        /// Why its target admits no more (the target's refusal).
+        reason: String,
+    },
     /// An enqueue whose action guard or plan guard does not hold.
     #[error("{action} refused: {reason}")]
     Guard {

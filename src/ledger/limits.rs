@@ -60,17 +60,40 @@ impl TargetRow {
     }
 }
 
-/// The target that `writes` make a live lease enter: a claim's, or a worker write's
-/// that moves its lease onto a step of another target. `None` for every other write
-/// (and for a command without a route, written before routing).
-pub(crate) fn entered<'w>(before: &AttemptRecord, writes: &'w Writes) -> Option<&'w str> {
+/// The target that `writes`, decided at `now`, make a live lease enter: a claim's;
+/// a worker write's that moves its lease onto a step of another target; or one that
+/// renews its lease after it expired (nobody took it over, but its slot was free
+/// meanwhile). `None` for every other write (and for a command without a route,
+/// written before routing).
+pub(crate) fn entered<'w>(before: &AttemptRecord, writes: &'w Writes, now: Timestamp) -> Option<&'w str> {
     let after = writes.command.as_ref()?;
     if after.status != CommandStatus::Processing || after.target.is_empty() {
         return None;
     }
     let c = &before.command;
     let same_lease = c.status == CommandStatus::Processing && c.lease_token == after.lease_token;
-    (!same_lease || c.target != after.target).then_some(after.target.as_str())
+    let expired = c.lease_until.is_some_and(|until| until < now);
+    (!same_lease || c.target != after.target || expired).then_some(after.target.as_str())
+}
+
+/// What a worker write whose lease `target` refused (`blocked`) becomes: a lease
+/// moved onto the target is handed back ([`yielded`]); a renewal of an expired
+/// lease on the same target is refused ([`Refusal::Limited`]), writing nothing.
+pub(crate) fn refused_entry(
+    before: &AttemptRecord,
+    (writes, token): (Writes, &LeaseToken),
+    target: &str,
+    blocked: &Blocked,
+    now: Timestamp,
+) -> Result<(Writes, Reply), Refusal> {
+    if before.command.target == target {
+        return Err(Refusal::Limited {
+            command: before.command.id.clone(),
+            reason: blocked.to_string(),
+        });
+    }
+    let until = blocked.until().unwrap_or(now.plus_ms(YIELD_PAUSE_MS));
+    yielded(before, writes, token, &blocked.to_string(), until)
 }
 
 /// What a worker's `request`, decided into `writes` on `before`, tells the breakers:

@@ -348,7 +348,7 @@ impl MemoryLedger {
             let Ok((writes, _)) = super::decide(self.writes_hook.as_ref(), record, claim, now) else {
                 continue;
             };
-            if let Some(target) = limits::entered(record, &writes) {
+            if let Some(target) = limits::entered(record, &writes, now) {
                 let leases = LiveLeases {
                     attempts: &state.attempts,
                     index: &state.index,
@@ -419,25 +419,22 @@ impl MemoryLedger {
         for (target, outcome) in limits::outcomes(request, record, &writes) {
             state.limits.record(&target, outcome, now);
         }
-        let Some(target) = limits::entered(record, &writes) else {
+        let Some(target) = limits::entered(record, &writes, now).map(str::to_owned) else {
             return Ok((writes, reply));
         };
         let leases = LiveLeases {
             attempts: &state.attempts,
             index: &state.index,
         };
-        match state.limits.admit(target, &record.command.id, &leases, now) {
+        match state.limits.admit(&target, &record.command.id, &leases, now) {
             Ok(()) => Ok((writes, reply)),
-            Err(blocked) => {
-                let until = blocked.until().unwrap_or(now.plus_ms(limits::YIELD_PAUSE_MS));
-                Ok(limits::yielded(
-                    record,
-                    writes,
-                    &lease.token,
-                    &blocked.to_string(),
-                    until,
-                )?)
-            }
+            Err(blocked) => Ok(limits::refused_entry(
+                record,
+                (writes, &lease.token),
+                &target,
+                &blocked,
+                now,
+            )?),
         }
     }
 }

@@ -9,7 +9,8 @@ use leasehold::engine::limits::{Breaker, BreakerState, Rate, TargetLimit};
 use leasehold::engine::route::{Reach, DEFAULT_QUEUE};
 use leasehold::engine::transition::Continued;
 use leasehold::engine::{
-    Action, AttemptId, Capabilities, ClaimRequest, CommandStatus, PlanId, PlanSpec, ReceiptStatus, WorkerRequest,
+    Action, AttemptId, Capabilities, ClaimRequest, CommandStatus, PlanId, PlanSpec, ReceiptStatus, Refusal,
+    WorkerRequest,
 };
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use serde_json::{json, Value};
@@ -283,4 +284,29 @@ pub async fn race_concurrent_claimers_never_hold_more_leases_on_a_target_than_it
     for id in &ids {
         assert_eq!(record(l, id).await.command.status, CommandStatus::Delivered);
     }
+}
+
+pub async fn an_expired_lease_is_not_renewed_onto_a_full_target<L: Ledger>(h: Harness<L>) {
+    let l = &h.ledger;
+    enqueue_crm(l, 2).await;
+    let claimed = claim(l, "w1", 10).await;
+    assert_eq!(claimed.len(), 2);
+    h.advance_ms(LEASE_MS / 2);
+    l.heartbeat(&claimed[1].lease, LEASE_MS)
+        .await
+        .expect("renew the second");
+    h.advance_ms(LEASE_MS / 2 + 1);
+    l.set_limit(limit(Some(1), None, None)).await.expect("set");
+    // The first lease expired (nobody took it over); the second, live, fills the
+    // target: renewing the first would put two leases on it.
+    let err = l.heartbeat(&claimed[0].lease, LEASE_MS).await.unwrap_err();
+    assert!(matches!(&err, LedgerError::Refused(Refusal::Limited { .. })), "{err}");
+    let r = record(l, &claimed[0].lease.attempt_id).await;
+    assert!(
+        r.command.lease_until.is_some_and(|u| u < h.now()),
+        "nothing was written"
+    );
+    l.heartbeat(&claimed[1].lease, LEASE_MS)
+        .await
+        .expect("a live lease renews");
 }

@@ -144,6 +144,7 @@ macro_rules! conformance_suite {
             entries_never_pass_the_rate_in_any_window,
             a_lease_moved_onto_a_full_target_is_handed_back_without_spending_a_delivery,
             the_breaker_opens_after_consecutive_give_backs_lets_one_probe_and_closes_on_success,
+            an_expired_lease_is_not_renewed_onto_a_full_target,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,

@@ -352,7 +352,7 @@ pub(crate) async fn admits_claim<S: Session>(
     writes: &Writes,
     now: Timestamp,
 ) -> Result<bool, TxError> {
-    match shared::entered(record, writes) {
+    match shared::entered(record, writes, now) {
         None => Ok(true),
         Some(target) => Ok(gates.admit(s, target, &record.command.id, now).await?.is_ok()),
     }
@@ -383,7 +383,7 @@ pub(crate) async fn limit_worker<S: Session>(
     now: Timestamp,
 ) -> Result<Limited, TxError> {
     let outcomes = shared::outcomes(request, record, &writes);
-    let entered = shared::entered(record, &writes).map(str::to_owned);
+    let entered = shared::entered(record, &writes, now).map(str::to_owned);
     if entered.is_none() && outcomes.iter().all(|(_, o)| *o == Outcome::Succeeded) {
         let resets = outcomes.into_iter().map(|(t, _)| t).collect();
         return Ok(Limited { writes, reply, resets });
@@ -399,8 +399,7 @@ pub(crate) async fn limit_worker<S: Session>(
         Some(target) => match gates.admit(s, &target, &record.command.id, now).await? {
             Ok(()) => (writes, reply),
             Err(blocked) => {
-                let until = blocked.until().unwrap_or(now.plus_ms(shared::YIELD_PAUSE_MS));
-                shared::yielded(record, writes, token, &blocked.to_string(), until).map_err(LedgerError::from)?
+                shared::refused_entry(record, (writes, token), &target, &blocked, now).map_err(LedgerError::from)?
             }
         },
         None => (writes, reply),
