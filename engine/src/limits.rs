@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::fmt;
 
-/// Largest `max_in_flight`.
-pub const MAX_IN_FLIGHT_MAX: u32 = 1_000_000;
+/// Largest `max_in_flight` (a ledger keeps one slot row per lease it admits).
+pub const MAX_IN_FLIGHT_MAX: u32 = 10_000;
 /// Largest rate count per window (the load keeps one instant per entry in a window).
 pub const RATE_COUNT_MAX: u32 = 10_000;
 /// Largest breaker threshold.

@@ -20,5 +20,15 @@ CREATE TABLE IF NOT EXISTS target_limit (
     PRIMARY KEY (target)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
+-- A limited target's slots, one per lease it admits at once (`max_in_flight`): free,
+-- or held by the command whose lease took it (free again once that command holds
+-- no live lease on the target).
+CREATE TABLE IF NOT EXISTS target_slot (
+    target     VARCHAR(300) NOT NULL,
+    slot       BIGINT       NOT NULL,
+    command_id VARCHAR(255) NULL,
+    PRIMARY KEY (target, slot)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
 -- A target's live leases are counted on every admission onto it.
 ALTER TABLE command ADD INDEX command_leased_by_target (target, status, lease_until);

@@ -19,5 +19,15 @@ CREATE TABLE target_limit (
     updated_at          INTEGER NOT NULL
 );
 
+-- A limited target's slots, one per lease it admits at once (`max_in_flight`): free,
+-- or held by the command whose lease took it (free again once that command holds
+-- no live lease on the target).
+CREATE TABLE target_slot (
+    target     TEXT    NOT NULL,
+    slot       INTEGER NOT NULL,
+    command_id TEXT,
+    PRIMARY KEY (target, slot)
+);
+
 -- A target's live leases are counted on every admission onto it.
 CREATE INDEX command_leased_by_target ON command (target, lease_until) WHERE status = 'PROCESSING';

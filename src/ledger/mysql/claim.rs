@@ -208,8 +208,8 @@ struct Picked {
     now: Timestamp,
     /// The command's place in the claim order, as the window saw it.
     key: ClaimKey,
-    /// Whether its target had limits when the row was read.
-    limited: bool,
+    /// Its target's limit mode when the row was read ([`limits::LIMIT_MODE_SQL`]).
+    limit_mode: i64,
 }
 
 /// Locks up to `want` of the claim window's commands, oldest first, skipping every
@@ -242,9 +242,10 @@ async fn lock_claimable<S: Session>(
         COMMAND.column_list(Some("c"))
     ));
     now.push(&mut sql);
-    sql.push(
-        " AS now, w.available_at, EXISTS (SELECT 1 FROM target_limit l WHERE l.target = c.target) AS limited FROM (",
-    );
+    sql.push(&format!(
+        " AS now, w.available_at, {} AS limit_mode FROM (",
+        limits::LIMIT_MODE_SQL
+    ));
     push_claim_window(&mut sql, now, after, window);
     sql.push(
         ") AS w STRAIGHT_JOIN attempt a FORCE INDEX (PRIMARY) ON a.id = w.attempt_id \
@@ -260,13 +261,13 @@ async fn lock_claimable<S: Session>(
         let now = Timestamp::from_millis(decode::scalar(row, base, "claim: now")?);
         let at = Timestamp::from_millis(decode::scalar(row, base + 1, "claim: available_at")?);
         let key = (at, command.id.clone());
-        let limited = decode::scalar(row, base + 2, "claim: limited")? != 0;
+        let limit_mode = decode::scalar(row, base + 2, "claim: limit mode")?;
         Ok(Picked {
             attempt,
             command,
             now,
             key,
-            limited,
+            limit_mode,
         })
     })
     .await
@@ -303,8 +304,8 @@ struct Held {
     heads: Vec<(Attempt, Command)>,
     lost: u64,
     now: Option<Timestamp>,
-    /// Targets of held commands that had no limits when read.
-    unlimited: Vec<String>,
+    /// The targets of the held commands, with their limit modes as read.
+    modes: Vec<(String, i64)>,
 }
 
 /// Locks up to `batch` claimable commands through widening windows: when a window
@@ -324,7 +325,7 @@ async fn lock_windows(
         heads: Vec::new(),
         lost: 0,
         now,
-        unlimited: Vec::new(),
+        modes: Vec::new(),
     };
     let (mut after, mut window): (Option<ClaimKey>, u32) = (None, base_window);
     while held.heads.len() < batch as usize {
@@ -335,9 +336,7 @@ async fn lock_windows(
             let decide_at = *held.now.get_or_insert(p.now);
             after = Some(p.key);
             if is_claimable(&p.command, decide_at) {
-                if !p.limited {
-                    held.unlimited.push(p.command.target.clone());
-                }
+                held.modes.push((p.command.target.clone(), p.limit_mode));
                 held.heads.push((p.attempt, p.command));
             } else {
                 held.lost += 1;
@@ -407,9 +406,9 @@ pub(super) async fn claim_skip_locked(
     plan_ids.sort();
     plan_ids.dedup();
     let plans = session::read_plans_by_id(tx, &plan_ids).await?;
-    let held_unlimited = held.unlimited;
+    let modes = held.modes;
     let records = decode::claimed_records(held.heads, receipts, &plans)?;
-    write_claims(backend, ctx, tx, (records, &held_unlimited), request, now).await
+    write_claims(backend, ctx, tx, (records, Some(&modes)), request, now).await
 }
 
 /// Lets the engine decide the claim of every held record at `now` and writes the
@@ -418,22 +417,25 @@ pub(super) async fn claim_skip_locked(
 /// whose command is claimable) is passed over and counted as lost. The rows are
 /// locked, so the guard cannot fail; if it ever does, the whole transaction is
 /// undone and tried again ([`TxError::Retry`]). Each claim's lease must be admitted
-/// by its target's limits ([`limits::admits_claim`]); `unlimited` names the targets
-/// the claim's reads found without limits, whose rows need no locking read.
+/// by its target's limits ([`limits::admits_claim`]); `modes` are the held
+/// commands' targets with their limit modes as the claim's reads found them
+/// (`None`: unknown, every row is read exclusively).
 async fn write_claims(
     backend: &MyBackend,
     ctx: &SqlContext,
     tx: &mut Tx<'_>,
-    (held, unlimited): (Vec<(AttemptRecord, Plan)>, &[String]),
+    (held, modes): (Vec<(AttemptRecord, Plan)>, Option<&[(String, i64)]>),
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<Claimed>, TxError> {
     let stats = &backend.stats;
     let mut decided = Vec::with_capacity(held.len());
-    let mut gates = limits::Gates::default();
-    gates.unlimited(unlimited.iter().map(String::as_str));
-    let targets: Vec<&str> = held.iter().map(|(r, _)| r.command.target.as_str()).collect();
-    gates.read(tx, &targets, now).await?;
+    // Without modes (the portable claim), every target's row is read exclusively.
+    let modes: Vec<(&str, i64)> = match modes {
+        Some(modes) => modes.iter().map(|(t, m)| (t.as_str(), *m)).collect(),
+        None => held.iter().map(|(r, _)| (r.command.target.as_str(), 2)).collect(),
+    };
+    let mut gates = limits::claim_gates(tx, &modes, now).await?;
     for (record, plan) in held {
         let token = ctx.entropy.token();
         match decide(None, &record, Request::Claim(request, &token, &plan), now) {
@@ -556,7 +558,7 @@ async fn candidates_claim_once(
         // command claimable at an earlier now still is, and one guard lets the writes
         // go out as one statement per table.
         match now {
-            Some(now) => write_claims(backend, ctx, &mut tx, (held, &[]), request, now).await,
+            Some(now) => write_claims(backend, ctx, &mut tx, (held, None), request, now).await,
             None => Ok(Vec::new()),
         }
     }

@@ -27,8 +27,9 @@ const CLAIM_WINDOW_MAX: u32 = 1_000;
 struct Picked {
     attempt: Attempt,
     command: Command,
-    /// Whether its target had limits when the candidates were read.
-    limited: bool,
+    /// Its target's limit mode when the candidates were read
+    /// ([`limits::LIMIT_MODE_SQL`]).
+    limit_mode: i64,
 }
 
 /// Claims up to `request.batch` commands inside `tx`: lock the oldest claimable
@@ -59,11 +60,11 @@ pub(super) async fn claim_in<C: PgClient>(
     if heads.is_empty() {
         return Ok(Vec::new());
     }
-    let mut gates = limits::Gates::default();
-    let (limited, unlimited): (Vec<&Picked>, Vec<&Picked>) = heads.iter().partition(|p| p.limited);
-    gates.unlimited(unlimited.iter().map(|p| p.command.target.as_str()));
-    let targets: Vec<&str> = limited.iter().map(|p| p.command.target.as_str()).collect();
-    gates.read(tx, &targets, now).await?;
+    let modes: Vec<(&str, i64)> = heads
+        .iter()
+        .map(|p| (p.command.target.as_str(), p.limit_mode))
+        .collect();
+    let mut gates = limits::claim_gates(tx, &modes, now).await?;
     let heads: Vec<(Attempt, Command)> = heads.into_iter().map(|p| (p.attempt, p.command)).collect();
     let ids: Vec<&AttemptId> = heads.iter().map(|(a, _)| &a.id).collect();
     let receipts = session::lock_receipts_of(tx, &ids).await?;
@@ -144,12 +145,12 @@ fn claimable_sql<'a>(now: Option<Timestamp>, (window, want): (u32, u32), caps: O
         .bind(Value::Int(window.into()))
         .push("))");
     sql.push(&format!(
-        " SELECT {}, {}, (SELECT now_ms FROM clock), \
-         EXISTS (SELECT 1 FROM target_limit l WHERE l.target = c.target) FROM candidate w \
+        " SELECT {}, {}, (SELECT now_ms FROM clock), {} FROM candidate w \
          JOIN attempt a ON a.id = w.attempt_id JOIN command c ON c.id = w.id \
          ORDER BY w.available_at, w.id LIMIT ",
         ATTEMPT.column_list(Some("a")),
-        COMMAND.column_list(Some("c"))
+        COMMAND.column_list(Some("c")),
+        limits::LIMIT_MODE_SQL,
     ))
     .bind(Value::Int(want.into()))
     .push(" FOR UPDATE OF a, c SKIP LOCKED");
@@ -182,12 +183,12 @@ async fn lock_claimable<C: PgClient>(
             let attempt = decode::attempt(r, 0)?;
             let command = decode::command(r, attempt_columns)?;
             let now = decode::scalar(r, base, "claim: now")?;
-            let limited = r.int(base + 1).map_err(crate::ledger::LedgerError::Integrity)? == Some(1);
+            let limit_mode = decode::scalar(r, base + 1, "claim: limit mode")?;
             Ok((
                 Picked {
                     attempt,
                     command,
-                    limited,
+                    limit_mode,
                 },
                 now,
             ))

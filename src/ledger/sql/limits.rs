@@ -2,24 +2,26 @@
 //! `target_limit` rows, the gates a transaction admits leases through, and the
 //! candidate filter that leaves blocked targets out of a claim.
 //!
-//! A transaction that admits leases onto targets first locks their rows, in target
-//! order (`FOR UPDATE` where rows lock; SQLite's write transaction holds the whole
-//! database), then counts their live leases. Every other admission onto those
-//! targets waits for the lock, so it counts after this transaction's claims are
-//! committed: no count-then-claim race. The count is a plain read: at READ COMMITTED
-//! (PostgreSQL's writes and claims) and READ UNCOMMITTED (MySQL's claims) it reads
-//! the latest rows; a MySQL worker write (REPEATABLE READ) takes its snapshot at
-//! this first plain read, after the lock is held. Nothing that holds a target's
-//! lock waits for a command row (claims skip locked rows), so the lock takes part in
-//! no deadlock.
+//! A transaction that admits leases onto targets reads their rows under a lock, in
+//! target order: shared (`FOR SHARE`) while only `max_in_flight` and a closed
+//! breaker are at stake, so concurrent claimers onto one target do not wait for
+//! each other; exclusive (`FOR UPDATE`) for a rate (its log of entries is the row),
+//! a half-open breaker (one probe), and for every write that records an outcome.
+//! `max_in_flight` is kept by the target's slots ([`super::slots`]): an entry takes
+//! a free slot, locked with `SKIP LOCKED`, so no two transactions take the same one
+//! and the live leases never outnumber the slots. SQLite's write transaction holds
+//! the whole database, so there every read is exclusive. Nothing that holds a
+//! target's row waits for a command row (claims skip locked rows), so the lock takes
+//! part in no deadlock but an upgrade from shared to exclusive, which the database
+//! detects and the ledger tries again.
 
 use super::decode::{self, ColumnReader};
 use super::session::Session;
 use super::write::{Expect, Statement};
-use super::{placeholders, Dialect, Sql, TxError, Value};
+use super::{placeholders, slots, Dialect, Sql, TxError, Value};
 use crate::ledger::limits::{self as shared, TargetRow};
 use crate::ledger::LedgerError;
-use leasehold_engine::limits::{self, Blocked, Breaker, Load, Outcome, Rate, TargetLimit};
+use leasehold_engine::limits::{self, Blocked, Breaker, BreakerState, Load, Outcome, Rate, TargetLimit};
 use leasehold_engine::{AttemptRecord, CommandId, LeaseToken, Reply, Timestamp, WorkerRequest, Writes};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,13 +29,48 @@ use std::sync::Arc;
 const COLUMNS: &str = "target, max_in_flight, rate_count, rate_per_ms, breaker_failures, breaker_cooldown_ms, \
                        recent, failures, open_until, probe, blocked_until";
 
-/// A limited target inside a transaction: its row as read, its load, and whether
-/// either changed.
+/// A limited target inside a transaction: its row as read, its load, its free
+/// slots locked so far, the slots it gave, and what it read (to write back only a
+/// change).
 struct Gate {
     limit: TargetLimit,
     load: Load,
     blocked_until: Option<Timestamp>,
-    changed: bool,
+    read_as: (Load, Option<Timestamp>),
+    /// Free slots locked by this transaction, not given yet.
+    slots: Vec<i64>,
+    /// Slots given in this transaction, to their commands.
+    held: Vec<(i64, CommandId)>,
+    /// Whether a search for more free slots found none.
+    exhausted: bool,
+}
+
+impl Gate {
+    fn changed(&self) -> bool {
+        let (load, blocked) = &self.read_as;
+        (
+            &self.load.recent,
+            self.load.failures,
+            self.load.open_until,
+            &self.load.probe,
+            self.blocked_until,
+        ) != (&load.recent, load.failures, load.open_until, &load.probe, *blocked)
+    }
+
+    /// Whether admitting onto the target needs its row exclusively: a rate, or a
+    /// half-open breaker.
+    fn needs_exclusive(&self, now: Timestamp) -> bool {
+        self.limit.rate.is_some() || self.limit.breaker_state(&self.load, now) == BreakerState::HalfOpen
+    }
+}
+
+/// How a transaction locks the limit rows it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lock {
+    /// Shared: admissions by `max_in_flight` and a closed breaker only.
+    Share,
+    /// Exclusive.
+    Update,
 }
 
 /// The gates of the targets one transaction admits leases onto or records outcomes
@@ -43,7 +80,10 @@ pub(crate) struct Gates {
     read: BTreeMap<String, Option<Gate>>,
 }
 
-fn parse_row(row: &mut dyn ColumnReader) -> Result<(TargetLimit, Load, Option<Timestamp>), LedgerError> {
+/// A limit row: the limit, its stored load, its block.
+type Row = (TargetLimit, Load, Option<Timestamp>);
+
+fn parse_row(row: &mut dyn ColumnReader) -> Result<Row, LedgerError> {
     let int = |row: &mut dyn ColumnReader, i: usize, what: &str| decode::opt_scalar(row, i, what);
     let target = decode::string(row, 0, "target_limit: target")?;
     let max = int(row, 1, "target_limit: max_in_flight")?;
@@ -130,54 +170,43 @@ impl Gates {
         }
     }
 
-    /// Reads (and locks) the rows of those `targets` not read yet, with each limited
-    /// one's live leases and probe.
+    /// Reads the rows of those `targets` not read yet under `lock` (exclusively
+    /// where admitting needs it), with each limited one's free slots (up to the
+    /// entries wanted there) and probe.
     pub(crate) async fn read<S: Session>(
         &mut self,
         s: &mut S,
-        targets: &[&str],
+        targets: &[(&str, usize)],
+        lock: Lock,
         now: Timestamp,
     ) -> Result<(), TxError> {
-        let mut wanted: Vec<&str> = targets
+        let mut wanted: BTreeMap<&str, usize> = BTreeMap::new();
+        for (t, n) in targets
             .iter()
-            .copied()
-            .filter(|t| !t.is_empty() && !self.read.contains_key(*t))
-            .collect();
-        wanted.sort_unstable();
-        wanted.dedup();
+            .filter(|(t, _)| !t.is_empty() && !self.read.contains_key(*t))
+        {
+            *wanted.entry(t).or_default() += n;
+        }
         if wanted.is_empty() {
             return Ok(());
         }
-        let d = s.dialect();
-        let text = format!(
-            "SELECT {COLUMNS} FROM target_limit WHERE target IN ({}) ORDER BY target{}",
-            placeholders(d, 1, wanted.len()),
-            d.for_update()
-        );
-        let values: Vec<Value<'_>> = wanted.iter().map(|t| Value::Text(t)).collect();
-        let rows = s.query(&text, &values, parse_row).await?;
-        for t in &wanted {
+        let names: Vec<&str> = wanted.keys().copied().collect();
+        let rows = read_rows(s, &names, lock).await?;
+        for t in &names {
             self.read.insert((*t).to_owned(), None);
         }
-        for (limit, mut load, blocked_until) in rows {
-            load.in_flight = live_leases(s, &limit.target, now).await?;
-            if let Some(probe) = &load.probe {
-                load.probing = probe_lease(s, &limit.target, probe, now).await?.is_some();
-            }
-            let gate = Gate {
-                limit,
-                load,
-                blocked_until,
-                changed: false,
-            };
+        for (limit, load, blocked_until) in rows {
+            let want = wanted.get(limit.target.as_str()).copied().unwrap_or(1);
+            let gate = open_gate(s, (limit, load, blocked_until), (want, lock), now).await?;
             self.read.insert(gate.limit.target.clone(), Some(gate));
         }
         Ok(())
     }
 
-    /// Admits one lease of `command` onto `target` at `now` (read first, with
-    /// [`Gates::read`]); a target without limits admits everything. A refusal
-    /// marks the target blocked until it may admit again, when that is known.
+    /// Admits one lease of `command` onto `target` at `now` (its row read first if it
+    /// was not, exclusively); a target without limits admits everything. An admitted
+    /// lease takes one of the target's free slots; a refusal marks the target blocked
+    /// until it may admit again, when that is known.
     pub(crate) async fn admit<S: Session>(
         &mut self,
         s: &mut S,
@@ -185,14 +214,30 @@ impl Gates {
         command: &CommandId,
         now: Timestamp,
     ) -> Result<Result<(), Blocked>, TxError> {
-        self.read(s, &[target], now).await?;
+        self.read(s, &[(target, 1)], Lock::Update, now).await?;
         let Some(Some(gate)) = self.read.get_mut(target) else {
             return Ok(Ok(()));
         };
+        if let Some(max) = gate.limit.max_in_flight {
+            if gate.slots.is_empty() && !gate.exhausted {
+                let taken: Vec<i64> = gate.held.iter().map(|(slot, _)| *slot).collect();
+                gate.slots = slots::free(s, target, 1, &taken, now).await?;
+                gate.exhausted = gate.slots.is_empty();
+            }
+            gate.load.in_flight = max.saturating_sub(gate.slots.len() as u32);
+        }
         let verdict = gate.limit.admit(&mut gate.load, command, now);
-        gate.changed = true;
-        if let Some(until) = verdict.as_ref().err().and_then(Blocked::until) {
-            gate.blocked_until = Some(until);
+        match &verdict {
+            Ok(()) => {
+                if let Some(slot) = gate.slots.pop() {
+                    gate.held.push((slot, command.clone()));
+                }
+            }
+            Err(blocked) => {
+                if let Some(until) = blocked.until() {
+                    gate.blocked_until = Some(until);
+                }
+            }
         }
         Ok(verdict)
     }
@@ -205,37 +250,107 @@ impl Gates {
         outcome: Outcome,
         now: Timestamp,
     ) -> Result<(), TxError> {
-        self.read(s, &[target], now).await?;
+        self.read(s, &[(target, 0)], Lock::Update, now).await?;
         if let Some(Some(gate)) = self.read.get_mut(target) {
             if gate.limit.breaker.is_some() {
+                let was_open = gate.load.open_until;
                 gate.limit.record(&mut gate.load, outcome, now);
-                gate.blocked_until = gate.load.open_until;
-                gate.changed = true;
+                if gate.blocked_until == was_open || gate.load.open_until.is_some() {
+                    gate.blocked_until = gate.load.open_until;
+                }
             }
         }
         Ok(())
     }
 
-    /// Writes back every gate that changed.
+    /// Writes back every gate that changed, and the slots given, in one batch.
     pub(crate) async fn store<S: Session>(&self, s: &mut S, now: Timestamp) -> Result<(), TxError> {
-        for gate in self.read.values().flatten().filter(|g| g.changed) {
-            let recent = limits::encode_recent(&gate.load.recent);
-            let mut sql = Sql::new(s.dialect());
-            sql.push("UPDATE target_limit SET recent = ")
-                .bind(Value::Text(&recent))
-                .push(", failures = ")
-                .bind(Value::Int(gate.load.failures.into()))
-                .push(", open_until = ")
-                .bind(Value::opt_ts(gate.load.open_until))
-                .push(", probe = ")
-                .bind(Value::opt_text(gate.load.probe.as_ref().map(CommandId::as_str)))
-                .push(", blocked_until = ")
-                .bind(Value::opt_ts(gate.blocked_until.filter(|t| *t > now)))
-                .push(" WHERE target = ")
-                .bind(Value::Text(&gate.limit.target));
-            s.execute(&sql.text, &sql.values).await?;
+        let d = s.dialect();
+        let gates: Vec<&Gate> = self.read.values().flatten().collect();
+        let recents: Vec<String> = gates.iter().map(|g| limits::encode_recent(&g.load.recent)).collect();
+        let mut statements = Vec::new();
+        for (gate, recent) in gates.iter().zip(&recents).filter(|(g, _)| g.changed()) {
+            statements.push(update_row(d, gate, recent, now));
         }
-        Ok(())
+        for gate in &gates {
+            for (slot, command) in &gate.held {
+                statements.push(slots::hold(d, &gate.limit.target, *slot, command));
+            }
+        }
+        s.run(&statements).await
+    }
+}
+
+/// The limit rows of `targets` (sorted), read under `lock`.
+async fn read_rows<S: Session>(s: &mut S, targets: &[&str], lock: Lock) -> Result<Vec<Row>, TxError> {
+    let d = s.dialect();
+    let suffix = match lock {
+        Lock::Share => d.for_share(),
+        Lock::Update => d.for_update(),
+    };
+    let text = format!(
+        "SELECT {COLUMNS} FROM target_limit WHERE target IN ({}) ORDER BY target{suffix}",
+        placeholders(d, 1, targets.len()),
+    );
+    let values: Vec<Value<'_>> = targets.iter().map(|t| Value::Text(t)).collect();
+    s.query(&text, &values, parse_row).await
+}
+
+/// The gate of a row read under `lock`: the row read again exclusively if admitting
+/// needs that, then up to `want` free slots and the probe's lease.
+async fn open_gate<S: Session>(
+    s: &mut S,
+    (limit, load, blocked_until): Row,
+    (want, lock): (usize, Lock),
+    now: Timestamp,
+) -> Result<Gate, TxError> {
+    let mut gate = Gate {
+        read_as: (load.clone(), blocked_until),
+        limit,
+        load,
+        blocked_until,
+        slots: Vec::new(),
+        held: Vec::new(),
+        exhausted: false,
+    };
+    if lock == Lock::Share && gate.needs_exclusive(now) {
+        let target = gate.limit.target.clone();
+        if let Some(row) = read_rows(s, &[&target], Lock::Update).await?.pop() {
+            (gate.limit, gate.load, gate.blocked_until) = row;
+            gate.read_as = (gate.load.clone(), gate.blocked_until);
+        }
+    }
+    if let Some(max) = gate.limit.max_in_flight {
+        if want > 0 {
+            gate.slots = slots::free(s, &gate.limit.target, want, &[], now).await?;
+        }
+        gate.load.in_flight = max.saturating_sub(gate.slots.len() as u32);
+    }
+    if let Some(probe) = &gate.load.probe {
+        gate.load.probing = probe_lease(s, &gate.limit.target, probe, now).await?.is_some();
+    }
+    Ok(gate)
+}
+
+/// The statement that writes back a gate's stored load.
+fn update_row<'a>(d: &'static Dialect, gate: &'a Gate, recent: &'a str, now: Timestamp) -> Statement<'a> {
+    let mut sql = Sql::new(d);
+    sql.push("UPDATE target_limit SET recent = ")
+        .bind(Value::Text(recent))
+        .push(", failures = ")
+        .bind(Value::Int(gate.load.failures.into()))
+        .push(", open_until = ")
+        .bind(Value::opt_ts(gate.load.open_until))
+        .push(", probe = ")
+        .bind(Value::opt_text(gate.load.probe.as_ref().map(CommandId::as_str)))
+        .push(", blocked_until = ")
+        .bind(Value::opt_ts(gate.blocked_until.filter(|t| *t > now)))
+        .push(" WHERE target = ")
+        .bind(Value::Text(&gate.limit.target));
+    Statement {
+        sql: sql.text.into(),
+        values: sql.values,
+        expect: Expect::Any,
     }
 }
 
@@ -284,8 +399,8 @@ pub(crate) fn push_unblocked(sql: &mut Sql<'_>, alias: &str, now: Timestamp) {
         .push("))))");
 }
 
-/// Sets `limit` on its target at `now` (its row created on first use); the target's
-/// load is kept, its block lifted.
+/// Sets `limit` on its target at `now` (its row created on first use, its slots
+/// made `max_in_flight`); the target's load is kept, its block lifted.
 pub(crate) async fn set_limit<S: Session>(s: &mut S, limit: &TargetLimit, now: Timestamp) -> Result<(), TxError> {
     let int = |v: Option<u64>| v.map_or(Value::Null, |v| Value::Int(v as i64));
     let values = [
@@ -313,18 +428,20 @@ pub(crate) async fn set_limit<S: Session>(s: &mut S, limit: &TargetLimit, now: T
         sql.push(name).bind(*v);
     }
     if s.execute(&sql.text, &sql.values).await? > 0 {
-        return Ok(());
+        return slots::resize(s, &limit.target, limit.max_in_flight).await;
     }
     let text = format!(
         "INSERT INTO target_limit (max_in_flight, rate_count, rate_per_ms, breaker_failures, breaker_cooldown_ms, \
          updated_at, target, recent, failures) VALUES ({}, '', 0)",
         placeholders(d, 1, values.len())
     );
-    s.execute(&text, &values).await.map(|_| ())
+    s.execute(&text, &values).await?;
+    slots::resize(s, &limit.target, limit.max_in_flight).await
 }
 
 /// Removes `target`'s limits; whether it had any.
 pub(crate) async fn clear_limit<S: Session>(s: &mut S, target: &str) -> Result<bool, TxError> {
+    slots::resize(s, target, None).await?;
     let mut sql = Sql::new(s.dialect());
     sql.push("DELETE FROM target_limit WHERE target = ")
         .bind(Value::Text(target));
@@ -388,10 +505,10 @@ pub(crate) async fn limit_worker<S: Session>(
         let resets = outcomes.into_iter().map(|(t, _)| t).collect();
         return Ok(Limited { writes, reply, resets });
     }
-    let mut targets: Vec<&str> = outcomes.iter().map(|(t, _)| t.as_str()).collect();
-    targets.extend(entered.as_deref());
+    let mut targets: Vec<(&str, usize)> = outcomes.iter().map(|(t, _)| (t.as_str(), 0)).collect();
+    targets.extend(entered.as_deref().map(|t| (t, 1)));
     let mut gates = Gates::default();
-    gates.read(s, &targets, now).await?;
+    gates.read(s, &targets, Lock::Update, now).await?;
     for (target, outcome) in &outcomes {
         gates.record(s, target, *outcome, now).await?;
     }
@@ -435,4 +552,28 @@ pub(crate) fn reset_statements<'a>(d: &'static Dialect, targets: &'a [String]) -
             expect: Expect::Any,
         })
         .collect()
+}
+
+/// What a claim's candidate query says of a candidate's target (the `limit_mode`
+/// column, [`LIMIT_MODE_SQL`]): 0 no limits, 1 limits a shared lock admits under,
+/// 2 a rate (its row exclusively).
+pub(crate) const LIMIT_MODE_SQL: &str = "COALESCE((SELECT CASE WHEN l.rate_count IS NULL THEN 1 ELSE 2 END \
+                                         FROM target_limit l WHERE l.target = c.target), 0)";
+
+/// The gates of a claim whose candidates' targets come with their limit mode
+/// ([`LIMIT_MODE_SQL`]): targets without limits are known as such, the others read
+/// (exclusive ones first, then shared, each in target order), with a free slot
+/// sought per candidate.
+pub(crate) async fn claim_gates<S: Session>(
+    s: &mut S,
+    modes: &[(&str, i64)],
+    now: Timestamp,
+) -> Result<Gates, TxError> {
+    let mut gates = Gates::default();
+    gates.unlimited(modes.iter().filter(|(_, m)| *m == 0).map(|(t, _)| *t));
+    for (mode, lock) in [(2, Lock::Update), (1, Lock::Share)] {
+        let targets: Vec<(&str, usize)> = modes.iter().filter(|(_, m)| *m == mode).map(|(t, _)| (*t, 1)).collect();
+        gates.read(s, &targets, lock, now).await?;
+    }
+    Ok(gates)
 }

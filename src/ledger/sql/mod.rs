@@ -31,6 +31,7 @@ pub(crate) mod listing;
 pub(crate) mod query;
 pub(crate) mod ready;
 pub(crate) mod session;
+pub(crate) mod slots;
 pub(crate) mod table;
 pub(crate) mod write;
 
@@ -173,6 +174,16 @@ pub(crate) static POSTGRES: Dialect = Dialect {
 };
 
 impl Dialect {
+    /// A shared row lock where reads lock rows (` FOR SHARE`, MySQL's ` LOCK IN SHARE
+    /// MODE`), else nothing.
+    pub(crate) fn for_share(&self) -> &'static str {
+        match (self.row_locks, self.id) {
+            (false, _) => "",
+            (true, 1) => " LOCK IN SHARE MODE",
+            (true, _) => " FOR SHARE",
+        }
+    }
+
     /// ` FOR UPDATE` where reads lock rows, else nothing.
     pub(crate) fn for_update(&self) -> &'static str {
         if self.row_locks {

@@ -902,7 +902,7 @@ fn before_version_9_and_10<T>(core: &SqliteCore, f: impl FnOnce() -> T) -> T {
     conn.execute_batch(include_str!("../../../migrations/sqlite/0011_target_limits.sql"))
         .unwrap();
     let out = f();
-    conn.execute_batch("DROP INDEX command_leased_by_target; DROP TABLE target_limit")
+    conn.execute_batch("DROP INDEX command_leased_by_target; DROP TABLE target_limit; DROP TABLE target_slot")
         .unwrap();
     for (table, column) in LATER_COLUMNS {
         conn.execute_batch(&format!("ALTER TABLE {table} DROP COLUMN {column}"))
