@@ -433,7 +433,7 @@ async fn write_claims(
     // Without modes (the portable claim), every target's row is read exclusively.
     let modes: Vec<(&str, i64)> = match modes {
         Some(modes) => modes.iter().map(|(t, m)| (t.as_str(), *m)).collect(),
-        None => held.iter().map(|(r, _)| (r.command.target.as_str(), 2)).collect(),
+        None => held.iter().map(|(r, _)| (r.command.target.as_str(), 3)).collect(),
     };
     let mut gates = limits::claim_gates(tx, &modes, now).await?;
     for (record, plan) in held {

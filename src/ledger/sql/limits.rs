@@ -2,11 +2,12 @@
 //! `target_limit` rows, the gates a transaction admits leases through, and the
 //! candidate filter that leaves blocked targets out of a claim.
 //!
-//! A transaction that admits leases onto targets reads their rows under a lock, in
-//! target order: shared (`FOR SHARE`) while only `max_in_flight` and a closed
-//! breaker are at stake, so concurrent claimers onto one target do not wait for
-//! each other; exclusive (`FOR UPDATE`) for a rate (its log of entries is the row),
-//! a half-open breaker (one probe), and for every write that records an outcome.
+//! A transaction that admits leases onto targets reads their rows, in target
+//! order: without a lock where only `max_in_flight` is at stake, shared (`FOR
+//! SHARE`) where a closed breaker is too, so concurrent claimers onto one target do
+//! not wait for each other; exclusive (`FOR UPDATE`) for a rate (its log of entries
+//! is the row), a half-open breaker (one probe), and for every write that records
+//! an outcome.
 //! `max_in_flight` is kept by the target's slots ([`super::slots`]): an entry takes
 //! a free slot, locked with `SKIP LOCKED`, so no two transactions take the same one
 //! and the live leases never outnumber the slots. SQLite's write transaction holds
@@ -67,7 +68,9 @@ impl Gate {
 /// How a transaction locks the limit rows it reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Lock {
-    /// Shared: admissions by `max_in_flight` and a closed breaker only.
+    /// None: admissions by `max_in_flight` alone (its slots are locked, not the row).
+    None,
+    /// Shared: admissions by `max_in_flight` and a closed breaker.
     Share,
     /// Exclusive.
     Update,
@@ -285,6 +288,7 @@ impl Gates {
 async fn read_rows<S: Session>(s: &mut S, targets: &[&str], lock: Lock) -> Result<Vec<Row>, TxError> {
     let d = s.dialect();
     let suffix = match lock {
+        Lock::None => "",
         Lock::Share => d.for_share(),
         Lock::Update => d.for_update(),
     };
@@ -313,7 +317,7 @@ async fn open_gate<S: Session>(
         held: Vec::new(),
         exhausted: false,
     };
-    if lock == Lock::Share && gate.needs_exclusive(now) {
+    if lock != Lock::Update && gate.needs_exclusive(now) {
         let target = gate.limit.target.clone();
         if let Some(row) = read_rows(s, &[&target], Lock::Update).await?.pop() {
             (gate.limit, gate.load, gate.blocked_until) = row;
@@ -358,13 +362,12 @@ fn update_row<'a>(d: &'static Dialect, gate: &'a Gate, recent: &'a str, now: Tim
 /// refuses every entry at `now` (an SQL expression: a placeholder, or the clock) —
 /// its row's `blocked_until` is later (breaker open, rate spent), it has as many
 /// live leases as its `max_in_flight`, or its half-open breaker's probe holds a
-/// live lease. `alias` qualifies the command's columns (empty: none). The filter's
-/// first test, whether any target is limited at all, does not depend on the row:
-/// every backend computes it once per statement, so a ledger without limits reads
-/// no more of each candidate than before.
+/// live lease. `alias` qualifies the command's columns (empty: none). The blocked
+/// targets' subquery does not depend on the candidate: every backend computes it
+/// once per statement (one count per limited target), not once per candidate.
 pub(crate) fn unblocked(alias: &str, now: &str) -> String {
     let [a, b, c] = unblocked_parts(alias);
-    format!("{a}{now}{b}{now}{c}{now}))))")
+    format!("{a}{now}{b}{now}{c}{now}))")
 }
 
 fn unblocked_parts(alias: &str) -> [String; 3] {
@@ -374,10 +377,7 @@ fn unblocked_parts(alias: &str) -> [String; 3] {
         format!("{alias}.target")
     };
     [
-        format!(
-            " AND (NOT EXISTS (SELECT 1 FROM target_limit) OR NOT EXISTS (SELECT 1 FROM target_limit l \
-             WHERE l.target = {target} AND (l.blocked_until > "
-        ),
+        format!(" AND {target} NOT IN (SELECT l.target FROM target_limit l WHERE l.blocked_until > "),
         " OR l.max_in_flight <= (SELECT COUNT(*) FROM command x WHERE x.target = l.target \
          AND x.status = 'PROCESSING' AND x.lease_until >= "
             .to_owned(),
@@ -396,7 +396,7 @@ pub(crate) fn push_unblocked(sql: &mut Sql<'_>, alias: &str, now: Timestamp) {
         .bind(Value::ts(now))
         .push(&c)
         .bind(Value::ts(now))
-        .push("))))");
+        .push("))");
 }
 
 /// Sets `limit` on its target at `now` (its row created on first use, its slots
@@ -555,23 +555,20 @@ pub(crate) fn reset_statements<'a>(d: &'static Dialect, targets: &'a [String]) -
 }
 
 /// What a claim's candidate query says of a candidate's target (the `limit_mode`
-/// column, [`LIMIT_MODE_SQL`]): 0 no limits, 1 limits a shared lock admits under,
-/// 2 a rate (its row exclusively).
-pub(crate) const LIMIT_MODE_SQL: &str = "COALESCE((SELECT CASE WHEN l.rate_count IS NULL THEN 1 ELSE 2 END \
+/// column): 0 no limits; 1 `max_in_flight` alone (its row read without a lock); 2 a
+/// breaker (its row shared); 3 a rate (its row exclusively).
+pub(crate) const LIMIT_MODE_SQL: &str = "COALESCE((SELECT CASE WHEN l.rate_count IS NOT NULL THEN 3 \
+                                         WHEN l.breaker_failures IS NOT NULL THEN 2 ELSE 1 END \
                                          FROM target_limit l WHERE l.target = c.target), 0)";
 
 /// The gates of a claim whose candidates' targets come with their limit mode
 /// ([`LIMIT_MODE_SQL`]): targets without limits are known as such, the others read
-/// (exclusive ones first, then shared, each in target order), with a free slot
-/// sought per candidate.
-pub(crate) async fn claim_gates<S: Session>(
-    s: &mut S,
-    modes: &[(&str, i64)],
-    now: Timestamp,
-) -> Result<Gates, TxError> {
+/// (exclusive ones first, then shared, then unlocked, each in target order), with a
+/// free slot sought per candidate.
+pub(crate) async fn claim_gates<S: Session>(s: &mut S, modes: &[(&str, i64)], now: Timestamp) -> Result<Gates, TxError> {
     let mut gates = Gates::default();
     gates.unlimited(modes.iter().filter(|(_, m)| *m == 0).map(|(t, _)| *t));
-    for (mode, lock) in [(2, Lock::Update), (1, Lock::Share)] {
+    for (mode, lock) in [(3, Lock::Update), (2, Lock::Share), (1, Lock::None)] {
         let targets: Vec<(&str, usize)> = modes.iter().filter(|(_, m)| *m == mode).map(|(t, _)| (*t, 1)).collect();
         gates.read(s, &targets, lock, now).await?;
     }
