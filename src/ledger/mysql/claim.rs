@@ -411,6 +411,10 @@ pub(super) async fn claim_skip_locked(
     write_claims(backend, ctx, tx, (records, Some(&modes)), request, now).await
 }
 
+/// A held command's target with its limit mode as the claim read it
+/// ([`limits::LIMIT_MODE_SQL`]).
+type TargetMode = (String, i64);
+
 /// Lets the engine decide the claim of every held record at `now` and writes the
 /// claims with one `UPDATE` per table under their shared `Claimable(now)` guard;
 /// answers the claims as written. A record the engine refuses (a terminal attempt
@@ -424,7 +428,7 @@ async fn write_claims(
     backend: &MyBackend,
     ctx: &SqlContext,
     tx: &mut Tx<'_>,
-    (held, modes): (Vec<(AttemptRecord, Plan)>, Option<&[(String, i64)]>),
+    (held, modes): (Vec<(AttemptRecord, Plan)>, Option<&[TargetMode]>),
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<Claimed>, TxError> {
