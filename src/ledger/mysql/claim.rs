@@ -305,7 +305,7 @@ struct Held {
     lost: u64,
     now: Option<Timestamp>,
     /// The targets of the held commands, with their limit modes as read.
-    modes: Vec<(String, i64)>,
+    modes: Vec<TargetMode>,
 }
 
 /// Locks up to `batch` claimable commands through widening windows: when a window

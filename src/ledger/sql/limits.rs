@@ -565,7 +565,11 @@ pub(crate) const LIMIT_MODE_SQL: &str = "COALESCE((SELECT CASE WHEN l.rate_count
 /// ([`LIMIT_MODE_SQL`]): targets without limits are known as such, the others read
 /// (exclusive ones first, then shared, then unlocked, each in target order), with a
 /// free slot sought per candidate.
-pub(crate) async fn claim_gates<S: Session>(s: &mut S, modes: &[(&str, i64)], now: Timestamp) -> Result<Gates, TxError> {
+pub(crate) async fn claim_gates<S: Session>(
+    s: &mut S,
+    modes: &[(&str, i64)],
+    now: Timestamp,
+) -> Result<Gates, TxError> {
     let mut gates = Gates::default();
     gates.unlimited(modes.iter().filter(|(_, m)| *m == 0).map(|(t, _)| *t));
     for (mode, lock) in [(3, Lock::Update), (2, Lock::Share), (1, Lock::None)] {
