@@ -251,7 +251,7 @@ impl<'a> Run<'a> {
             .iter()
             .map(|id| self.runtime.block_on(ledger.attempt(id)).unwrap())
             .collect();
-        let effects = effects(self.runtime, &addr);
+        let effects = procs::effects(self.runtime, &addr);
         let deliveries: u32 = records.iter().map(|r| r.command.delivery_count).sum();
         let _ = writeln!(
             std::io::stderr(),
@@ -438,15 +438,3 @@ impl<'a> Run<'a> {
     }
 }
 
-/// The target's `GET /effects`.
-fn effects(runtime: &tokio::runtime::Runtime, addr: &str) -> Effects {
-    runtime.block_on(async {
-        let body = reqwest::get(format!("http://{addr}/effects"))
-            .await
-            .expect("GET /effects")
-            .bytes()
-            .await
-            .unwrap();
-        serde_json::from_slice(&body).expect("effects JSON")
-    })
-}

@@ -12,9 +12,8 @@
 
 use leasehold::engine::{Action, AttemptId, AttemptStatus, PlanSpec};
 use leasehold::ledger::Ledger;
-use leasehold::receiver::Effects;
+use procs::Proc;
 use serde_json::json;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[path = "procs/mod.rs"]
@@ -51,16 +50,6 @@ fn postgres_a_targets_limit_holds_while_workers_are_killed() {
     procs::on_postgres(&runtime, "lh_limit_", Limited { runtime: &runtime });
 }
 
-/// A child process, killed when dropped.
-struct Proc(Child, procs::Output);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 struct Limited<'a> {
     runtime: &'a tokio::runtime::Runtime,
 }
@@ -79,7 +68,7 @@ impl Draws {
 
 impl procs::Scenario for Limited<'_> {
     fn run<L: Ledger>(self, ledger: &L, ledger_url: &str, target_url: &str) {
-        let (child, out) = procs::spawn(&[
+        let target = Proc::spawn(&[
             "--db",
             target_url,
             "target",
@@ -88,13 +77,12 @@ impl procs::Scenario for Limited<'_> {
             "--delay-ms",
             DELAY_MS,
         ]);
-        let target = Proc(child, out);
         let listening = target
             .1
             .wait_for_line("the target", "listening on http://", Duration::from_secs(30));
         let addr = listening.rsplit("http://").next().unwrap().trim().to_owned();
         let target = format!("http://{addr}");
-        let set = run_cli(&[
+        let set = procs::run_cli(&[
             "--db",
             ledger_url,
             "limits",
@@ -122,7 +110,7 @@ impl procs::Scenario for Limited<'_> {
                 r.attempt.error
             );
         }
-        let effects = self.effects(&addr);
+        let effects = procs::effects(self.runtime, &addr);
         assert!(
             effects.max_concurrent <= u64::from(LIMIT),
             "seed {seed:#x}: the target processed {} requests at once, over the limit of {LIMIT}",
@@ -176,8 +164,7 @@ impl Limited<'_> {
                 "--http-allow",
                 addr,
             ];
-            let (child, out) = procs::spawn(&args);
-            Proc(child, out)
+            Proc::spawn(&args)
         };
         let mut fleet: Vec<Proc> = (0..WORKERS).map(worker).collect();
         let mut draws = Draws(seed | 1);
@@ -212,18 +199,6 @@ impl Limited<'_> {
             })
             .count()
     }
-
-    fn effects(&self, addr: &str) -> Effects {
-        self.runtime.block_on(async {
-            let body = reqwest::get(format!("http://{addr}/effects"))
-                .await
-                .expect("GET /effects")
-                .bytes()
-                .await
-                .unwrap();
-            serde_json::from_slice(&body).expect("effects JSON")
-        })
-    }
 }
 
 fn plan(n: usize, addr: &str) -> PlanSpec {
@@ -234,11 +209,4 @@ fn plan(n: usize, addr: &str) -> PlanSpec {
                    "payload": {"url": format!("http://{addr}/orders/{n}"), "body": {"order": n}}}],
     }))
     .expect("a valid plan")
-}
-
-/// Runs the binary to its end; answers its stdout (it must succeed).
-fn run_cli(args: &[&str]) -> String {
-    let out = Command::new(procs::BIN).args(args).output().expect("run leasehold");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -3,47 +3,14 @@
 //! with exit 2 naming the flag and nothing written, `clear` says whether there was
 //! anything to clear, and `apply` checks a whole file before it writes any target.
 
-use serde_json::{json, Value};
-use std::process::{Command, Output};
+mod cli_support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+use cli_support::Db;
+use serde_json::{json, Value};
+
 const CRM: &str = "http://crm.example:80";
 
-struct Db {
-    dir: tempfile::TempDir,
-    url: String,
-}
-
 impl Db {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let db = Db { dir, url };
-        db.ok(&["migrate"]);
-        db
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .arg("--db")
-            .arg(&self.url)
-            .args(args)
-            .env_remove("LEASEHOLD_DB")
-            .output()
-            .unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "leasehold {args:?} failed ({:?}): {}",
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
     /// Runs a command that must fail with exit 2; answers its error line.
     fn refused(&self, args: &[&str]) -> String {
         let out = self.run(args);
@@ -60,7 +27,7 @@ impl Db {
     }
 
     fn file(&self, name: &str, text: &str) -> String {
-        let path = self.dir.path().join(name);
+        let path = self.path(name);
         std::fs::write(&path, text).unwrap();
         path.to_str().unwrap().to_owned()
     }

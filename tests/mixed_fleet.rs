@@ -11,8 +11,8 @@
 
 use leasehold::engine::{Action, AttemptId, AttemptStatus, PlanSpec};
 use leasehold::ledger::Ledger;
+use procs::Proc;
 use serde_json::json;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[path = "procs/mod.rs"]
@@ -44,23 +44,6 @@ fn postgres_a_worker_that_cannot_reach_the_target_leaves_its_work_to_one_that_ca
     let _alone = procs::alone();
     let runtime = procs::runtime();
     procs::on_postgres(&runtime, "lh_fleet_", Fleet { runtime: &runtime });
-}
-
-/// A child process, killed when dropped.
-struct Proc(Child, procs::Output);
-
-impl Proc {
-    fn spawn(args: &[&str]) -> Self {
-        let (child, out) = procs::spawn(args);
-        Self(child, out)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 struct Fleet<'a> {
@@ -98,7 +81,7 @@ impl procs::Scenario for Fleet<'_> {
         blind
             .1
             .wait_for_line("the blind worker", "claimed attempt", Duration::from_secs(5));
-        let status = run_cli(&["--db", ledger_url, "status", http[0].as_str()]);
+        let status = procs::run_cli(&["--db", ledger_url, "status", http[0].as_str()]);
         assert!(
             status.contains(&format!(
                 "waits for       a worker that may reach http://{addr} with http:v1"
@@ -184,11 +167,4 @@ fn dry_plan(n: usize) -> PlanSpec {
         "steps": [{"code": "check", "executor": "dry-run:v1", "payload": {"n": n}}],
     }))
     .expect("a valid plan")
-}
-
-/// Runs the binary to its end; answers its stdout (it must succeed).
-fn run_cli(args: &[&str]) -> String {
-    let out = Command::new(procs::BIN).args(args).output().expect("run leasehold");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }

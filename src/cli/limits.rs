@@ -301,16 +301,7 @@ struct LimitsFile {
 
 /// Every limit `text` sets, checked; the error names the file's target and field.
 fn parse_file(text: &str) -> Result<Vec<TargetLimit>, String> {
-    let file: LimitsFile = toml::from_str(text).map_err(|e| {
-        let message = e.message().trim().replace('\n', " ");
-        match e.span() {
-            Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                format!("line {line}: {message}")
-            }
-            None => message,
-        }
-    })?;
+    let file: LimitsFile = toml::from_str(text).map_err(|e| super::toml_error(text, &e))?;
     if file.targets.is_empty() {
         return Err("no [targets.\"TARGET\"] table: nothing to apply".into());
     }

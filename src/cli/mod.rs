@@ -997,16 +997,19 @@ fn parse_plan(text: &str, json: bool) -> Result<PlanSpec, String> {
     if json {
         return serde_json::from_str(text).map_err(|e| e.to_string());
     }
-    toml::from_str(text).map_err(|e| {
-        let message = e.message().trim().replace('\n', " ");
-        match e.span() {
-            Some(span) => {
-                let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                format!("line {line}: {message}")
-            }
-            None => message,
+    toml::from_str(text).map_err(|e| toml_error(text, &e))
+}
+
+/// A TOML error of `text` as one line with its line number.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {message}")
         }
-    })
+        None => message,
+    }
 }
 
 async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {

@@ -1,4 +1,5 @@
-//! What the real-process tests share (`chaos.rs`, `delivery_policy.rs`): a runtime,
+//! What the real-process tests share (`chaos.rs`, `delivery_policy.rs`, `mixed_fleet.rs`,
+//! `limited_fleet.rs`): a runtime,
 //! one run at a time, a fresh migrated ledger on each backend beside its target's
 //! store, and `leasehold` child processes whose output is collected as it comes.
 // Each test file uses its part of this.
@@ -179,4 +180,42 @@ impl Output {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// A `leasehold` child process with its output, killed when dropped.
+pub struct Proc(pub Child, pub Output);
+
+impl Proc {
+    /// Starts `leasehold ARGS` ([`spawn`]).
+    pub fn spawn(args: &[&str]) -> Self {
+        let (child, out) = spawn(args);
+        Self(child, out)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `leasehold ARGS` to its end; answers its stdout (it must succeed).
+pub fn run_cli(args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).output().expect("run leasehold");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The reference receiver's `GET /effects` at `addr`.
+pub fn effects(runtime: &tokio::runtime::Runtime, addr: &str) -> leasehold::receiver::Effects {
+    runtime.block_on(async {
+        let body = reqwest::get(format!("http://{addr}/effects"))
+            .await
+            .expect("GET /effects")
+            .bytes()
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).expect("effects JSON")
+    })
 }
