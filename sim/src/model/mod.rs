@@ -181,6 +181,9 @@ pub struct Config {
     /// Stop after this many states (0: explore them all); a report says when it
     /// stopped early.
     pub max_states: usize,
+    /// Write a line on stderr every million states (the states, those waiting,
+    /// the transitions and the time so far).
+    pub progress: bool,
 }
 
 impl Config {
@@ -221,6 +224,7 @@ impl Config {
             liveness_ticks: 24,
             bugs: Vec::new(),
             max_states: 0,
+            progress: false,
         }
     }
 
