@@ -62,6 +62,11 @@ impl<T: Debug + Clone> Shared<T> {
         change(&mut self.get_mut())
     }
 
+    /// The digest of the value's `Debug` text.
+    pub fn digest(&self) -> u64 {
+        self.0 .1
+    }
+
     /// The value to change (copied first if another state shares it); its digest
     /// is computed again when the answer is dropped.
     pub fn get_mut(&mut self) -> Changing<'_, T> {

@@ -204,6 +204,19 @@ impl State {
         super::digest::digest(0, &view)
     }
 
+    /// The digest of what the checker reads of this state besides a transition's
+    /// own events: the attempts not archived, the target's records and the kept
+    /// past.
+    pub fn checked_digest(&self) -> u64 {
+        let rows: Vec<u64> = self.live_rows().map(Shared::digest).collect();
+        super::digest::digest(self.past.digest, &(rows, self.target.digest()))
+    }
+
+    /// The rows of the attempts not archived.
+    fn live_rows(&self) -> impl Iterator<Item = &Shared<Snap>> {
+        self.attempts.iter().skip(self.archived)
+    }
+
     /// Worker `i`, to change.
     pub fn worker(&mut self, i: usize) -> Changing<'_, Worker> {
         self.workers[i].get_mut()
@@ -211,7 +224,7 @@ impl State {
 
     /// The attempts not archived.
     pub fn live(&self) -> impl Iterator<Item = &Snap> {
-        self.attempts.iter().skip(self.archived).map(|a| &**a)
+        self.live_rows().map(|a| &**a)
     }
 
     /// Whether every attempt is terminal.
