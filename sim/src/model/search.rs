@@ -14,7 +14,7 @@ use crate::target::TargetState;
 use crate::trace::Trace;
 use leasehold_engine::{Action, Op, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
 use serde_json::json;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
@@ -115,10 +115,17 @@ impl Hasher for Identity {
 /// Sets and maps keyed by fingerprints.
 type ByPrint = BuildHasherDefault<Identity>;
 
+/// A set of fingerprints. Hashed, unlike the simulator's other collections: the
+/// search only inserts and looks up (it never reads the order), the hasher has no
+/// random state, and a B-tree of ten million fingerprints is slower and larger.
+#[allow(clippy::disallowed_types)]
+type Prints = std::collections::HashSet<u64, ByPrint>;
+
 /// Each state reached (but the first) by its fingerprint: the fingerprint of the
 /// state it was first reached from and the action that led there. The steps' labels
 /// are not kept: the path is performed again from the first state to print them.
-type Parents = HashMap<u64, (u64, Act), ByPrint>;
+#[allow(clippy::disallowed_types)]
+type Parents = std::collections::HashMap<u64, (u64, Act), ByPrint>;
 
 /// Plan `n` of `config`: `steps` steps on the durable target (`resume`) or in a
 /// sandbox (`replay`).
@@ -174,12 +181,7 @@ fn initial(ledger: &Ledger<'_>) -> State {
 /// archived, the target's records, the kept past: [`State::checked_digest`]), so its
 /// verdict is looked up in `clean`, the digests of such inputs every invariant held
 /// on, before the checker runs.
-fn checked(
-    plans: &BTreeMap<PlanId, Plan>,
-    s: &State,
-    done: &Done,
-    clean: &mut HashSet<u64, ByPrint>,
-) -> Vec<Violation> {
+fn checked(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done, clean: &mut Prints) -> Vec<Violation> {
     if !done.events.is_empty() || done.healthy_takeover.is_some() {
         return violations(plans, s, done);
     }
@@ -231,7 +233,7 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
 /// Runs the fault-free fair schedule from `s` (whose fingerprint is `h`; no operator either); answers why it
 /// did not end every attempt within the bound. States proven to end are
 /// remembered in `live`.
-fn liveness(ledger: &Ledger<'_>, (mut h, s): (u64, &State), live: &mut HashSet<u64, ByPrint>) -> Option<String> {
+fn liveness(ledger: &Ledger<'_>, (mut h, s): (u64, &State), live: &mut Prints) -> Option<String> {
     let mut cur = s.clone();
     let mut seen = Vec::new();
     let bound = cur.tick + ledger.config.liveness_ticks;
@@ -307,8 +309,8 @@ pub fn check(config: &Config) -> Report {
     let init = initial(&ledger);
     let root = fingerprint(&init);
     let mut parents = Parents::default();
-    let mut live = HashSet::default();
-    let mut clean = HashSet::default();
+    let mut live = Prints::default();
+    let mut clean = Prints::default();
     let mut queue = VecDeque::from([(root, init.clone())]);
     let (mut transitions, mut fused_claims) = (0u64, 0u64);
     let mut found = None;
@@ -322,13 +324,11 @@ pub fn check(config: &Config) -> Report {
         frontier = frontier.max(queue.len() + 1);
         if config.progress && parents.len() >= reported + PROGRESS_EVERY {
             reported = parents.len();
+            let elapsed = started.elapsed().as_secs_f64();
+            let (states, waiting) = (parents.len() + 1, queue.len());
             eprintln!(
-                "{}: {} states, {} waiting, {} transitions, {:.0} s",
-                config.name,
-                parents.len() + 1,
-                queue.len(),
-                transitions,
-                started.elapsed().as_secs_f64()
+                "{}: {states} states, {waiting} waiting, {transitions} transitions, {elapsed:.0} s",
+                config.name
             );
         }
         if let Some(why) = liveness(&ledger, (h, &s), &mut live) {
