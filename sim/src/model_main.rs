@@ -17,7 +17,12 @@ fn parse(args: &[String]) -> Result<(Vec<Config>, Vec<Bug>), String> {
     let mut configs = Config::named("small").unwrap_or_default();
     let mut bugs = Vec::new();
     let mut it = args.iter();
+    let mut progress = false;
     while let Some(arg) = it.next() {
+        if arg == "--progress" {
+            progress = true;
+            continue;
+        }
         let value = it.next().ok_or_else(|| format!("{arg}: a value is missing"))?;
         match arg.as_str() {
             "--config" => {
@@ -45,11 +50,12 @@ fn parse(args: &[String]) -> Result<(Vec<Config>, Vec<Bug>), String> {
             "--bug" => bugs.push(Bug::from_name(value).ok_or_else(|| format!("--bug: no planted bug {value:?}"))?),
             other => {
                 return Err(format!(
-                    "{other}: unknown option (use --config, --recovery, --bug, --max-states, --horizon)"
+                    "{other}: unknown option (use --config, --recovery, --bug, --max-states, --horizon, --progress)"
                 ))
             }
         }
     }
+    configs.iter_mut().for_each(|c| c.progress = progress);
     Ok((configs, bugs))
 }
 

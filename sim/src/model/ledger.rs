@@ -3,6 +3,7 @@
 //! simulator's db host rewrite, the guard admits, the writes apply), each recorded
 //! as the db host records it ([`DbEvent`]).
 
+use super::digest::Shared;
 use super::Config;
 use crate::bugs::Bug;
 use crate::db::{one_more, planted_decision, planted_instant, skips_token_check, DbEvent, EventOutcome, Snap};
@@ -102,7 +103,7 @@ impl Ledger<'_> {
     /// The attempt (its index in `attempts`) a claim sent at `sent_at` (worker
     /// clock) takes, as the memory ledger picks it: the first claimable command in
     /// claim order, oldest `available_at` first, then command id.
-    pub fn claim_candidate(&self, attempts: &[Snap], sent_at: Timestamp, db_now: Timestamp) -> Option<usize> {
+    pub fn claim_candidate(&self, attempts: &[Shared<Snap>], sent_at: Timestamp, db_now: Timestamp) -> Option<usize> {
         let now =
             planted_instant(self.bugs(), (Some(Op::ClaimAndBegin), Some(sent_at)), None, db_now).unwrap_or(db_now);
         attempts

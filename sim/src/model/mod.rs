@@ -18,9 +18,19 @@
 //! its value. Here a state is fingerprinted by a 64-bit digest of its `Debug` text
 //! (tokens are kept as ordinals beside the rows, as the simulator's
 //! [`crate::db::Snap`] keeps them; the kept past, which only grows, by the chained
-//! digest of its events), and the search keeps one parent pointer per fingerprint,
-//! so the first violation found is one with the fewest steps. No dependency is
-//! added.
+//! digest of its events), and the search keeps, per fingerprint, its parent's
+//! fingerprint and the action that led there (the steps' labels are made again, by
+//! performing the path once more, only for a counterexample), so the first
+//! violation found is one with the fewest steps. No dependency is added.
+//!
+//! Every transition is checked, also one that leads to a state already reached (the
+//! invariants on a transition's own events could break on one path into a state and
+//! not on another). Most transitions change one part of a state: the attempts' rows,
+//! each worker, the target's records and the kept past are each shared by the
+//! states that have not changed them, with their digest computed once (a state's
+//! fingerprint digests theirs), and a transition that logs no event, whose checker
+//! input is all in the state, is checked only once per distinct input. So `large`,
+//! millions of states, fits in a few gigabytes.
 //!
 //! # State
 //! Every attempt's rows (as [`crate::db::Snap`]: the memory ledger's record, the
@@ -52,7 +62,12 @@
 //!   aborted one), and the clock and the token ordinals start again at t=0 and #1.
 //!   Every ending of the first attempt leads to one of a few second attempts (a
 //!   retry, or a compensate of one or two steps), each explored once, with the
-//!   configuration's `second` budget of faults.
+//!   configuration's `second` budget of faults;
+//! - once no enqueue may come, the archived attempts leave the fingerprint (their
+//!   number stays): nothing reads them any more (they are terminal, so no claim,
+//!   reconcile or abort takes them, the enqueue guard runs no more, and the
+//!   invariants read the attempts not archived), so a second attempt is explored
+//!   once whatever way the first one ended.
 //!
 //! # Actions
 //! A worker acts (fires its due timers and performs what `poll_action` answers:
@@ -181,6 +196,9 @@ pub struct Config {
     /// Stop after this many states (0: explore them all); a report says when it
     /// stopped early.
     pub max_states: usize,
+    /// Write a line on stderr every million states (the states, those waiting,
+    /// the transitions and the time so far).
+    pub progress: bool,
 }
 
 impl Config {
@@ -221,6 +239,7 @@ impl Config {
             liveness_ticks: 24,
             bugs: Vec::new(),
             max_states: 0,
+            progress: false,
         }
     }
 

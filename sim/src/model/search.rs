@@ -1,8 +1,9 @@
 //! Breadth-first search over the model's states, with the invariants checked on
 //! every transition and liveness from every state.
 
+use super::digest::Shared;
 use super::ledger::Ledger;
-use super::state::{enabled, enqueue_attempt, perform, Done, Past, State, Worker};
+use super::state::{enabled, enqueue_attempt, perform, Act, Done, Effects, Past, State, Worker};
 use super::Config;
 use crate::checker::{self, CheckInput, Violation};
 use crate::clients::ClientLog;
@@ -13,9 +14,13 @@ use crate::target::TargetState;
 use crate::trace::Trace;
 use leasehold_engine::{Action, Op, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
+
+/// How many states apart the progress lines come ([`Config::progress`]).
+const PROGRESS_EVERY: usize = 1_000_000;
 
 /// The outcome of checking one configuration.
 #[derive(Debug, Clone)]
@@ -35,6 +40,8 @@ pub struct Report {
     pub counterexample: Option<Counterexample>,
     /// Whether the search stopped at the configuration's state limit.
     pub truncated: bool,
+    /// The most states that were waiting to be explored at once.
+    pub frontier: usize,
 }
 
 /// A shortest path to a state that breaks an invariant.
@@ -57,13 +64,14 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{}: {} states{}, {} transitions ({} fused claims) in {:.1} s",
+            "{}: {} states{}, {} transitions ({} fused claims) in {:.1} s, at most {} states waiting",
             self.config,
             self.states,
             if self.truncated { " (stopped at the limit)" } else { "" },
             self.transitions,
             self.fused_claims,
-            self.elapsed.as_secs_f64()
+            self.elapsed.as_secs_f64(),
+            self.frontier
         )?;
         let Some(c) = &self.counterexample else {
             return writeln!(f, "  every invariant holds");
@@ -79,11 +87,45 @@ impl fmt::Display for Report {
     }
 }
 
-/// The state's fingerprint: the digest of its `Debug` text (tokens are ordinals
-/// there, and the kept past is its digest).
+/// The state's fingerprint ([`State::fingerprint`]).
 fn fingerprint(s: &State) -> u64 {
-    super::digest::digest(0, s)
+    s.fingerprint()
 }
+
+/// Hashes a fingerprint, which is a digest already, as itself.
+#[derive(Default)]
+struct Identity(u64);
+
+impl Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// Sets and maps keyed by fingerprints.
+type ByPrint = BuildHasherDefault<Identity>;
+
+/// A set of fingerprints. Hashed, unlike the simulator's other collections: the
+/// search only inserts and looks up (it never reads the order), the hasher has no
+/// random state, and a B-tree of ten million fingerprints is slower and larger.
+#[allow(clippy::disallowed_types)]
+type Prints = std::collections::HashSet<u64, ByPrint>;
+
+/// Each state reached (but the first) by its fingerprint: the fingerprint of the
+/// state it was first reached from and the action that led there. The steps' labels
+/// are not kept: the path is performed again from the first state to print them.
+#[allow(clippy::disallowed_types)]
+type Parents = std::collections::HashMap<u64, (u64, Act), ByPrint>;
 
 /// Plan `n` of `config`: `steps` steps on the durable target (`resume`) or in a
 /// sandbox (`replay`).
@@ -121,20 +163,37 @@ fn initial(ledger: &Ledger<'_>) -> State {
         tick: 0,
         attempts: Vec::new(),
         archived: 0,
-        workers: vec![Worker::default(); config.skews_ms.len()],
+        workers: vec![Shared::new(Worker::default()); config.skews_ms.len()],
         strays: Vec::new(),
-        keys: BTreeMap::new(),
-        applied: BTreeMap::new(),
-        calls: Vec::new(),
+        target: Shared::new(Effects::default()),
         past: Past::default(),
         budget: config.budget,
         minted: 0,
-        receipts_given: 0,
     };
     for p in 0..ledger.plans.len() {
         enqueue_attempt(ledger, &mut s, p, Action::Execute);
     }
     s
+}
+
+/// The simulator's invariants on one transition, plus 13. A transition that logs no
+/// event gives the checker nothing but what the state shows it (the attempts not
+/// archived, the target's records, the kept past: [`State::checked_digest`]), so its
+/// verdict is looked up in `clean`, the digests of such inputs every invariant held
+/// on, before the checker runs.
+fn checked(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done, clean: &mut Prints) -> Vec<Violation> {
+    if !done.events.is_empty() || done.healthy_takeover.is_some() {
+        return violations(plans, s, done);
+    }
+    let input = s.checked_digest();
+    if clean.contains(&input) {
+        return Vec::new();
+    }
+    let v = violations(plans, s, done);
+    if v.is_empty() {
+        clean.insert(input);
+    }
+    v
 }
 
 /// The simulator's invariants on one transition, plus 13.
@@ -147,8 +206,8 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
     let mut events = past[..before].to_vec();
     events.extend(done.events.iter().cloned());
     let mut target = TargetState::new(0, 0.0, 1, Trace::new());
-    target.keys = s.keys.clone();
-    target.calls = s.calls.clone();
+    target.keys = s.target.keys.clone();
+    target.calls = s.target.calls.clone();
     let latest: BTreeMap<_, _> = s.live().map(|a| (a.record.attempt.id.clone(), a.clone())).collect();
     let clients = ClientLog::default();
     let input = CheckInput {
@@ -174,7 +233,7 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
 /// Runs the fault-free fair schedule from `s` (whose fingerprint is `h`; no operator either); answers why it
 /// did not end every attempt within the bound. States proven to end are
 /// remembered in `live`.
-fn liveness(ledger: &Ledger<'_>, (mut h, s): (u64, &State), live: &mut BTreeSet<u64>) -> Option<String> {
+fn liveness(ledger: &Ledger<'_>, (mut h, s): (u64, &State), live: &mut Prints) -> Option<String> {
     let mut cur = s.clone();
     let mut seen = Vec::new();
     let bound = cur.tick + ledger.config.liveness_ticks;
@@ -214,15 +273,26 @@ fn liveness(ledger: &Ledger<'_>, (mut h, s): (u64, &State), live: &mut BTreeSet<
     ))
 }
 
-fn path(parents: &BTreeMap<u64, (u64, String)>, root: u64, mut h: u64) -> Vec<String> {
-    let mut steps = Vec::new();
+/// The steps from the first state to the state of fingerprint `h`, then `last`,
+/// labelled as their actions are performed again from `init` (the search is
+/// deterministic).
+fn path(
+    ledger: &Ledger<'_>,
+    parents: &Parents,
+    (root, init): (u64, &State),
+    (mut h, last): (u64, Option<Act>),
+) -> Vec<String> {
+    let mut acts: Vec<Act> = last.into_iter().collect();
     while h != root {
-        let Some((parent, label)) = parents.get(&h) else { break };
-        steps.push(label.clone());
+        let Some((parent, act)) = parents.get(&h) else { break };
+        acts.push(*act);
         h = *parent;
     }
-    steps.reverse();
-    steps
+    let mut s = init.clone();
+    acts.iter()
+        .rev()
+        .map(|act| perform(ledger, &mut s, *act).label)
+        .collect()
 }
 
 /// Explores every state of `config` breadth first; stops at the first violation.
@@ -238,20 +308,32 @@ pub fn check(config: &Config) -> Report {
     let plans: BTreeMap<PlanId, Plan> = model_plans.iter().map(|p| (p.id.clone(), p.clone())).collect();
     let init = initial(&ledger);
     let root = fingerprint(&init);
-    let mut parents: BTreeMap<u64, (u64, String)> = BTreeMap::new();
-    let mut live = BTreeSet::new();
-    let mut queue = VecDeque::from([(root, init)]);
+    let mut parents = Parents::default();
+    let mut live = Prints::default();
+    let mut clean = Prints::default();
+    let mut queue = VecDeque::from([(root, init.clone())]);
     let (mut transitions, mut fused_claims) = (0u64, 0u64);
     let mut found = None;
     let mut truncated = false;
+    let (mut frontier, mut reported) = (0, 0);
     'search: while let Some((h, s)) = queue.pop_front() {
         if config.max_states > 0 && parents.len() >= config.max_states {
             truncated = true;
             break;
         }
+        frontier = frontier.max(queue.len() + 1);
+        if config.progress && parents.len() >= reported + PROGRESS_EVERY {
+            reported = parents.len();
+            let elapsed = started.elapsed().as_secs_f64();
+            let (states, waiting) = (parents.len() + 1, queue.len());
+            eprintln!(
+                "{}: {states} states, {waiting} waiting, {transitions} transitions, {elapsed:.0} s",
+                config.name
+            );
+        }
         if let Some(why) = liveness(&ledger, (h, &s), &mut live) {
             found = Some((
-                h,
+                (h, None),
                 vec![Violation {
                     invariant: 8,
                     message: why,
@@ -267,16 +349,16 @@ pub fn check(config: &Config) -> Report {
             let done = perform(&ledger, &mut next, act);
             transitions += 1;
             fused_claims += u64::from(done.fused_claim);
+            let v = checked(&plans, &next, &done, &mut clean);
+            if !v.is_empty() {
+                found = Some(((h, Some(act)), v));
+                break 'search;
+            }
             let n = fingerprint(&next);
             if n == root || parents.contains_key(&n) {
                 continue;
             }
-            parents.insert(n, (h, done.label.clone()));
-            let v = violations(&plans, &next, &done);
-            if !v.is_empty() {
-                found = Some((n, v));
-                break 'search;
-            }
+            parents.insert(n, (h, act));
             queue.push_back((n, next));
         }
     }
@@ -287,9 +369,10 @@ pub fn check(config: &Config) -> Report {
         fused_claims,
         elapsed: started.elapsed(),
         truncated,
-        counterexample: found.map(|(h, violations)| Counterexample {
+        frontier,
+        counterexample: found.map(|(end, violations)| Counterexample {
             violations,
-            steps: path(&parents, root, h),
+            steps: path(&ledger, &parents, (root, &init), end),
         }),
     }
 }

@@ -1,5 +1,6 @@
 //! The model's state and its actions.
 
+use super::digest::{Changing, Shared};
 use super::ledger::{Ledger, Req};
 use super::{Budget, Config, TICK_MS};
 use crate::bugs::Bug;
@@ -16,6 +17,7 @@ use leasehold_engine::{
 };
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 /// A worker's lease and the driver delivering it.
 #[derive(Debug, Clone)]
@@ -61,7 +63,8 @@ pub(super) struct Stray {
 /// events are not written out again on every transition.
 #[derive(Clone, Default)]
 pub(super) struct Past {
-    events: Vec<DbEvent>,
+    /// Shared by the states whose pasts are alike (most transitions keep none).
+    events: Rc<Vec<DbEvent>>,
     digest: u64,
 }
 
@@ -72,7 +75,7 @@ impl Past {
 
     fn push(&mut self, e: DbEvent) {
         self.digest = super::digest::digest(self.digest, &e);
-        self.events.push(e);
+        Rc::make_mut(&mut self.events).push(e);
     }
 }
 
@@ -101,19 +104,28 @@ pub(super) struct Worker {
 pub(super) struct State {
     pub tick: u32,
     /// Every attempt's rows, in the order they were enqueued (`att-1` first).
-    pub attempts: Vec<Snap>,
+    pub attempts: Vec<Shared<Snap>>,
     /// How many of them, first, are archived ([`archive`]): ended before the
     /// operator's retry or compensate, and checked no more.
     pub archived: usize,
-    pub workers: Vec<Worker>,
+    pub workers: Vec<Shared<Worker>>,
     pub strays: Vec<Stray>,
-    pub keys: BTreeMap<(String, Option<String>), KeyRecord>,
-    pub applied: BTreeMap<String, Vec<String>>,
-    pub calls: Vec<CallRecord>,
+    /// What the target did.
+    pub target: Shared<Effects>,
     /// The enqueues and the applied claims: what invariants 6, 7 and 12 read of the past.
     pub past: Past,
     pub budget: Budget,
     pub minted: u32,
+}
+
+/// The target's records: its effect and reply per idempotency key and sandbox, the
+/// steps applied in each place, its first call of each step from each delivery, and
+/// how many target receipts it gave.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Effects {
+    pub keys: BTreeMap<(String, Option<String>), KeyRecord>,
+    pub applied: BTreeMap<String, Vec<String>>,
+    pub calls: Vec<CallRecord>,
     pub receipts_given: u32,
 }
 
@@ -169,9 +181,50 @@ impl State {
         at(self.tick, config.skews_ms.get(i).copied().unwrap_or(0))
     }
 
+    /// The state's fingerprint: the digest of its `Debug` text (tokens are ordinals
+    /// there; the rows, the target's records and the kept past are written as their
+    /// own digests), except that once no enqueue may come the archived attempts are
+    /// left out (only their number is kept): nothing reads them any more (they are
+    /// terminal, so no claim, reconcile or abort takes them, the enqueue guard runs
+    /// no more, and the invariants read the attempts not archived), so the second
+    /// attempts that differ only in how the first one ended are one.
+    pub fn fingerprint(&self) -> u64 {
+        let read = if self.budget.enqueues == 0 { self.archived } else { 0 };
+        let view = (
+            self.tick,
+            &self.attempts[read..],
+            self.archived,
+            &self.workers,
+            &self.strays,
+            &self.target,
+            &self.past,
+            self.budget,
+            self.minted,
+        );
+        super::digest::digest(0, &view)
+    }
+
+    /// The digest of what the checker reads of this state besides a transition's
+    /// own events: the attempts not archived, the target's records and the kept
+    /// past.
+    pub fn checked_digest(&self) -> u64 {
+        let rows: Vec<u64> = self.live_rows().map(Shared::digest).collect();
+        super::digest::digest(self.past.digest, &(rows, self.target.digest()))
+    }
+
+    /// The rows of the attempts not archived.
+    fn live_rows(&self) -> impl Iterator<Item = &Shared<Snap>> {
+        self.attempts.iter().skip(self.archived)
+    }
+
+    /// Worker `i`, to change.
+    pub fn worker(&mut self, i: usize) -> Changing<'_, Worker> {
+        self.workers[i].get_mut()
+    }
+
     /// The attempts not archived.
     pub fn live(&self) -> impl Iterator<Item = &Snap> {
-        self.attempts.iter().skip(self.archived)
+        self.live_rows().map(|a| &**a)
     }
 
     /// Whether every attempt is terminal.
@@ -392,8 +445,9 @@ pub(super) fn perform(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
 /// differ only there are one.
 fn forget_ended_leases(s: &mut State) {
     for w in &mut s.workers {
-        let held = w.lease.is_some() && s.attempts.iter().any(|a| a.token == w.lease);
-        if !held {
+        let forget = w.lease.is_some() && !s.attempts.iter().any(|a| a.token == w.lease);
+        if forget || (w.lease.is_none() && w.faulted) {
+            let mut w = w.get_mut();
             (w.lease, w.faulted) = (None, false);
         }
     }
@@ -411,21 +465,22 @@ fn perform_act(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
         }
         Act::Crash(i) => {
             s.budget.crashes -= 1;
-            s.workers[i] = Worker {
+            let lease = s.workers[i].lease;
+            *s.worker(i) = Worker {
                 faulted: true,
-                lease: s.workers[i].lease,
+                lease,
                 ..Worker::default()
             };
             simple(format!("{} crashes and restarts idle", who(i)))
         }
         Act::Pause(i) => {
             s.budget.pauses -= 1;
-            s.workers[i].paused = true;
-            s.workers[i].faulted = true;
+            let mut w = s.worker(i);
+            (w.paused, w.faulted) = (true, true);
             simple(format!("{} pauses", who(i)))
         }
         Act::Resume(i) => {
-            s.workers[i].paused = false;
+            s.worker(i).paused = false;
             simple(format!("{} resumes", who(i)))
         }
         Act::Stray(j) => stray(ledger, s, j),
@@ -457,7 +512,8 @@ fn simple(label: String) -> Done {
 fn work(config: &Config, s: &mut State, i: usize) -> String {
     let now = s.worker_now(config, i);
     let tick = s.tick;
-    let w = &mut s.workers[i];
+    let mut guard = s.worker(i);
+    let w: &mut Worker = &mut guard;
     let Some(h) = w.held.as_mut() else {
         return "has nothing to do".into();
     };
@@ -594,10 +650,10 @@ fn claim(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
     done.label = format!("worker {} claims {claimed}", name(i));
     if lost {
         s.budget.lost_replies -= 1;
-        s.workers[i].faulted = true;
+        s.worker(i).faulted = true;
         done.label.push_str(", reply lost");
     } else {
-        s.workers[i] = Worker {
+        *s.worker(i) = Worker {
             lease: Some(held.token),
             held: Some(held),
             ..Worker::default()
@@ -620,7 +676,7 @@ fn claim_next(
     let k = ledger.claim_candidate(&s.attempts, sent_at, db_now)?;
     let token = s.minted + 1;
     let who = name(i);
-    let answer = ledger.apply(&mut s.attempts[k], &who, &Req::Claim(&who, token, sent_at), db_now);
+    let answer = s.attempts[k].update(|rows| ledger.apply(rows, &who, &Req::Claim(&who, token, sent_at), db_now));
     if let Some(e) = answer.event {
         log(s, e, done);
     }
@@ -676,7 +732,7 @@ fn apply_sending(
     };
     let db_now = s.db_now();
     let req = Req::Worker(request, token, sending.sent_at);
-    let answer = ledger.apply(&mut s.attempts[k], &name(i), &req, db_now);
+    let answer = s.attempts[k].update(|rows| ledger.apply(rows, &name(i), &req, db_now));
     if let Some(e) = answer.event {
         log(s, e, done);
     }
@@ -693,7 +749,7 @@ fn apply_sending(
     }
     let claimed = claim_next(ledger, s, i, sending.sent_at, done).map(|(held, claimed)| {
         if !lost {
-            let w = &mut s.workers[i];
+            let mut w = s.worker(i);
             (w.lease, w.held, w.faulted) = (Some(held.token), Some(held), false);
         }
         claimed
@@ -704,7 +760,7 @@ fn apply_sending(
 }
 
 fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool, fused: bool) -> Done {
-    let Some(sending) = s.workers[i].sending.take() else {
+    let Some(sending) = s.worker(i).sending.take() else {
         return simple("nothing in flight".into());
     };
     let mut done = Done::default();
@@ -718,7 +774,7 @@ fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool, fused: bool
     );
     if lost {
         s.budget.lost_replies -= 1;
-        s.workers[i].faulted = true;
+        s.worker(i).faulted = true;
         done.label.push_str(", reply lost");
         let now = s.worker_now(ledger.config, i);
         answer_driver(s, i, sending.token, |d| d.handle_failure(now, Failure::Ambiguous));
@@ -729,17 +785,17 @@ fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool, fused: bool
 /// Hands worker `i`'s driver how its ledger call ended, if it still holds the lease
 /// of token ordinal `token`.
 fn answer_driver(s: &mut State, i: usize, token: u32, answer: impl FnOnce(&mut Driver)) {
-    if let Some(h) = s.workers[i].held.as_mut().filter(|h| h.token == token) {
+    if let Some(h) = s.worker(i).held.as_mut().filter(|h| h.token == token) {
         answer(&mut h.driver);
     }
 }
 
 fn delay(config: &Config, s: &mut State, i: usize) -> Done {
-    let Some(sending) = s.workers[i].sending.take() else {
+    let Some(sending) = s.worker(i).sending.take() else {
         return simple("nothing in flight".into());
     };
     s.budget.delays -= 1;
-    s.workers[i].faulted = true;
+    s.worker(i).faulted = true;
     if let Some(request) = sending.request.clone() {
         s.strays.push(Stray {
             from: i,
@@ -763,7 +819,7 @@ fn stray(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
     let st = s.strays.remove(j);
     let db_now = s.db_now();
     let req = Req::Worker(&st.request, st.token, st.sent_at);
-    let answer = ledger.apply(&mut s.attempts[st.attempt], &name(st.from), &req, db_now);
+    let answer = s.attempts[st.attempt].update(|rows| ledger.apply(rows, &name(st.from), &req, db_now));
     let verdict = if answer.reply.is_ok() { "applies" } else { "refuses" };
     let mut done = simple(format!(
         "ledger {verdict} {}'s delayed {} (token#{})",
@@ -781,7 +837,7 @@ fn stray(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
 /// nothing, so the search meets its state again and prunes it.
 fn operator(ledger: &Ledger<'_>, s: &mut State, k: usize, request: OperatorRequest) -> Done {
     let db_now = s.db_now();
-    let answer = ledger.apply(&mut s.attempts[k], "operator", &Req::Operator(&request), db_now);
+    let answer = s.attempts[k].update(|rows| ledger.apply(rows, "operator", &Req::Operator(&request), db_now));
     match (&request, answer.reply.is_ok()) {
         (OperatorRequest::Reconcile, true) => s.budget.reconciles -= 1,
         (OperatorRequest::Abort { .. }, true) => s.budget.aborts -= 1,
@@ -811,7 +867,7 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
         .attempts
         .iter()
         .filter(|a| a.record.attempt.plan_id == plan.id)
-        .map(super::ledger::record_of)
+        .map(|a| super::ledger::record_of(a))
         .collect();
     let n = s.attempts.len() + 1;
     let ids = NewIds {
@@ -862,7 +918,7 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
     };
     let mut done = simple(label);
     if let Some(rows) = after {
-        s.attempts.push(rows);
+        s.attempts.push(Shared::new(rows));
     }
     log(s, event, &mut done);
     done
@@ -880,16 +936,14 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
 /// two pasts that end alike are one state from here on.
 fn archive(s: &mut State, more: bool) {
     for snap in &mut s.attempts[s.archived..] {
-        *snap = archived(&snap.record, more);
+        *snap = Shared::new(archived(&snap.record, more));
     }
     s.archived = s.attempts.len();
     s.tick = 0;
-    s.workers.iter_mut().for_each(|w| *w = Worker::default());
+    s.workers.iter_mut().for_each(|w| *w = Shared::new(Worker::default()));
     s.past = Past::default();
-    s.calls.clear();
-    s.keys.clear();
-    s.applied.clear();
-    (s.minted, s.receipts_given) = (0, 0);
+    s.target = Shared::new(Effects::default());
+    s.minted = 0;
 }
 
 /// An ended attempt's rows as the archive keeps them.
@@ -947,7 +1001,7 @@ fn archived(r: &AttemptRecord, more: bool) -> Snap {
 /// The executor call in flight answers: done, its reply lost after the effect, or a
 /// permanent failure before any effect.
 fn executed(ledger: &Ledger<'_>, s: &mut State, i: usize, act: Act) -> Done {
-    let Some(exec) = s.workers[i].exec.take() else {
+    let Some(exec) = s.worker(i).exec.take() else {
         return simple("no executor call".into());
     };
     let (result, label) = match act {
@@ -965,7 +1019,7 @@ fn executed(ledger: &Ledger<'_>, s: &mut State, i: usize, act: Act) -> Done {
             let done = call_target(ledger, s, i, &exec);
             if act == Act::ExecLost(i) {
                 s.budget.exec_losses -= 1;
-                s.workers[i].faulted = true;
+                s.worker(i).faulted = true;
                 (ExecutorResult::Transient("reply lost".into()), "applies, reply lost")
             } else {
                 (done, "applies")
@@ -973,7 +1027,7 @@ fn executed(ledger: &Ledger<'_>, s: &mut State, i: usize, act: Act) -> Done {
         }
     };
     let now = s.worker_now(ledger.config, i);
-    if let Some(h) = s.workers[i].held.as_mut().filter(|h| h.token == exec.token) {
+    if let Some(h) = s.worker(i).held.as_mut().filter(|h| h.token == exec.token) {
         h.driver.handle_executed(now, exec.ordinal, result);
     }
     simple(format!(
@@ -1007,24 +1061,25 @@ fn call_target(ledger: &Ledger<'_>, s: &mut State, i: usize, exec: &Exec) -> Exe
         sandbox: sandbox.clone(),
         delivery: exec.delivery,
         worker: name(i),
-        answer: if s.keys.contains_key(&id) {
+        answer: if s.target.keys.contains_key(&id) {
             CallAnswer::Duplicate
         } else {
             CallAnswer::Applied
         },
         reply_lost: false,
     };
-    let seen = s.calls.iter().any(|c| {
+    let seen = s.target.calls.iter().any(|c| {
         (&c.attempt, c.ordinal, c.delivery, &c.sandbox) == (&call.attempt, call.ordinal, call.delivery, &call.sandbox)
     });
     if !seen {
-        s.calls.push(call);
+        s.target.update(|t| t.calls.push(call));
     }
-    let reply = match s.keys.get_mut(&id) {
+    let reply = match s.target.keys.get(&id) {
         Some(k) => k.reply.clone(),
         None => {
             let attempt = s.attempts[exec.attempt].record.attempt.id.clone();
-            new_effect(s, &step.code, exec, id, sandbox.as_deref(), &attempt)
+            s.target
+                .update(|t| new_effect(t, &step.code, exec, id, sandbox.as_deref(), &attempt))
         }
     };
     ExecutorResult::Done {
@@ -1034,7 +1089,7 @@ fn call_target(ledger: &Ledger<'_>, s: &mut State, i: usize, exec: &Exec) -> Exe
 }
 
 fn new_effect(
-    s: &mut State,
+    s: &mut Effects,
     code: &str,
     exec: &Exec,
     id: (String, Option<String>),
