@@ -444,7 +444,7 @@ impl<'a> Chaos<'a> {
         let mut workers = gone;
         workers.extend(live.into_iter().map(|(w, _)| w));
 
-        let effects = self.effects(&addr);
+        let effects = procs::effects(self.runtime, &addr);
         let _ = writeln!(
             std::io::stderr(),
             "chaos ({}) seed {}: injected {} kills and {} pauses into {} worker processes over {:.1} s; \
@@ -503,18 +503,6 @@ impl<'a> Chaos<'a> {
             format!("the target dropped no reply: {effects:?}")
         });
         target.signal("TERM");
-    }
-
-    fn effects(&self, addr: &str) -> Effects {
-        self.runtime.block_on(async {
-            let body = reqwest::get(format!("http://{addr}/effects"))
-                .await
-                .expect("GET /effects")
-                .bytes()
-                .await
-                .unwrap();
-            serde_json::from_slice(&body).expect("effects JSON")
-        })
     }
 
     /// Every attempt SUCCEEDED, its command DELIVERED, every receipt SUCCEEDED.
@@ -773,7 +761,7 @@ impl<'a> Chaos<'a> {
                 }
             }
         }
-        let after = self.effects(addr);
+        let after = procs::effects(self.runtime, addr);
         if after.by_key != before.by_key || after.effects != before.effects {
             problems.push("asking again applied something".to_owned());
         }
