@@ -218,9 +218,27 @@ pub fn sandbox_id(attempt: &AttemptId, delivery: u32) -> String {
     format!("sbx-{attempt}-d{delivery}")
 }
 
+thread_local! {
+    /// [`reference_fingerprint`] of each plan content (its fingerprint) met on this
+    /// thread: the checker asks for it on every transition, and it depends on the
+    /// plan's steps alone.
+    static REFERENCES: std::cell::RefCell<std::collections::BTreeMap<String, String>> =
+        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
+}
+
 /// The semantic fingerprint of a clean, single-delivery success of `plan`'s
-/// forward steps: what every successful forward attempt must match.
+/// forward steps: what every successful forward attempt must match (computed once
+/// per plan content and thread).
 pub fn reference_fingerprint(plan: &Plan) -> String {
+    if let Some(known) = REFERENCES.with_borrow(|r| r.get(&plan.fingerprint).cloned()) {
+        return known;
+    }
+    let reference = compute_reference(plan);
+    REFERENCES.with_borrow_mut(|r| r.insert(plan.fingerprint.clone(), reference.clone()));
+    reference
+}
+
+fn compute_reference(plan: &Plan) -> String {
     let attempt = AttemptId::new("att-reference");
     let sandbox = sandbox_id(&attempt, 1);
     let mut applied = Vec::new();
