@@ -18,8 +18,8 @@ use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::{self, NewIds, Start};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, OperatorRequest,
-    Plan, PlanId, PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, LeaseToken,
+    OperatorRequest, Plan, PlanId, PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
@@ -293,15 +293,16 @@ impl MemoryLedger {
     }
 
     /// The one write path of every worker and operator request: looks the record up
-    /// once (not copying it), decides `request` on it at the clock's reading under
-    /// the lock, applies the writes under their guard, and answers the reply with
-    /// `answer` of the record as it left it. `command`, if given, must be the
-    /// attempt's command.
+    /// (not copying it), decides `request` on it at the clock's reading under the
+    /// lock, passes a worker's decision (`worker`: its request and token) through the
+    /// target limits ([`limit_write`]), applies the writes under their guard, and
+    /// answers the reply with `answer` of the record as it left it. `command`, if
+    /// given, must be the attempt's command.
     fn apply<'r, T>(
         &self,
-        attempt: &AttemptId,
-        command: Option<&CommandId>,
+        (attempt, command): (&AttemptId, Option<&CommandId>),
         request: impl FnOnce(&Lookup<PlanId, Plan>, &AttemptRecord) -> Result<Request<'r>, LedgerError>,
+        worker: Option<(&WorkerRequest, &LeaseToken)>,
         answer: impl FnOnce(Reply, &AttemptRecord) -> T,
     ) -> Result<T, LedgerError> {
         let mut guard = self.lock();
@@ -309,13 +310,25 @@ impl MemoryLedger {
         let state = &mut *guard;
         let record = state
             .attempts
-            .get_mut(attempt)
+            .get(attempt)
             .ok_or_else(|| Self::not_found("attempt", attempt))?;
         if let Some(command) = command.filter(|c| **c != record.command.id) {
             return Err(Self::not_found("command", command));
         }
         let request = request(&state.plans, record)?;
-        let (writes, reply) = super::decide(self.writes_hook.as_ref(), record, request, now)?;
+        let mut decided = super::decide(self.writes_hook.as_ref(), record, request, now)?;
+        if let Some(worker) = worker.filter(|_| !state.limits.is_empty()) {
+            let leases = LiveLeases {
+                attempts: &state.attempts,
+                index: &state.index,
+            };
+            decided = limit_write(&mut state.limits, &leases, worker, record, decided, now)?;
+        }
+        let (writes, reply) = decided;
+        let record = state
+            .attempts
+            .get_mut(attempt)
+            .ok_or_else(|| Self::not_found("attempt", attempt))?;
         state.index.apply(record, writes)?;
         Ok(answer(reply, record))
     }
@@ -378,64 +391,28 @@ impl MemoryLedger {
         }
         Ok(claimed)
     }
+}
 
-    /// A worker's request while some target is limited: decided on a copy of the
-    /// record, then passed through [`MemoryLedger::limited`].
-    fn limited_worker(
-        &self,
-        lease: &Lease,
-        request: &WorkerRequest,
-        plan: Option<&Plan>,
-    ) -> Result<Reply, LedgerError> {
-        let now = self.clock.now();
-        let mut guard = self.lock();
-        let state = &mut *guard;
-        let record = Self::record(state, &lease.attempt_id)?;
-        if record.command.id != lease.command_id {
-            return Err(Self::not_found("command", &lease.command_id));
-        }
-        let request_of = Request::Worker(request, &lease.token, plan);
-        let decided = super::decide(self.writes_hook.as_ref(), &record, request_of, now)?;
-        let (writes, reply) = Self::limited(state, request, lease, &record, decided, now)?;
-        let stored = state
-            .attempts
-            .get_mut(&lease.attempt_id)
-            .ok_or_else(|| Self::not_found("attempt", &lease.attempt_id))?;
-        state.index.apply(stored, writes)?;
-        Ok(reply)
+/// A worker's decision on `record` under the target limits ([`limits`]): its
+/// outcomes recorded with the targets' breakers, and a lease it makes enter a
+/// target admitted there, or handed back or refused ([`limits::refused_entry`]).
+fn limit_write(
+    table: &mut LimitTable,
+    leases: &LiveLeases<'_>,
+    (request, token): (&WorkerRequest, &LeaseToken),
+    record: &AttemptRecord,
+    (writes, reply): (Writes, Reply),
+    now: Timestamp,
+) -> Result<(Writes, Reply), LedgerError> {
+    for (target, outcome) in limits::outcomes(request, record, &writes) {
+        table.record(&target, outcome, now);
     }
-
-    /// A worker's write under the limits ([`limits`]): its outcomes recorded with
-    /// the targets' breakers, and a lease it moves onto a target admitted there or
-    /// handed back.
-    fn limited(
-        state: &mut State,
-        request: &WorkerRequest,
-        lease: &Lease,
-        record: &AttemptRecord,
-        (writes, reply): (Writes, Reply),
-        now: Timestamp,
-    ) -> Result<(Writes, Reply), LedgerError> {
-        for (target, outcome) in limits::outcomes(request, record, &writes) {
-            state.limits.record(&target, outcome, now);
-        }
-        let Some(target) = limits::entered(record, &writes, now).map(str::to_owned) else {
-            return Ok((writes, reply));
-        };
-        let leases = LiveLeases {
-            attempts: &state.attempts,
-            index: &state.index,
-        };
-        match state.limits.admit(&target, &record.command.id, &leases, now) {
-            Ok(()) => Ok((writes, reply)),
-            Err(blocked) => Ok(limits::refused_entry(
-                record,
-                (writes, &lease.token),
-                &target,
-                &blocked,
-                now,
-            )?),
-        }
+    let Some(target) = limits::entered(record, &writes, now).map(str::to_owned) else {
+        return Ok((writes, reply));
+    };
+    match table.admit(&target, &record.command.id, leases, now) {
+        Ok(()) => Ok((writes, reply)),
+        Err(blocked) => Ok(limits::refused_entry(record, (writes, token), &target, &blocked, now)?),
     }
 }
 
@@ -520,13 +497,10 @@ impl Ledger for MemoryLedger {
             }
             false => None,
         };
-        if !self.lock().limits.is_empty() {
-            return self.limited_worker(lease, &request, plan.as_ref());
-        }
         self.apply(
-            &lease.attempt_id,
-            Some(&lease.command_id),
+            (&lease.attempt_id, Some(&lease.command_id)),
             |_, _| Ok(Request::Worker(&request, &lease.token, plan.as_ref())),
+            Some((&request, &lease.token)),
             |reply, _| reply,
         )
     }
@@ -537,14 +511,14 @@ impl Ledger for MemoryLedger {
         request: OperatorRequest,
     ) -> Result<(Reply, AttemptRecord), LedgerError> {
         self.apply(
-            attempt,
-            None,
+            (attempt, None),
             |plans, record| {
                 let plan = plans
                     .get(&record.attempt.plan_id)
                     .ok_or_else(|| Self::not_found("plan", &record.attempt.plan_id))?;
                 Ok(Request::Operator(&request, plan.recovery))
             },
+            None,
             |reply, record| (reply, record.clone()),
         )
     }
