@@ -65,7 +65,7 @@ impl TargetRow {
 /// renews its lease after it expired (nobody took it over, but its slot was free
 /// meanwhile). `None` for every other write (and for a command without a route,
 /// written before routing).
-pub(crate) fn entered<'w>(before: &AttemptRecord, writes: &'w Writes, now: Timestamp) -> Option<&'w str> {
+pub fn entered<'w>(before: &AttemptRecord, writes: &'w Writes, now: Timestamp) -> Option<&'w str> {
     let after = writes.command.as_ref()?;
     if after.status != CommandStatus::Processing || after.target.is_empty() {
         return None;
@@ -79,7 +79,7 @@ pub(crate) fn entered<'w>(before: &AttemptRecord, writes: &'w Writes, now: Times
 /// What a worker write whose lease `target` refused (`blocked`) becomes: a lease
 /// moved onto the target is handed back ([`yielded`]); a renewal of an expired
 /// lease on the same target is refused ([`Refusal::Limited`]), writing nothing.
-pub(crate) fn refused_entry(
+pub fn refused_entry(
     before: &AttemptRecord,
     (writes, token): (Writes, &LeaseToken),
     target: &str,
@@ -99,7 +99,7 @@ pub(crate) fn refused_entry(
 /// What a worker's `request`, decided into `writes` on `before`, tells the breakers:
 /// each step it completes is a success of that step's target; a give-back is a
 /// failure of the target it gives back.
-pub(crate) fn outcomes(request: &WorkerRequest, before: &AttemptRecord, writes: &Writes) -> Vec<(String, Outcome)> {
+pub fn outcomes(request: &WorkerRequest, before: &AttemptRecord, writes: &Writes) -> Vec<(String, Outcome)> {
     if let WorkerRequest::GiveBack { .. } = request {
         return vec![(before.command.target.clone(), Outcome::Failed)];
     }
@@ -119,7 +119,7 @@ pub(crate) fn outcomes(request: &WorkerRequest, before: &AttemptRecord, writes: 
 /// A worker write whose lease a target refused: the same write, then the command
 /// handed back ([`transition::yield_lease`]) until `until`, answered as
 /// [`Continued::Yielded`].
-pub(crate) fn yielded(
+pub fn yielded(
     before: &AttemptRecord,
     writes: Writes,
     token: &LeaseToken,
@@ -133,11 +133,11 @@ pub(crate) fn yielded(
 /// How long a refused worker write's command waits before it is claimable again
 /// when its target did not say (a lease must end first): a short pause, so that
 /// its next claim finds the slot a finished lease freed.
-pub(crate) const YIELD_PAUSE_MS: u64 = 100;
+pub const YIELD_PAUSE_MS: u64 = 100;
 
 /// What a limit table asks of its ledger's commands: the live leases on a target
 /// at `now`, and the end of a command's live lease on a target.
-pub(crate) trait Leases {
+pub trait Leases {
     /// Live leases on `target` at `now`.
     fn live(&self, target: &str, now: Timestamp) -> u32;
     /// The end of `command`'s live lease on `target`, if it holds one.
@@ -153,20 +153,22 @@ struct LimitRow {
 }
 
 /// The memory ledger's `target_limit` rows: the same rules as the SQL ledgers'
-/// gates ([`super::sql`]'s `limits`), on rows in memory.
-#[derive(Debug, Default)]
-pub(crate) struct LimitTable {
+/// gates ([`super::sql`]'s `limits`), on rows in memory. The simulator's model
+/// checker keeps one in each of its states, so that its ledger applies these rules
+/// with this code.
+#[derive(Debug, Default, Clone)]
+pub struct LimitTable {
     rows: BTreeMap<String, LimitRow>,
 }
 
 impl LimitTable {
     /// Whether no target is limited.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
 
     /// Sets `limit` (its row created on first use; its load kept, its block lifted).
-    pub(crate) fn set(&mut self, limit: TargetLimit) {
+    pub fn set(&mut self, limit: TargetLimit) {
         let row = self.rows.entry(limit.target.clone()).or_insert_with(|| LimitRow {
             limit: limit.clone(),
             load: Load::default(),
@@ -177,12 +179,12 @@ impl LimitTable {
     }
 
     /// Removes a target's limits; whether it had any.
-    pub(crate) fn clear(&mut self, target: &str) -> bool {
+    pub fn clear(&mut self, target: &str) -> bool {
         self.rows.remove(target).is_some()
     }
 
     /// Every limited target, by target.
-    pub(crate) fn list(&self, leases: &impl Leases, now: Timestamp) -> Vec<TargetRow> {
+    pub fn list(&self, leases: &impl Leases, now: Timestamp) -> Vec<TargetRow> {
         self.rows
             .values()
             .map(|r| {
@@ -194,7 +196,7 @@ impl LimitTable {
     }
 
     /// Whether a claim leaves `target`'s commands out at `now` (the candidate filter).
-    pub(crate) fn blocks(&self, target: &str, leases: &impl Leases, now: Timestamp) -> bool {
+    pub fn blocks(&self, target: &str, leases: &impl Leases, now: Timestamp) -> bool {
         self.rows.get(target).is_some_and(|r| {
             r.blocked_until.is_some_and(|t| t > now)
                 || r.limit.max_in_flight.is_some_and(|m| leases.live(target, now) >= m)
@@ -206,7 +208,7 @@ impl LimitTable {
     }
 
     /// Admits one lease of `command` onto `target` at `now`.
-    pub(crate) fn admit(
+    pub fn admit(
         &mut self,
         target: &str,
         command: &CommandId,
@@ -230,10 +232,34 @@ impl LimitTable {
     }
 
     /// Records how a delivery to `target` ended with its breaker.
-    pub(crate) fn record(&mut self, target: &str, outcome: Outcome, now: Timestamp) {
+    pub fn record(&mut self, target: &str, outcome: Outcome, now: Timestamp) {
         if let Some(row) = self.rows.get_mut(target).filter(|r| r.limit.breaker.is_some()) {
             row.limit.record(&mut row.load, outcome, now);
             row.blocked_until = row.load.open_until;
+        }
+    }
+
+    /// A worker's decision on `before` under these limits: its outcomes recorded
+    /// with the targets' breakers ([`outcomes`]), and a lease it makes enter a
+    /// target ([`entered`]) admitted there, or handed back or refused
+    /// ([`refused_entry`]).
+    pub fn worker_write(
+        &mut self,
+        leases: &impl Leases,
+        (request, token): (&WorkerRequest, &LeaseToken),
+        before: &AttemptRecord,
+        (writes, reply): (Writes, Reply),
+        now: Timestamp,
+    ) -> Result<(Writes, Reply), Refusal> {
+        for (target, outcome) in outcomes(request, before, &writes) {
+            self.record(&target, outcome, now);
+        }
+        let Some(target) = entered(before, &writes, now).map(str::to_owned) else {
+            return Ok((writes, reply));
+        };
+        match self.admit(&target, &before.command.id, leases, now) {
+            Ok(()) => Ok((writes, reply)),
+            Err(blocked) => refused_entry(before, (writes, token), &target, &blocked, now),
         }
     }
 }

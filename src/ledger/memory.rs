@@ -295,7 +295,7 @@ impl MemoryLedger {
     /// The one write path of every worker and operator request: looks the record up
     /// (not copying it), decides `request` on it at the clock's reading under the
     /// lock, passes a worker's decision (`worker`: its request and token) through the
-    /// target limits ([`limit_write`]), applies the writes under their guard, and
+    /// target limits ([`LimitTable::worker_write`]), applies the writes under their guard, and
     /// answers the reply with `answer` of the record as it left it. `command`, if
     /// given, must be the attempt's command.
     fn apply<'r, T>(
@@ -322,7 +322,7 @@ impl MemoryLedger {
                 attempts: &state.attempts,
                 index: &state.index,
             };
-            decided = limit_write(&mut state.limits, &leases, worker, record, decided, now)?;
+            decided = state.limits.worker_write(&leases, worker, record, decided, now)?;
         }
         let (writes, reply) = decided;
         let record = state
@@ -390,29 +390,6 @@ impl MemoryLedger {
             }
         }
         Ok(claimed)
-    }
-}
-
-/// A worker's decision on `record` under the target limits ([`limits`]): its
-/// outcomes recorded with the targets' breakers, and a lease it makes enter a
-/// target admitted there, or handed back or refused ([`limits::refused_entry`]).
-fn limit_write(
-    table: &mut LimitTable,
-    leases: &LiveLeases<'_>,
-    (request, token): (&WorkerRequest, &LeaseToken),
-    record: &AttemptRecord,
-    (writes, reply): (Writes, Reply),
-    now: Timestamp,
-) -> Result<(Writes, Reply), LedgerError> {
-    for (target, outcome) in limits::outcomes(request, record, &writes) {
-        table.record(&target, outcome, now);
-    }
-    let Some(target) = limits::entered(record, &writes, now).map(str::to_owned) else {
-        return Ok((writes, reply));
-    };
-    match table.admit(&target, &record.command.id, leases, now) {
-        Ok(()) => Ok((writes, reply)),
-        Err(blocked) => Ok(limits::refused_entry(record, (writes, token), &target, &blocked, now)?),
     }
 }
 
