@@ -169,10 +169,8 @@ impl Bug {
 
 impl Bug {
     /// The invariant the model checker ([`crate::model`]) finds it by first, and the
-    /// recovery mode of the configuration it is found in; `None` for
-    /// `executor-retries-detached` (the model has no executor client to misbehave),
-    /// `claim-ignores-route` (its workers run every executor: no mixed fleet) and the
-    /// limits' bugs (its ledger has no per-target limits).
+    /// recovery mode of the configuration it is found in
+    /// ([`crate::model::Config::finding`]).
     pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
         Some(match self {
@@ -185,11 +183,11 @@ impl Bug {
             Bug::ClaimBeforeAvailable => (14, Resume),
             Bug::DeliveryCapOffByOne => (11, Resume),
             Bug::BackoffInSeconds => (8, Resume),
-            Bug::ExecutorRetriesDetached
-            | Bug::ClaimIgnoresRoute
-            | Bug::LimitIgnored
-            | Bug::RateIgnored
-            | Bug::BreakerIgnored => return None,
+            Bug::ExecutorRetriesDetached => (17, Resume),
+            Bug::ClaimIgnoresRoute => (19, Resume),
+            Bug::LimitIgnored => (20, Resume),
+            Bug::RateIgnored => (21, Resume),
+            Bug::BreakerIgnored => (22, Resume),
         })
     }
 }

@@ -27,7 +27,7 @@ fn parse(args: &[String]) -> Result<(Vec<Config>, Vec<Bug>), String> {
         match arg.as_str() {
             "--config" => {
                 configs = Config::named(value)
-                    .ok_or_else(|| format!("--config: {value:?} is not small, policy, large or pair"))?;
+                    .ok_or_else(|| format!("--config: {value:?} is not one of {}", Config::NAMES.join(", ")))?;
             }
             "--max-states" => {
                 let n = value

@@ -1,12 +1,15 @@
-//! The model checker explores every interleaving of the small configurations and
-//! the delivery policy's with the engine's own code: with no bug planted every
-//! invariant holds in every reachable state, and each planted bug is found, in
-//! every run, by its invariant with a shortest counterexample.
+//! The model checker explores every interleaving of the small configurations, the
+//! delivery policy's, the mixed fleet's and the limited target's with the engine's
+//! own code: with no bug planted every invariant holds in every reachable state,
+//! and each planted bug is found, in every run, by its invariant with a shortest
+//! counterexample.
 
 use leasehold_sim::bugs::Bug;
 use leasehold_sim::model::{self, Config};
 
-fn holds_every_invariant(name: &str) {
+/// Every invariant holds in every state of the configurations `name`, each of
+/// more than `at_least` states.
+fn holds_every_invariant(name: &str, at_least: usize) {
     for config in Config::named(name).expect("a shipped configuration") {
         let report = model::check(&config);
         print!("{report}");
@@ -17,7 +20,7 @@ fn holds_every_invariant(name: &str) {
             config.name
         );
         assert!(
-            report.states > 10_000,
+            report.states > at_least,
             "{} explored {} states",
             config.name,
             report.states
@@ -27,12 +30,22 @@ fn holds_every_invariant(name: &str) {
 
 #[test]
 fn the_small_configurations_hold_every_invariant() {
-    holds_every_invariant("small");
+    holds_every_invariant("small", 10_000);
 }
 
 #[test]
 fn the_delivery_policy_configurations_hold_every_invariant() {
-    holds_every_invariant("policy");
+    holds_every_invariant("policy", 10_000);
+}
+
+#[test]
+fn the_mixed_fleet_configurations_hold_every_invariant() {
+    holds_every_invariant("routed", 5_000);
+}
+
+#[test]
+fn the_limited_target_configurations_hold_every_invariant() {
+    holds_every_invariant("limited", 5_000);
 }
 
 #[test]

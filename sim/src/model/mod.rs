@@ -93,8 +93,13 @@
 //! checker's own functions, [`crate::checker::check_transition`]: 11 is the history
 //! model, [`crate::history::transitions`], and 14 and 15 the delivery policy's
 //! [`crate::delivery::claims_after_available`] and
-//! [`crate::delivery::delivery_cap`]) and 13 (a lease taken over only from a
-//! holder a fault touched). Liveness (invariant 8): from every state, the
+//! [`crate::delivery::delivery_cap`]); 19 in a mixed fleet
+//! ([`crate::routing::claims_runnable`]) and 20–22 under per-target limits
+//! ([`crate::limits::check`], on the whole log, which such a configuration keeps);
+//! and two of the model's own: 13 (a lease taken over only from a holder a fault
+//! touched) and 17 (no call of a step sent after its attempt ended, unless a fault
+//! of the lease it came from, or an abort at most a lease before, excuses it, as
+//! the simulator excuses it). Liveness (invariant 8): from every state, the
 //! fault-free fair schedule (paused workers resume, requests and calls answer at
 //! once, the clock advances when nothing is due, no operator) ends every attempt
 //! within `liveness_ticks`.
@@ -108,10 +113,24 @@
 //! give the command back at once, claimable again from the next tick, and the
 //! second give-back (or a claim after a takeover of the second delivery) ends the
 //! attempt FAILED, exhausted. The `policy` and `large` configurations have
-//! transient failures to spend. The simulator's invariants 16–18 need what the
-//! model has not: 16 and 18 a target that is down or flaky by its plan (here a
-//! transient failure is a fault, and liveness, with no fault, is 16's bound), 17
-//! the executor's own client.
+//! transient failures to spend. The simulator's invariants 16 and 18 need what the
+//! model has not: a target that is down or flaky by its plan (here a transient
+//! failure is a fault, and liveness, with no fault, is 16's bound). The executor's
+//! client sends each call once; the planted `executor-retries-detached` makes it
+//! send a call that did not succeed (unreachable, or its reply lost) again on its
+//! own four ticks later, landing at that tick whatever the driver did since.
+//!
+//! # Routing and per-target limits
+//! In the `routed` configurations the first worker runs only the durable target's
+//! executor: its claims carry its capabilities, which the ledger's candidates and
+//! the engine's claim decision honour as the memory ledger does. In the `limited`
+//! ones the ledger keeps per-target limits in the memory ledger's own
+//! [`leasehold::ledger::limits::LimitTable`] (part of each state): a claim's
+//! candidates leave out blocked targets, a claim's lease is admitted by its target
+//! or the candidate passed over, and a worker's write goes through
+//! [`leasehold::ledger::limits::LimitTable::worker_write`]; the limits' planted bugs
+//! loosen the table for each claim and set it back after, as the simulator's db
+//! host does.
 
 mod digest;
 mod ledger;
@@ -121,6 +140,8 @@ mod state;
 pub use search::{check, Report};
 
 use crate::bugs::Bug;
+use crate::plans::{DURABLE, SANDBOX};
+use leasehold_engine::limits::{Breaker, Rate, TargetLimit};
 use leasehold_engine::{Recovery, RetrySpec};
 
 /// Milliseconds per tick of the model's clock.
@@ -165,8 +186,16 @@ pub struct Config {
     pub name: String,
     /// Each worker's clock offset from the database's, in milliseconds.
     pub skews_ms: Vec<i64>,
-    /// The plans' recovery mode.
+    /// The plans' recovery mode (of the odd-numbered plans, with `mixed_plans`).
     pub recovery: Recovery,
+    /// Whether the even-numbered plans are of the other recovery mode: a resume
+    /// plan's steps run on the durable target, a replay plan's in a sandbox.
+    pub mixed_plans: bool,
+    /// The first this many workers run only the durable target's executor (a mixed
+    /// fleet): their claims carry their capabilities, the others' none.
+    pub durable_only: u32,
+    /// The per-target limits set on the ledger before the first attempt.
+    pub limits: Vec<TargetLimit>,
     /// How many plans, each with a first attempt enqueued at the start.
     pub plans: u32,
     /// The plan's steps.
@@ -214,6 +243,9 @@ impl Config {
             name: format!("small-{recovery}"),
             skews_ms: vec![0, TICK_MS as i64],
             recovery,
+            mixed_plans: false,
+            durable_only: 0,
+            limits: Vec::new(),
             plans: 1,
             steps: 2,
             lease_ticks: 3,
@@ -289,26 +321,70 @@ impl Config {
         c
     }
 
-    /// The configuration the model checker looks for `bug` in: the delivery
-    /// policy's for the bugs the simulator catches by its invariants (14–18), the
-    /// small one of `recovery` for the others.
+    /// A mixed fleet: the pair's two plans, the second of the other recovery mode
+    /// (one plan on the durable target, one in a sandbox), and a first worker that
+    /// runs only the durable target's executor.
+    pub fn routed(recovery: Recovery) -> Self {
+        let mut c = Self::pair(recovery);
+        c.name = format!("routed-{recovery}");
+        c.mixed_plans = true;
+        c.durable_only = 1;
+        c
+    }
+
+    /// Per-target limits: the pair's two plans, both on the target of `recovery`,
+    /// which takes one lease at a time, one entry per two ticks, and whose breaker
+    /// one give-back opens for three ticks; with one crash, one reconcile and one
+    /// transient executor failure (a give-back).
+    pub fn limited(recovery: Recovery) -> Self {
+        let mut c = Self::pair(recovery);
+        c.name = format!("limited-{recovery}");
+        let target = match recovery {
+            Recovery::Resume => DURABLE,
+            Recovery::Replay => SANDBOX,
+        };
+        c.limits = vec![TargetLimit {
+            target: target.to_owned(),
+            max_in_flight: Some(1),
+            rate: Some(Rate {
+                count: 1,
+                per_ms: 2 * TICK_MS,
+            }),
+            breaker: Some(Breaker {
+                failures: 1,
+                cooldown_ms: 3 * TICK_MS,
+            }),
+        }];
+        c.budget.transients = 1;
+        c
+    }
+
+    /// The configuration the model checker looks for `bug` in, by the invariant the
+    /// simulator catches it by: the mixed fleet's for routing (19), the limited
+    /// target's for the limits (20–22), the delivery policy's for the policy
+    /// (14–18), the small one of `recovery` for the others.
     pub fn finding(bug: Bug, recovery: Recovery) -> Self {
-        let make = if bug.caught_by().0 >= 14 {
-            Config::policy
-        } else {
-            Config::small
+        let make = match bug.caught_by().0 {
+            19 => Config::routed,
+            20..=22 => Config::limited,
+            14.. => Config::policy,
+            _ => Config::small,
         };
         make(recovery).with_bugs(&[bug])
     }
 
-    /// The named configurations (`small`, `policy`, `large` or `pair`), one per
-    /// recovery mode.
+    /// The configuration names [`Config::named`] knows.
+    pub const NAMES: &'static [&'static str] = &["small", "policy", "large", "pair", "routed", "limited"];
+
+    /// The named configurations ([`Config::NAMES`]), one per recovery mode.
     pub fn named(name: &str) -> Option<Vec<Config>> {
         let make = match name {
             "small" => Config::small,
             "policy" => Config::policy,
             "large" => Config::large,
             "pair" => Config::pair,
+            "routed" => Config::routed,
+            "limited" => Config::limited,
             _ => return None,
         };
         Some(vec![make(Recovery::Resume), make(Recovery::Replay)])
@@ -322,5 +398,19 @@ impl Config {
 
     fn lease_ms(&self) -> u64 {
         u64::from(self.lease_ticks) * TICK_MS
+    }
+
+    /// The recovery mode of plan `n` (from 1).
+    fn recovery_of(&self, n: u32) -> Recovery {
+        match (self.mixed_plans && n.is_multiple_of(2), self.recovery) {
+            (false, mode) => mode,
+            (true, Recovery::Resume) => Recovery::Replay,
+            (true, Recovery::Replay) => Recovery::Resume,
+        }
+    }
+
+    /// Whether worker `i` (from 0) runs only the durable target's executor.
+    fn is_durable_only(&self, i: usize) -> bool {
+        i < self.durable_only as usize
     }
 }

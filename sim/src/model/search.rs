@@ -3,16 +3,17 @@
 
 use super::digest::Shared;
 use super::ledger::Ledger;
-use super::state::{enabled, enqueue_attempt, perform, Act, Done, Effects, Past, State, Worker};
+use super::state::{enabled, enqueue_attempt, keeps, perform, Act, Done, Effects, Past, State, Worker};
 use super::Config;
 use crate::checker::{self, CheckInput, Violation};
 use crate::clients::ClientLog;
 use crate::clock::EPOCH_MS;
-use crate::db::{DbEvent, EventOutcome};
 use crate::plans::{DURABLE, KNOWN, SANDBOX};
+use crate::profile::WorldParams;
 use crate::target::TargetState;
 use crate::trace::Trace;
-use leasehold_engine::{Action, Op, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
+use crate::{limits, routing};
+use leasehold_engine::{Action, Plan, PlanId, PlanSpec, Recovery, Step, Timestamp};
 use serde_json::json;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
@@ -128,9 +129,10 @@ type Prints = std::collections::HashSet<u64, ByPrint>;
 type Parents = std::collections::HashMap<u64, (u64, Act), ByPrint>;
 
 /// Plan `n` of `config`: `steps` steps on the durable target (`resume`) or in a
-/// sandbox (`replay`).
+/// sandbox (`replay`), by its recovery mode ([`Config::recovery_of`]).
 fn model_plan(config: &Config, n: u32) -> Plan {
-    let executor = match config.recovery {
+    let recovery = config.recovery_of(n);
+    let executor = match recovery {
         Recovery::Resume => DURABLE,
         Recovery::Replay => SANDBOX,
     };
@@ -144,8 +146,8 @@ fn model_plan(config: &Config, n: u32) -> Plan {
         })
         .collect();
     let spec = PlanSpec {
-        name: format!("model-{}-{n}", config.recovery),
-        recovery: config.recovery.to_string(),
+        name: format!("model-{recovery}-{n}"),
+        recovery: recovery.to_string(),
         volatile_fields: vec!["worker".into()],
         steps,
         retry: config.retry.clone(),
@@ -165,6 +167,8 @@ fn initial(ledger: &Ledger<'_>) -> State {
         archived: 0,
         workers: vec![Shared::new(Worker::default()); config.skews_ms.len()],
         strays: Vec::new(),
+        resends: Vec::new(),
+        limits: ledger.limits(),
         target: Shared::new(Effects::default()),
         past: Past::default(),
         budget: config.budget,
@@ -181,28 +185,34 @@ fn initial(ledger: &Ledger<'_>) -> State {
 /// archived, the target's records, the kept past: [`State::checked_digest`]), so its
 /// verdict is looked up in `clean`, the digests of such inputs every invariant held
 /// on, before the checker runs.
-fn checked(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done, clean: &mut Prints) -> Vec<Violation> {
-    if !done.events.is_empty() || done.healthy_takeover.is_some() {
-        return violations(plans, s, done);
+fn checked(
+    config: &Config,
+    plans: &BTreeMap<PlanId, Plan>,
+    (s, done): (&State, &Done),
+    clean: &mut Prints,
+) -> Vec<Violation> {
+    if !done.events.is_empty() || done.healthy_takeover.is_some() || done.late_call.is_some() {
+        return violations(config, plans, s, done);
     }
     let input = s.checked_digest();
     if clean.contains(&input) {
         return Vec::new();
     }
-    let v = violations(plans, s, done);
+    let v = violations(config, plans, s, done);
     if v.is_empty() {
         clean.insert(input);
     }
     v
 }
 
-/// The simulator's invariants on one transition, plus 13.
-fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Violation> {
+/// The simulator's invariants on one transition: 1–7, 9, 11, 12, 14 and 15 by the
+/// checker, 19 where a worker runs only the durable target's executor, 20–22 where
+/// the configuration sets per-target limits, and the model's own 13 and 17.
+fn violations(config: &Config, plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Violation> {
     // The kept past ends with this transition's own kept events: they go back in
     // their place among its others (a give-back, then the claim fused with it).
-    let kept = |e: &&DbEvent| (e.op.is_claim() || e.op == Op::Enqueue) && e.outcome == EventOutcome::Applied;
     let past = s.past.events();
-    let before = past.len() - done.events.iter().filter(kept).count();
+    let before = past.len() - done.events.iter().filter(|e| keeps(config, e)).count();
     let mut events = past[..before].to_vec();
     events.extend(done.events.iter().cloned());
     let mut target = TargetState::new(0, 0.0, 1, Trace::new());
@@ -221,11 +231,24 @@ fn violations(plans: &BTreeMap<PlanId, Plan>, s: &State, done: &Done) -> Vec<Vio
         timing: None,
     };
     let mut v = checker::check_transition(&input, &done.events);
-    if let Some(message) = &done.healthy_takeover {
-        v.push(Violation {
-            invariant: 13,
-            message: message.clone(),
-        });
+    if config.durable_only > 0 {
+        let world = WorldParams {
+            durable_only_workers: config.durable_only,
+            ..WorldParams::default()
+        };
+        v.extend(routing::claims_runnable(&done.events, plans, &world));
+    }
+    if !config.limits.is_empty() {
+        v.extend(limits::check(&events, &config.limits));
+    }
+    let own = [(13, &done.healthy_takeover), (17, &done.late_call)];
+    for (invariant, message) in own {
+        if let Some(message) = message {
+            v.push(Violation {
+                invariant,
+                message: message.clone(),
+            });
+        }
     }
     v
 }
@@ -349,7 +372,7 @@ pub fn check(config: &Config) -> Report {
             let done = perform(&ledger, &mut next, act);
             transitions += 1;
             fused_claims += u64::from(done.fused_claim);
-            let v = checked(&plans, &next, &done, &mut clean);
+            let v = checked(config, &plans, (&next, &done), &mut clean);
             if !v.is_empty() {
                 found = Some(((h, Some(act)), v));
                 break 'search;

@@ -1,7 +1,7 @@
 //! The model's state and its actions.
 
 use super::digest::{Changing, Shared};
-use super::ledger::{Ledger, Req};
+use super::ledger::{Answer, Ledger, Limits, Req};
 use super::{Budget, Config, TICK_MS};
 use crate::bugs::Bug;
 use crate::clock::EPOCH_MS;
@@ -9,11 +9,13 @@ use crate::db::{DbEvent, EventOutcome, Snap};
 use crate::plans::{self, SANDBOX};
 use crate::protocol::TargetReply;
 use crate::target::{CallAnswer, CallRecord, KeyRecord};
+use crate::world::DETACHED_RETRY_MS;
+use leasehold::ledger::limits::LimitTable;
 use leasehold_engine::driver::{DeadlineReason, Driver, DriverAction, ExecutorResult, Outcome};
 use leasehold_engine::transition::{enqueue, NewIds};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, CommandId, CommandStatus, Failure, OperatorRequest, Timestamp, WorkerOp,
-    WorkerRequest,
+    Action, AttemptId, AttemptRecord, AttemptStatus, CommandId, CommandStatus, Failure, OperatorRequest, Timestamp,
+    WorkerOp, WorkerRequest,
 };
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -46,6 +48,17 @@ pub(super) struct Exec {
     pub token: u32,
     pub delivery: u32,
     pub since: u32,
+}
+
+/// A call the executor's client sends again on its own at tick `due` (the planted
+/// `executor-retries-detached`), `excused` if a fault had touched the lease it
+/// came from.
+#[derive(Debug, Clone)]
+pub(super) struct Resend {
+    pub from: usize,
+    pub exec: Exec,
+    pub due: u32,
+    pub excused: bool,
 }
 
 /// A request delayed in the network: it lands later, answering nobody.
@@ -110,6 +123,10 @@ pub(super) struct State {
     pub archived: usize,
     pub workers: Vec<Shared<Worker>>,
     pub strays: Vec<Stray>,
+    /// Calls the executor's client will send again on its own.
+    pub resends: Vec<Resend>,
+    /// The ledger's per-target limits and their loads.
+    pub limits: Shared<LimitTable>,
     /// What the target did.
     pub target: Shared<Effects>,
     /// The enqueues and the applied claims: what invariants 6, 7 and 12 read of the past.
@@ -146,6 +163,8 @@ pub(super) enum Act {
     Pause(usize),
     Resume(usize),
     Stray(usize),
+    /// A call the executor's client sends again on its own lands at the target.
+    Resend(usize),
     Reconcile(usize),
     Abort(usize),
     /// The operator enqueues a new attempt of plan `.0` with `.1` (retry or compensate).
@@ -162,6 +181,9 @@ pub(super) struct Done {
     pub healthy_takeover: Option<String>,
     /// Whether a write that ended an attempt claimed a command in the same transaction.
     pub fused_claim: bool,
+    /// A call of a step after its attempt ended, that no fault or abort excuses
+    /// (invariant 17).
+    pub late_call: Option<String>,
 }
 
 pub(super) fn name(i: usize) -> String {
@@ -196,6 +218,8 @@ impl State {
             self.archived,
             &self.workers,
             &self.strays,
+            &self.resends,
+            &self.limits,
             &self.target,
             &self.past,
             self.budget,
@@ -227,6 +251,24 @@ impl State {
         self.live_rows().map(|a| &**a)
     }
 
+    /// The ledger applies `req` from `from` to attempt `k` at its clock, under the
+    /// configuration's per-target limits if it sets any.
+    fn request(&mut self, ledger: &Ledger<'_>, k: usize, from: &str, req: &Req<'_>) -> Answer {
+        let db_now = self.db_now();
+        let (after, answer) = if ledger.config.limits.is_empty() {
+            ledger.apply(&self.attempts[k], None, (from, req), db_now)
+        } else {
+            let mut table = self.limits.get_mut();
+            let limits = Limits {
+                table: &mut table,
+                rows: &self.attempts,
+            };
+            ledger.apply(&self.attempts[k], Some(limits), (from, req), db_now)
+        };
+        self.attempts[k] = Shared::new(after);
+        answer
+    }
+
     /// Whether every attempt is terminal.
     pub fn all_terminal(&self) -> bool {
         self.attempts.iter().all(|a| a.record.attempt.status.is_terminal())
@@ -236,6 +278,7 @@ impl State {
     pub fn ended(&self) -> bool {
         self.all_terminal()
             && self.strays.is_empty()
+            && self.resends.is_empty()
             && self.workers.iter().all(|w| w.sending.is_none() && w.exec.is_none())
     }
 
@@ -249,6 +292,7 @@ impl State {
     /// no request is in the network.
     pub fn quiet(&self) -> bool {
         self.strays.is_empty()
+            && self.resends.is_empty()
             && self
                 .workers
                 .iter()
@@ -276,13 +320,29 @@ pub(super) fn work_due(config: &Config, s: &State, i: usize) -> bool {
     h.driver.clone().poll_action(now).is_some()
 }
 
+/// Whether worker `i` is idle and a claim of it would take a command. Under
+/// per-target limits, the claim is tried on a copy of the limits: a claim the
+/// limits refuse takes nothing and changes nothing that matters (a refusal only
+/// caches until when its target refuses, which the limits would tell again), so it
+/// is no action, and it does not hold the clock back.
 fn can_claim(ledger: &Ledger<'_>, s: &State, i: usize) -> bool {
     let w = &s.workers[i];
-    w.held.is_none()
-        && w.sending.is_none()
-        && ledger
-            .claim_candidate(&s.attempts, s.worker_now(ledger.config, i), s.db_now())
-            .is_some()
+    if w.held.is_some() || w.sending.is_some() {
+        return false;
+    }
+    let (who, sent_at, db_now) = (name(i), s.worker_now(ledger.config, i), s.db_now());
+    let candidate = ledger.claim_candidate((&s.attempts, &s.limits), &who, sent_at, db_now);
+    let Some(k) = candidate.filter(|_| !ledger.config.limits.is_empty()) else {
+        return candidate.is_some();
+    };
+    let mut table = (*s.limits).clone();
+    let limits = Limits {
+        table: &mut table,
+        rows: &s.attempts,
+    };
+    let claim = Req::Claim(&who, s.minted + 1, sent_at);
+    let (_, answer) = ledger.apply(&s.attempts[k], Some(limits), (&who, &claim), db_now);
+    answer.reply.is_ok()
 }
 
 /// Whether the clock may advance: no worker that is up has work due now, and no
@@ -290,6 +350,7 @@ fn can_claim(ledger: &Ledger<'_>, s: &State, i: usize) -> bool {
 fn may_tick(ledger: &Ledger<'_>, s: &State, faults: bool) -> bool {
     let c = ledger.config;
     (s.tick < c.horizon || !faults)
+        && s.resends.iter().all(|r| r.due > s.tick)
         && s.workers.iter().enumerate().all(|(i, w)| {
             w.paused
                 || (w.sending.is_none()
@@ -315,6 +376,8 @@ pub(super) fn enabled(ledger: &Ledger<'_>, s: &State, faults: bool) -> Vec<Act> 
         worker_acts(ledger, s, i, &b, &mut acts);
     }
     acts.extend((0..s.strays.len()).map(Act::Stray));
+    let due = s.resends.iter().enumerate().filter(|(_, r)| r.due <= s.tick);
+    acts.extend(due.map(|(j, _)| Act::Resend(j)));
     operator_acts(ledger, s, &b, &mut acts);
     if may_tick(ledger, s, faults) {
         acts.push(Act::Tick);
@@ -456,7 +519,13 @@ fn forget_ended_leases(s: &mut State) {
 fn perform_act(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
     let who = |i: usize| format!("worker {}", name(i));
     match act {
-        Act::Work(i) => simple(format!("{} {}", who(i), work(ledger.config, s, i))),
+        Act::Work(i) => {
+            let (did, late_call) = work(ledger.config, s, i);
+            Done {
+                late_call,
+                ..simple(format!("{} {did}", who(i)))
+            }
+        }
         Act::Claim(i, lost) => claim(ledger, s, i, lost),
         Act::Deliver(i, lost, fused) => deliver(ledger, s, i, lost, fused),
         Act::Delay(i) => delay(ledger.config, s, i),
@@ -471,12 +540,14 @@ fn perform_act(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
                 lease,
                 ..Worker::default()
             };
+            // Its executor's client went down with it.
+            s.resends.retain(|r| r.from != i);
             simple(format!("{} crashes and restarts idle", who(i)))
         }
         Act::Pause(i) => {
             s.budget.pauses -= 1;
-            let mut w = s.worker(i);
-            (w.paused, w.faulted) = (true, true);
+            s.worker(i).paused = true;
+            fault(s, i);
             simple(format!("{} pauses", who(i)))
         }
         Act::Resume(i) => {
@@ -484,6 +555,7 @@ fn perform_act(ledger: &Ledger<'_>, s: &mut State, act: Act) -> Done {
             simple(format!("{} resumes", who(i)))
         }
         Act::Stray(j) => stray(ledger, s, j),
+        Act::Resend(j) => resend(ledger, s, j),
         Act::Reconcile(k) => operator(ledger, s, k, OperatorRequest::Reconcile),
         Act::Abort(k) => operator(
             ledger,
@@ -508,8 +580,46 @@ fn simple(label: String) -> Done {
     }
 }
 
+/// The worker fires its due timers and performs every action its driver asks for;
+/// answers what it did and a call it sent after its attempt ended ([`late_call`]).
+fn work(config: &Config, s: &mut State, i: usize) -> (String, Option<String>) {
+    let call = |w: &Worker| w.exec.as_ref().map(|e| (e.token, e.ordinal, e.since));
+    let before = call(&s.workers[i]);
+    let did = drive(config, s, i);
+    let w = &s.workers[i];
+    let sent = call(w) != before;
+    let late = w.exec.as_ref().filter(|_| sent).and_then(|e| {
+        let excused = w.faulted && w.lease == Some(e.token);
+        late_call(config, s, i, e, excused)
+    });
+    (did, late)
+}
+
+/// Invariant 17 for a call of `exec`'s step that worker `i` sends now: its attempt
+/// has ended, and neither a fault of the lease it came from (`excused`) nor an
+/// abort at most a lease before excuses it (as the simulator's
+/// [`crate::delivery::no_calls_after_the_end`] excuses them).
+fn late_call(config: &Config, s: &State, i: usize, exec: &Exec, excused: bool) -> Option<String> {
+    let a = &s.attempts[exec.attempt].record.attempt;
+    let end = a.finished_at.filter(|_| a.status.is_terminal() && !excused)?;
+    let now = s.db_now();
+    if a.status == AttemptStatus::Aborted && now <= end.plus_ms(config.lease_ms()) {
+        return None;
+    }
+    Some(format!(
+        "{} step {}: {} called the target at t={} (delivery {}), after the attempt ended {} at t={}",
+        a.id,
+        exec.ordinal,
+        name(i),
+        s.tick,
+        exec.delivery,
+        a.status,
+        ticks(end)
+    ))
+}
+
 /// The worker fires its due timers and performs every action its driver asks for.
-fn work(config: &Config, s: &mut State, i: usize) -> String {
+fn drive(config: &Config, s: &mut State, i: usize) -> String {
     let now = s.worker_now(config, i);
     let tick = s.tick;
     let mut guard = s.worker(i);
@@ -579,16 +689,28 @@ fn outcome_text(o: &Outcome) -> String {
     }
 }
 
-/// Records a db event at the current tick; applied enqueues and claims join the kept past. Answers the
-/// takeover of a healthy holder, if the event is one.
-fn log(s: &mut State, mut e: DbEvent, done: &mut Done) {
+/// Whether the kept past holds `e`: an applied enqueue or claim, or, where the
+/// configuration sets per-target limits, every applied event (invariants 20–22
+/// replay the targets' leases and breakers from the whole log).
+pub(super) fn keeps(config: &Config, e: &DbEvent) -> bool {
+    let kept = !config.limits.is_empty() || e.op.is_claim() || e.op == leasehold_engine::Op::Enqueue;
+    kept && e.outcome == EventOutcome::Applied
+}
+
+/// Records a db event at the current tick; the kept past takes it if it
+/// [`keeps`] it (without its instants unless limits read them: [`timeless`]).
+/// Answers the takeover of a healthy holder, if the event is one.
+fn log(config: &Config, s: &mut State, mut e: DbEvent, done: &mut Done) {
     e.at_ms = u64::from(s.tick) * TICK_MS;
     if let Some(msg) = healthy_takeover(s, &e) {
         done.healthy_takeover = Some(msg);
     }
-    let kept = e.op.is_claim() || e.op == leasehold_engine::Op::Enqueue;
-    if kept && e.outcome == EventOutcome::Applied {
-        s.past.push(timeless(&e));
+    if keeps(config, &e) {
+        s.past.push(if config.limits.is_empty() {
+            timeless(&e)
+        } else {
+            e.clone()
+        });
     }
     done.events.push(e);
 }
@@ -650,7 +772,7 @@ fn claim(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool) -> Done {
     done.label = format!("worker {} claims {claimed}", name(i));
     if lost {
         s.budget.lost_replies -= 1;
-        s.worker(i).faulted = true;
+        fault(s, i);
         done.label.push_str(", reply lost");
     } else {
         *s.worker(i) = Worker {
@@ -672,13 +794,12 @@ fn claim_next(
     sent_at: Timestamp,
     done: &mut Done,
 ) -> Option<(Held, String)> {
-    let db_now = s.db_now();
-    let k = ledger.claim_candidate(&s.attempts, sent_at, db_now)?;
-    let token = s.minted + 1;
     let who = name(i);
-    let answer = s.attempts[k].update(|rows| ledger.apply(rows, &who, &Req::Claim(&who, token, sent_at), db_now));
+    let k = ledger.claim_candidate((&s.attempts, &s.limits), &who, sent_at, s.db_now())?;
+    let token = s.minted + 1;
+    let answer = s.request(ledger, k, &who, &Req::Claim(&who, token, sent_at));
     if let Some(e) = answer.event {
-        log(s, e, done);
+        log(ledger.config, s, e, done);
     }
     let reply = answer.reply.ok()?;
     s.minted = token;
@@ -730,11 +851,10 @@ fn apply_sending(
         }
         return ("read", String::new());
     };
-    let db_now = s.db_now();
     let req = Req::Worker(request, token, sending.sent_at);
-    let answer = s.attempts[k].update(|rows| ledger.apply(rows, &name(i), &req, db_now));
+    let answer = s.request(ledger, k, &name(i), &req);
     if let Some(e) = answer.event {
-        log(s, e, done);
+        log(ledger.config, s, e, done);
     }
     let applied = answer.reply.is_ok();
     let verdict = if applied { "applied" } else { "refused" };
@@ -774,7 +894,7 @@ fn deliver(ledger: &Ledger<'_>, s: &mut State, i: usize, lost: bool, fused: bool
     );
     if lost {
         s.budget.lost_replies -= 1;
-        s.worker(i).faulted = true;
+        fault(s, i);
         done.label.push_str(", reply lost");
         let now = s.worker_now(ledger.config, i);
         answer_driver(s, i, sending.token, |d| d.handle_failure(now, Failure::Ambiguous));
@@ -795,7 +915,7 @@ fn delay(config: &Config, s: &mut State, i: usize) -> Done {
         return simple("nothing in flight".into());
     };
     s.budget.delays -= 1;
-    s.worker(i).faulted = true;
+    fault(s, i);
     if let Some(request) = sending.request.clone() {
         s.strays.push(Stray {
             from: i,
@@ -817,9 +937,8 @@ fn delay(config: &Config, s: &mut State, i: usize) -> Done {
 
 fn stray(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
     let st = s.strays.remove(j);
-    let db_now = s.db_now();
     let req = Req::Worker(&st.request, st.token, st.sent_at);
-    let answer = s.attempts[st.attempt].update(|rows| ledger.apply(rows, &name(st.from), &req, db_now));
+    let answer = s.request(ledger, st.attempt, &name(st.from), &req);
     let verdict = if answer.reply.is_ok() { "applies" } else { "refuses" };
     let mut done = simple(format!(
         "ledger {verdict} {}'s delayed {} (token#{})",
@@ -828,16 +947,59 @@ fn stray(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
         st.token
     ));
     if let Some(e) = answer.event {
-        log(s, e, &mut done);
+        log(ledger.config, s, e, &mut done);
     }
     done
+}
+
+/// A fault touches worker `i`: its lease, and the calls its executor's client will
+/// send again (the simulator excuses a late call of a worker a fault touched since
+/// the claim of its delivery).
+fn fault(s: &mut State, i: usize) {
+    s.worker(i).faulted = true;
+    for r in s.resends.iter_mut().filter(|r| r.from == i) {
+        r.excused = true;
+    }
+}
+
+/// A call the executor's client sends again on its own lands at the target, whatever
+/// became of its attempt (the planted `executor-retries-detached`).
+fn resend(ledger: &Ledger<'_>, s: &mut State, j: usize) -> Done {
+    let r = s.resends.remove(j);
+    let late_call = late_call(ledger.config, s, r.from, &r.exec, r.excused);
+    let _ = call_target(ledger, s, r.from, &r.exec);
+    Done {
+        late_call,
+        ..simple(format!(
+            "{}'s executor client sends step {} (delivery {}) again on its own",
+            name(r.from),
+            r.exec.ordinal,
+            r.exec.delivery
+        ))
+    }
+}
+
+/// With `executor-retries-detached` planted, the executor's client of worker `i`
+/// will send a call that did not succeed (`failed`) again on its own, 4 s (ticks)
+/// later.
+fn detach(config: &Config, s: &mut State, i: usize, exec: &Exec, failed: bool) {
+    if !failed || !config.bugs.contains(&Bug::ExecutorRetriesDetached) {
+        return;
+    }
+    let w = &s.workers[i];
+    let resend = Resend {
+        from: i,
+        exec: exec.clone(),
+        due: s.tick + (DETACHED_RETRY_MS / TICK_MS) as u32,
+        excused: w.faulted && w.lease == Some(exec.token),
+    };
+    s.resends.push(resend);
 }
 
 /// An operator request on attempt `k`. A refused one changes nothing and spends
 /// nothing, so the search meets its state again and prunes it.
 fn operator(ledger: &Ledger<'_>, s: &mut State, k: usize, request: OperatorRequest) -> Done {
-    let db_now = s.db_now();
-    let answer = s.attempts[k].update(|rows| ledger.apply(rows, "operator", &Req::Operator(&request), db_now));
+    let answer = s.request(ledger, k, "operator", &Req::Operator(&request));
     match (&request, answer.reply.is_ok()) {
         (OperatorRequest::Reconcile, true) => s.budget.reconciles -= 1,
         (OperatorRequest::Abort { .. }, true) => s.budget.aborts -= 1,
@@ -850,7 +1012,7 @@ fn operator(ledger: &Ledger<'_>, s: &mut State, k: usize, request: OperatorReque
     let attempt = &s.attempts[k].record.attempt.id;
     let mut done = simple(format!("operator {} {attempt} ({verdict})", request.op()));
     if let Some(e) = answer.event {
-        log(s, e, &mut done);
+        log(ledger.config, s, e, &mut done);
     }
     done
 }
@@ -896,6 +1058,7 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
         };
         if restart {
             archive(s, s.budget.enqueues > 0);
+            s.limits = ledger.limits();
             label.push_str("; the attempts before it are archived, and the clock and the tokens start again");
         }
     }
@@ -920,7 +1083,7 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
     if let Some(rows) = after {
         s.attempts.push(Shared::new(rows));
     }
-    log(s, event, &mut done);
+    log(ledger.config, s, event, &mut done);
     done
 }
 
@@ -1019,13 +1182,15 @@ fn executed(ledger: &Ledger<'_>, s: &mut State, i: usize, act: Act) -> Done {
             let done = call_target(ledger, s, i, &exec);
             if act == Act::ExecLost(i) {
                 s.budget.exec_losses -= 1;
-                s.worker(i).faulted = true;
+                fault(s, i);
                 (ExecutorResult::Transient("reply lost".into()), "applies, reply lost")
             } else {
                 (done, "applies")
             }
         }
     };
+    let failed = !matches!(result, ExecutorResult::Done { .. } | ExecutorResult::Permanent(_));
+    detach(ledger.config, s, i, &exec, failed);
     let now = s.worker_now(ledger.config, i);
     if let Some(h) = s.worker(i).held.as_mut().filter(|h| h.token == exec.token) {
         h.driver.handle_executed(now, exec.ordinal, result);
