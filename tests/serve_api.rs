@@ -925,10 +925,12 @@ async fn metrics_need_a_viewer_and_count_what_workers_did() {
     let server = TestServer::start().await;
     let plan = server.plan("metered", 2).await;
     server.enqueue(&plan).await;
+    // The built-in executors' registry: a worker that says what it runs reports to
+    // the ledger's fleet.
     let worker = leasehold::worker::Worker::new(
         "metrics-worker",
         std::sync::Arc::clone(&server.ledger),
-        std::sync::Arc::new(leasehold::executor::DryRun),
+        std::sync::Arc::new(leasehold::executor::Executors::new()),
         std::sync::Arc::new(leasehold::clock::SystemClock),
         leasehold_engine::lease::WorkerConfig::clamped(true, 10, 1, 60_000),
     )
@@ -962,6 +964,8 @@ async fn metrics_need_a_viewer_and_count_what_workers_did() {
         "leasehold_deliveries_total{plan=\"metered\",outcome=\"delivered\"} 1",
         "leasehold_queue_wait_seconds_count{plan=\"metered\"} 1",
         "leasehold_step_duration_seconds_count{plan=\"metered\"} 2",
+        // The worker reported itself to the ledger's fleet moments ago.
+        "leasehold_workers_live 1",
     ] {
         assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
     }

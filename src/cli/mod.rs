@@ -33,10 +33,29 @@ use std::time::Duration;
 /// The rehearsal plan shipped with leasehold, used by `demo`.
 const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml");
 
+/// What `--version` prints after the name: the release, and the schema version
+/// each backend's migrations bring a database to (the newest this binary knows;
+/// `migrate` prints the versions it applies).
+fn version() -> &'static str {
+    use leasehold::ledger::migrate::{Migration, SQLITE};
+    use leasehold::ledger::{mysql, postgres};
+    static LINE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let newest = |migrations: &[Migration]| migrations.last().map_or(0, |m| m.version);
+    LINE.get_or_init(|| {
+        format!(
+            "{} (schema: sqlite {}, postgres {}, mysql {})",
+            env!("CARGO_PKG_VERSION"),
+            newest(SQLITE),
+            newest(postgres::schema::MIGRATIONS),
+            newest(mysql::schema::MIGRATIONS)
+        )
+    })
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "leasehold",
-    version,
+    version = version(),
     about = "A durable, lease-fenced outbox for multi-step deliveries"
 )]
 #[command(

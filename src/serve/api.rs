@@ -1045,6 +1045,8 @@ async fn metrics_text(app: &App) -> ApiResult {
     app.metrics().set_counts(&counts, app.now());
     let (targets, _) = app.backend().limits().await?;
     app.metrics().set_targets(&targets);
+    let (workers, ledger_now) = app.backend().workers().await?;
+    app.metrics().set_workers(&workers, ledger_now);
     let mut response = app.metrics().encode().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -23,6 +23,12 @@
 //! - `leasehold_target_breaker_state{target}`: its circuit breaker, 0 closed, 1
 //!   open, 2 half-open ([`leasehold_engine::limits::BreakerState::gauge`]).
 //!
+//! From the ledger's fleet ([`crate::ledger::Ledger::workers`]):
+//! `leasehold_workers_live`, the workers of every process whose last report is
+//! recent ([`crate::ledger::fleet::WorkerRow::is_live`]): this one's, other
+//! `serve`s', `leasehold worker`s', and an embedder's whose executor says what it
+//! runs ([`crate::executor::Executor::reach`]; one that does not never reports).
+//!
 //! Counters and histograms come from this process's in-process workers
 //! ([`crate::worker::WorkerEvent`]) and API calls:
 //!
@@ -44,6 +50,7 @@
 //! `plan` is the plan's name; past [`PLAN_LABELS_MAX`] distinct names, further
 //! plans count under `plan="other"`, so that cardinality stays bounded.
 
+use crate::ledger::fleet::WorkerRow;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::AttemptCounts;
 use crate::worker::WorkerEvent;
@@ -129,6 +136,7 @@ pub struct Metrics {
     /// Held while the target gauges are replaced, so that two scrapes at once do
     /// not interleave their clear and their sets.
     targets_replace: Mutex<()>,
+    workers_live: Gauge,
     claims: Family<PlanLabel, Counter>,
     takeovers: Family<PlanLabel, Counter>,
     deliveries: Family<DeliveryLabels, Counter>,
@@ -169,6 +177,7 @@ impl Metrics {
             target_in_flight: Family::<TargetLabel, Gauge>::default(),
             target_breaker_state: Family::<TargetLabel, Gauge>::default(),
             targets_replace: Mutex::default(),
+            workers_live: Gauge::default(),
             claims: Family::<PlanLabel, Counter>::default(),
             takeovers: Family::<PlanLabel, Counter>::default(),
             deliveries: Family::<DeliveryLabels, Counter>::default(),
@@ -228,6 +237,14 @@ impl Metrics {
             "leasehold_target_breaker_state",
             "The target's circuit breaker: 0 closed, 1 open, 2 half-open (targets with limits only)",
             self.target_breaker_state.clone(),
+        );
+        self.registry.register(
+            "leasehold_workers_live",
+            format!(
+                "Workers of every process that reported to the ledger within the last {} s",
+                crate::ledger::fleet::LIVE_FOR_MS / 1000
+            ),
+            self.workers_live.clone(),
         );
     }
 
@@ -344,6 +361,13 @@ impl Metrics {
                 .get_or_create(&label)
                 .set(row.breaker_state.gauge());
         }
+    }
+
+    /// Sets the live-worker gauge from the ledger's fleet rows, read at `now` (the
+    /// ledger's clock, which their reports were stamped with).
+    pub fn set_workers(&self, rows: &[WorkerRow], now: Timestamp) {
+        let live = rows.iter().filter(|w| w.is_live(now)).count();
+        self.workers_live.set(i64::try_from(live).unwrap_or(i64::MAX));
     }
 
     /// Counts a reconcile request's outcome (`requeued`, `unchanged`, `refused`).
@@ -643,6 +667,32 @@ mod tests {
             "leasehold_target_breaker_state{target=\"crm\"} 2"
         );
         assert!(!text.contains("target=\"mail\""), "{text}");
+    }
+
+    #[test]
+    fn the_live_worker_gauge_counts_the_rows_reported_recently_on_the_ledger_clock() {
+        use crate::ledger::fleet::LIVE_FOR_MS;
+        use leasehold_engine::Capabilities;
+        let now = Timestamp::from_millis(10_000_000);
+        let row = |id: &str, last_seen_at: Timestamp| WorkerRow {
+            id: id.to_owned(),
+            capabilities: Capabilities::default(),
+            started_at: Timestamp::from_millis(0),
+            last_seen_at,
+        };
+        let rows = [
+            row("fresh", now),
+            row("at-the-edge", Timestamp::from_millis(10_000_000 - LIVE_FOR_MS as i64)),
+            row("gone", Timestamp::from_millis(10_000_000 - LIVE_FOR_MS as i64 - 1)),
+        ];
+        let metrics = Metrics::new();
+        let gauge = "leasehold_workers_live";
+        assert_eq!(line(&metrics.encode(), gauge), format!("{gauge} 0"));
+        metrics.set_workers(&rows, now);
+        assert_eq!(line(&metrics.encode(), gauge), format!("{gauge} 2"));
+        // The same rows a minute later: nobody reported since.
+        metrics.set_workers(&rows, now.plus_ms(60_000));
+        assert_eq!(line(&metrics.encode(), gauge), format!("{gauge} 0"));
     }
 
     #[test]
