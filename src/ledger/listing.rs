@@ -402,6 +402,9 @@ pub struct AttemptCounts {
     /// The earliest `available_at` of a queued command (possibly in the future,
     /// for a scheduled or backed-off one); `None` when nothing is queued.
     pub oldest_queued_at: Option<Timestamp>,
+    /// The earliest `lease_until` of a PROCESSING command: in the past when a lease
+    /// has expired and no worker has taken it over yet; `None` when nothing is leased.
+    pub oldest_lease_until: Option<Timestamp>,
 }
 
 impl AttemptCounts {
@@ -412,6 +415,13 @@ impl AttemptCounts {
         self.exhausted = exhausted.min(self.cap);
         self.exhausted_capped = exhausted > self.cap;
         self.oldest_queued_at = oldest_queued_at;
+        self
+    }
+
+    /// The same counts with the earliest lease end of a leased command.
+    #[must_use]
+    pub fn with_oldest_lease(mut self, oldest_lease_until: Option<Timestamp>) -> Self {
+        self.oldest_lease_until = oldest_lease_until;
         self
     }
 
@@ -434,6 +444,7 @@ impl AttemptCounts {
             exhausted: 0,
             exhausted_capped: false,
             oldest_queued_at: None,
+            oldest_lease_until: None,
         }
     }
 
@@ -493,7 +504,12 @@ pub async fn count_from_history<L: Ledger + ?Sized>(ledger: &L, cap: u64) -> Res
         .filter(|r| r.command.status == CommandStatus::Pending)
         .map(|r| r.command.available_at)
         .min();
-    Ok(counts.with_delivery(exhausted as u64, oldest))
+    let lease = records
+        .iter()
+        .filter(|r| r.command.status == CommandStatus::Processing)
+        .filter_map(|r| r.command.lease_until)
+        .min();
+    Ok(counts.with_delivery(exhausted as u64, oldest).with_oldest_lease(lease))
 }
 
 #[cfg(test)]

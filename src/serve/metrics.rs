@@ -15,6 +15,10 @@
 //!   that became claimable first has been waiting for a worker (0 when nothing is
 //!   queued, or when every queued command waits for a later instant: a schedule or
 //!   a backoff).
+//! - `leasehold_oldest_expired_lease_age_seconds`: how long ago the lease that
+//!   expired first, of those no worker has taken over or reconciled yet, expired
+//!   (0 when every lease is live): a stuck lease, whose worker died and that no
+//!   live worker picks up.
 //!
 //! From the ledger's limited targets ([`crate::ledger::Ledger::limits`]), one
 //! sample per target that has limits (a cleared target's samples go):
@@ -131,6 +135,7 @@ pub struct Metrics {
     exhausted_raise: Mutex<()>,
     exhausted_capped: Gauge,
     oldest_queued_age: Gauge<f64, AtomicU64>,
+    oldest_expired_lease_age: Gauge<f64, AtomicU64>,
     target_in_flight: Family<TargetLabel, Gauge>,
     target_breaker_state: Family<TargetLabel, Gauge>,
     /// Held while the target gauges are replaced, so that two scrapes at once do
@@ -174,6 +179,7 @@ impl Metrics {
             exhausted_raise: Mutex::default(),
             exhausted_capped: Gauge::default(),
             oldest_queued_age: Gauge::<f64, AtomicU64>::default(),
+            oldest_expired_lease_age: Gauge::<f64, AtomicU64>::default(),
             target_in_flight: Family::<TargetLabel, Gauge>::default(),
             target_breaker_state: Family::<TargetLabel, Gauge>::default(),
             targets_replace: Mutex::default(),
@@ -227,6 +233,11 @@ impl Metrics {
             "leasehold_oldest_queued_attempt_age_seconds",
             "How long the earliest claimable queued command has been claimable (0: none)",
             self.oldest_queued_age.clone(),
+        );
+        self.registry.register(
+            "leasehold_oldest_expired_lease_age_seconds",
+            "How long ago the earliest expired lease that no worker has taken over expired (0: none)",
+            self.oldest_expired_lease_age.clone(),
         );
         self.registry.register(
             "leasehold_target_in_flight",
@@ -320,8 +331,10 @@ impl Metrics {
             self.exhausted.inc_by(counts.exhausted.saturating_sub(shown));
         }
         self.exhausted_capped.set(i64::from(counts.exhausted_capped));
-        let age_ms = counts.oldest_queued_at.map_or(0, |at| now.millis_since(at));
-        self.oldest_queued_age.set(age_ms as f64 / 1000.0);
+        let seconds_since = |at: Option<Timestamp>| at.map_or(0, |at| now.millis_since(at)) as f64 / 1000.0;
+        self.oldest_queued_age.set(seconds_since(counts.oldest_queued_at));
+        self.oldest_expired_lease_age
+            .set(seconds_since(counts.oldest_lease_until));
         for c in &counts.states {
             let status = StatusLabel {
                 status: c.status.as_str().to_owned(),
@@ -599,6 +612,24 @@ mod tests {
         assert_eq!(line(&metrics.encode(), age), format!("{age} 0.0"));
         metrics.set_counts(&counts(0, Some(Timestamp::from_millis(1))), now);
         metrics.set_counts(&counts(0, None), now);
+        assert_eq!(line(&metrics.encode(), age), format!("{age} 0.0"));
+    }
+
+    #[test]
+    fn the_oldest_expired_lease_age_counts_only_expired_leases() {
+        let metrics = Metrics::new();
+        let now = Timestamp::from_millis(1_000_000);
+        let age = "leasehold_oldest_expired_lease_age_seconds";
+        let leased = |until: Option<Timestamp>| counts(0, None).with_oldest_lease(until);
+        metrics.set_counts(&leased(Some(Timestamp::from_millis(1_000_000 - 90_000))), now);
+        assert_eq!(line(&metrics.encode(), age), format!("{age} 90.0"));
+        metrics.set_counts(&leased(Some(now.plus_ms(30_000))), now);
+        assert_eq!(
+            line(&metrics.encode(), age),
+            format!("{age} 0.0"),
+            "a live lease is not stuck"
+        );
+        metrics.set_counts(&leased(None), now);
         assert_eq!(line(&metrics.encode(), age), format!("{age} 0.0"));
     }
 

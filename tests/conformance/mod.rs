@@ -1134,8 +1134,15 @@ pub async fn reconcile_requeues_an_expired_lease_and_fences_its_holder<L: Ledger
     l.begin_step(&c.lease, 2, LEASE_MS).await.unwrap();
     let before = record(l, &c.lease.attempt_id).await;
     h.advance_ms(LEASE_MS + 1);
+    let oldest_lease = || async { l.count_attempts(10).await.unwrap().oldest_lease_until };
+    assert_eq!(
+        oldest_lease().await,
+        before.command.lease_until,
+        "the expired lease is counted"
+    );
     let (outcome, rec) = l.reconcile(&c.lease.attempt_id).await.unwrap();
     assert_eq!(outcome, ReconcileOutcome::Requeued);
+    assert_eq!(oldest_lease().await, None, "a requeued command holds no lease");
     assert_eq!(rec.attempt.status, AttemptStatus::Queued);
     assert_eq!(rec.command.status, CommandStatus::Pending);
     assert_eq!(rec.command.available_at, h.now());

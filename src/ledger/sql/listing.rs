@@ -80,14 +80,16 @@ pub(crate) async fn counts<S: Session>(s: &mut S, cap: u64) -> Result<AttemptCou
     })
     .await?
     .unwrap_or(0);
-    let oldest = session::query_one(s, &q.oldest_pending, &[], |r| {
-        decode::opt_scalar(r, 0, "oldest pending")
-    })
-    .await?
-    .flatten();
+    let oldest = oldest_instant(s, &q.oldest_pending, "oldest pending").await?;
+    let lease = oldest_instant(s, &q.oldest_lease, "oldest lease").await?;
     let counts = AttemptCounts::capped(cap, |s| exact.iter().find(|(x, _)| *x == s).map_or(0, |(_, n)| *n));
-    Ok(counts.with_delivery(
-        u64::try_from(exhausted).unwrap_or(0),
-        oldest.map(Timestamp::from_millis),
-    ))
+    Ok(counts
+        .with_delivery(u64::try_from(exhausted).unwrap_or(0), oldest)
+        .with_oldest_lease(lease))
+}
+
+/// The one nullable instant `sql` selects (a `MIN` over an index).
+async fn oldest_instant<S: Session>(s: &mut S, sql: &str, what: &str) -> Result<Option<Timestamp>, TxError> {
+    let millis = session::query_one(s, sql, &[], |r| decode::opt_scalar(r, 0, what)).await?;
+    Ok(millis.flatten().map(Timestamp::from_millis))
 }

@@ -75,6 +75,9 @@ pub(crate) struct Queries {
     /// The earliest `available_at` of a PENDING command (the claims' pending index),
     /// NULL when there is none. One integer column.
     pub(crate) oldest_pending: String,
+    /// The earliest `lease_until` of a PROCESSING command (the leased index), NULL
+    /// when there is none. One integer column.
+    pub(crate) oldest_lease: String,
 }
 
 impl Queries {
@@ -212,5 +215,6 @@ fn build(d: &'static Dialect) -> Queries {
             Exhaustion::PREFIX
         ),
         oldest_pending: "SELECT MIN(available_at) FROM command WHERE status = 'PENDING'".to_owned(),
+        oldest_lease: "SELECT MIN(lease_until) FROM command WHERE status = 'PROCESSING'".to_owned(),
     }
 }
