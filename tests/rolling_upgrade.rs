@@ -244,10 +244,11 @@ async fn postgres_next(clock: Arc<ManualClock>) -> Option<Harness<PostgresLedger
     Some(Harness::new(ledger, clock, open, db))
 }
 
-/// This binary's `migrate` applies nothing to the next schema, and its notice names
-/// the schema and the release that wrote it.
+/// This binary's `migrate` applies nothing to the next schema, it is ready to serve
+/// on it, and its notice names the schema and the release that wrote it.
 async fn accepts_the_next_schema<L: Ledger>(ledger: &L, backend: Backend) {
     assert_eq!(ledger.migrate().await.unwrap(), Vec::<u32>::new(), "nothing to apply");
+    assert_eq!(ledger.check_ready().await.unwrap(), Vec::<String>::new(), "ready");
     let said = ledger.schema_notice().await.unwrap().expect("a notice");
     assert!(said.starts_with(&notice(backend)), "{said}");
 }

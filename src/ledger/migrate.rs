@@ -16,7 +16,8 @@
 //! row of the newest version ([`check_version`]): when its own schema is at least the
 //! oldest compatible one it runs (and `migrate` applies nothing); otherwise it is
 //! refused with [`LedgerError::BadInput`], naming the release it needs, before
-//! anything is read or written. A newer schema without a row of its own is refused.
+//! anything is read or written. A newer schema without a row of its own is refused
+//! (on open naming both versions; by `migrate` as an integrity error).
 //!
 //! The `schema_compat` row format is stable from its first version on, because older
 //! binaries read it without knowing the migrations that came after them: its columns
