@@ -481,10 +481,10 @@ fn postgres_the_previous_release_runs_on_an_additive_schema_and_is_refused_on_a_
     let counts = || {
         runtime.block_on(async {
             let (client, connection) = db.url().config().connect(tokio_postgres::NoTls).await.unwrap();
-            let task = tokio::spawn(connection);
+            let driver = tokio::spawn(connection);
             let row = client.query_one(COUNTS, &[]).await.unwrap();
             drop(client);
-            let _ = task.await;
+            let _ = driver.await;
             [row.get(0), row.get(1), row.get(2)]
         })
     };
