@@ -15,8 +15,8 @@
 //! Contract:
 //! - the database must hold a ledger schema this release can use: the same check as
 //!   every open ([`crate::ledger::migrate::check_version`]), so a database never
-//!   migrated, or migrated by a newer release, is refused with
-//!   [`LedgerError::BadInput`] before anything is read or written;
+//!   migrated, or migrated by a newer release to a schema this release may not run
+//!   on, is refused with [`LedgerError::BadInput`] before anything is read or written;
 //! - the engine decides, exactly as for [`crate::ledger::Ledger::enqueue`]: the plan
 //!   must exist ([`LedgerError::NotFound`]) and be READY, with no attempt still open
 //!   for `execute` ([`LedgerError::Refused`]);

@@ -673,7 +673,10 @@ fn emit<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce() -> Strin
 async fn migrate<L: Ledger>(ledger: &L) -> Outcome {
     let applied = ledger.migrate().await?;
     if applied.is_empty() {
-        outln!("schema is up to date");
+        match ledger.schema_notice().await? {
+            Some(notice) => outln!("{notice}: applied nothing"),
+            None => outln!("schema is up to date"),
+        }
     } else {
         let list: Vec<String> = applied.iter().map(u32::to_string).collect();
         outln!("applied migrations: {}", list.join(", "));
@@ -726,6 +729,9 @@ async fn worker_command<L: Ledger>(
         check_name("--queue", queue)?;
     }
     let executors = Arc::new(http.executors(settings.step_timeout)?);
+    if let Some(notice) = ledger.schema_notice().await? {
+        outln!("[{}] {notice}", leasehold::text::clean(&id));
+    }
     let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
     outln!(
         "[{}] done: claimed {}, delivered {}, failed {}, refused {}, abandoned {}, gave back {}",

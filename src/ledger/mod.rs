@@ -515,6 +515,15 @@ pub trait Ledger: Send + Sync + 'static {
         async { Ok(Vec::new()) }
     }
 
+    /// One line when this ledger's schema is newer than this binary's and compatible
+    /// with it ([`migrate::newer_notice`]): the binary runs on it, and says so when a
+    /// worker starts and when `migrate` applies nothing. `None` otherwise (the
+    /// default: a ledger without a schema); refused as on open when the newer schema
+    /// is not compatible.
+    fn schema_notice(&self) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send {
+        async { Ok(None) }
+    }
+
     /// Attempts per status, each count capped at `cap` ([`listing`]). The default
     /// reads every history; the SQL ledgers stop counting at the cap.
     fn count_attempts(&self, cap: u64) -> impl Future<Output = Result<listing::AttemptCounts, LedgerError>> + Send {

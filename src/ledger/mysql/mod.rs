@@ -305,6 +305,11 @@ impl SqlBackend for MysqlBackend {
         let mut conn = self.connect().await?;
         schema::check_ready(&mut conn).await
     }
+
+    async fn schema_notice(&self) -> Result<Option<String>, TxError> {
+        let mut conn = self.connect().await?;
+        schema::schema_notice(&mut conn, &self.url.to_string()).await
+    }
 }
 
 impl SqlLedger<MysqlBackend> {

@@ -2,9 +2,10 @@
 //!
 //! Contract: the migrations are [`MIGRATIONS`] (from `migrations/mysql/`), applied in
 //! version order by the shared version logic ([`crate::ledger::migrate::pending`]) and
-//! recorded in `schema_migrations(version, name, applied_at)`; already recorded
-//! versions are skipped, and a recorded version newer than the binary knows is refused
-//! before anything runs. MySQL commits DDL implicitly, so the run cannot be one
+//! recorded in `schema_migrations(version, name, applied_at)`, then the schema's
+//! `schema_compat` row; already recorded versions are skipped, and a recorded version
+//! newer than the binary knows is left as it is when this binary may run on it and
+//! refused otherwise ([`migrate::newer_schema`]), before anything runs. MySQL commits DDL implicitly, so the run cannot be one
 //! transaction: concurrent migrators of the same database are serialized by the named
 //! lock `leasehold.migrate.<database>` (`GET_LOCK`), held by one connection for the
 //! whole run, and every migration's statements are idempotent so that a run cut short
@@ -12,7 +13,7 @@
 
 use super::error::{DbResult, TxError};
 use super::session::MySession;
-use crate::ledger::migrate::{self, Migration};
+use crate::ledger::migrate::{self, Compat, CompatRow, Migration};
 use crate::ledger::sql::ready;
 use crate::ledger::sql::session::db_now;
 use crate::ledger::LedgerError;
@@ -26,36 +27,53 @@ pub static MIGRATIONS: &[Migration] = &[
         version: 1,
         name: "init",
         sql: include_str!("../../../migrations/mysql/0001_init.sql"),
+        // Breaking: nothing older runs on a new ledger.
+        compat: Compat::Breaking,
     },
     Migration {
         version: 2,
         name: "covering_claim_index",
         sql: include_str!("../../../migrations/mysql/0002_covering_claim_index.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 3,
         name: "api_tokens",
         sql: include_str!("../../../migrations/mysql/0003_api_tokens.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 4,
         name: "plan_names",
         sql: include_str!("../../../migrations/mysql/0004_plan_names.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 5,
         name: "delivery_policy",
         sql: include_str!("../../../migrations/mysql/0005_delivery_policy.sql"),
+        // Breaking: plans may carry retry policies the previous release would not apply.
+        compat: Compat::Breaking,
     },
     Migration {
         version: 6,
         name: "routing",
         sql: include_str!("../../../migrations/mysql/0006_routing.sql"),
+        // Breaking: the previous release would claim commands routed to other queues and executors.
+        compat: Compat::Breaking,
     },
     Migration {
         version: 7,
         name: "target_limits",
         sql: include_str!("../../../migrations/mysql/0007_target_limits.sql"),
+        // Breaking: the previous release would lease commands past their target's limits.
+        compat: Compat::Breaking,
+    },
+    Migration {
+        version: 8,
+        name: migrate::COMPAT_TABLE,
+        sql: include_str!("../../../migrations/mysql/0008_schema_compat.sql"),
+        compat: Compat::Additive,
     },
 ];
 
@@ -111,6 +129,16 @@ pub(super) fn statements(sql: &str) -> Vec<String> {
 /// Applies the pending migrations over `conn`, holding the migration lock; answers the
 /// versions applied now. `now` answers `applied_at` (the ledger's clock).
 pub(super) async fn run(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>, TxError> {
+    run_as(conn, now, MIGRATIONS, migrate::RELEASE).await
+}
+
+/// [`run`] with `migrations`, recorded as written by release `written_by`.
+async fn run_as(
+    conn: &mut Conn,
+    now: Option<Timestamp>,
+    migrations: &[Migration],
+    written_by: &str,
+) -> Result<Vec<u32>, TxError> {
     let lock_name = "CONCAT('leasehold.migrate.', DATABASE())";
     let got: Option<Option<i64>> = conn
         .exec_first(format!("SELECT GET_LOCK({lock_name}, ?)"), (MIGRATE_LOCK_WAIT_S,))
@@ -125,7 +153,7 @@ pub(super) async fn run(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u
             .into())
         }
     }
-    let result = run_locked(conn, now).await;
+    let result = run_locked(conn, now, migrations, written_by).await;
     // Closing the connection would release the lock too; release it now so that a
     // pooled connection does not keep it.
     let released: Result<Option<Option<i64>>, _> = conn.query_first(format!("SELECT RELEASE_LOCK({lock_name})")).await;
@@ -135,10 +163,24 @@ pub(super) async fn run(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u
 }
 
 impl super::MysqlLedger {
+    /// [`crate::ledger::Ledger::migrate`] with `migrations`, recorded as written by
+    /// release `written_by`; the rolling-upgrade tests play a newer release so.
+    pub async fn migrate_as(
+        &self,
+        migrations: &'static [Migration],
+        written_by: &'static str,
+    ) -> Result<Vec<u32>, LedgerError> {
+        self.retry(|| async {
+            let mut conn = self.backend.connect().await?;
+            run_as(&mut conn, None, migrations, written_by).await
+        })
+        .await
+    }
+
     /// Refuses a database this binary cannot use, before any other call: no
     /// `schema_migrations` table (never migrated), or a schema version newer than
-    /// the newest this binary knows ([`migrate::check_version`]). The CLI calls it on
-    /// every open but `migrate`'s.
+    /// the newest this binary knows that it may not run on
+    /// ([`migrate::check_version`]). The CLI calls it on every open but `migrate`'s.
     pub async fn check_schema(&self) -> Result<(), LedgerError> {
         self.retry(|| async {
             let mut conn = self.backend.connect().await?;
@@ -152,17 +194,73 @@ impl super::MysqlLedger {
 /// transaction, [`super::outbox`]); `url` (shown without its password) names the
 /// ledger in messages.
 pub(super) async fn check_schema<Q: Queryable + Send>(conn: &mut Q, url: &str) -> Result<(), TxError> {
+    checked_schema(conn, url).await.map(drop)
+}
+
+/// [`check_schema`], answering the `schema_compat` row of a newer, compatible schema.
+async fn checked_schema<Q: Queryable + Send>(conn: &mut Q, url: &str) -> Result<Option<CompatRow>, TxError> {
     let Some(newest) = newest_version(conn).await? else {
         return Err(LedgerError::BadInput(format!(
             "the ledger at {url} holds no leasehold schema: run `leasehold migrate`"
         ))
         .into());
     };
+    let row = row_if_newer(conn, newest).await?;
     Ok(migrate::check_version(
         &format!("the ledger at {url}"),
         newest,
+        row.as_ref(),
         MIGRATIONS,
     )?)
+}
+
+/// [`crate::ledger::Ledger::schema_notice`]: `None` without a schema (opening
+/// refuses that) or at this binary's version or older.
+pub(super) async fn schema_notice<Q: Queryable + Send>(conn: &mut Q, url: &str) -> Result<Option<String>, TxError> {
+    if newest_version(conn).await?.is_none() {
+        return Ok(None);
+    }
+    let newer = checked_schema(conn, url).await?;
+    Ok(newer.map(|row| migrate::newer_notice(&row, MIGRATIONS)))
+}
+
+/// The `schema_compat` row of the newest version when `newest` is newer than this
+/// binary's schema (`None` otherwise: nothing is read).
+async fn row_if_newer<Q: Queryable + Send>(conn: &mut Q, newest: Option<i64>) -> Result<Option<CompatRow>, TxError> {
+    let known = MIGRATIONS.last().map_or(0, |m| i64::from(m.version));
+    match newest {
+        Some(v) if v > known => compat_row(conn).await,
+        _ => Ok(None),
+    }
+}
+
+/// The `schema_compat` row of the newest version recorded: `None` without that table
+/// or a row. Reads only the columns whose format is stable.
+async fn compat_row<Q: Queryable + Send>(conn: &mut Q) -> Result<Option<CompatRow>, TxError> {
+    let tables: Option<i64> = conn
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = 'schema_compat'",
+        )
+        .await
+        .db()?;
+    if tables.unwrap_or(0) == 0 {
+        return Ok(None);
+    }
+    let row: Option<(i64, i64, String)> = conn
+        .query_first("SELECT version, oldest_compatible, written_by FROM schema_compat ORDER BY version DESC LIMIT 1")
+        .await
+        .db()?;
+    row.map(|(version, oldest, written_by)| {
+        let number =
+            |v: i64| u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_compat: bad version {v}")));
+        Ok(CompatRow {
+            version: number(version)?,
+            oldest_compatible: number(oldest)?,
+            written_by,
+        })
+    })
+    .transpose()
 }
 
 /// The newest schema version `schema_migrations` records: `None` without that table
@@ -190,9 +288,12 @@ async fn newest_version<Q: Queryable + Send>(conn: &mut Q) -> Result<Option<Opti
 /// of its columns does not exist. Each probe reads no row.
 pub(super) async fn check_ready<Q: Queryable + Send>(conn: &mut Q) -> Result<Vec<String>, TxError> {
     use super::error::{classify, Phase, ER_BAD_FIELD_ERROR, ER_NO_SUCH_TABLE};
-    let mut problems: Vec<String> = ready::version(newest_version(conn).await?, MIGRATIONS)
-        .into_iter()
-        .collect();
+    let newest = newest_version(conn).await?;
+    let row = row_if_newer(conn, newest.flatten()).await?;
+    let mut problems: Vec<String> =
+        ready::version(migrate::ready_version(newest, row.as_ref(), MIGRATIONS), MIGRATIONS)
+            .into_iter()
+            .collect();
     for probe in ready::probes() {
         if let Err(e) = conn.query_drop(probe.sql.as_str()).await {
             let absent = match &e {
@@ -206,7 +307,12 @@ pub(super) async fn check_ready<Q: Queryable + Send>(conn: &mut Q) -> Result<Vec
     Ok(problems)
 }
 
-async fn run_locked(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>, TxError> {
+async fn run_locked(
+    conn: &mut Conn,
+    now: Option<Timestamp>,
+    migrations: &[Migration],
+    written_by: &str,
+) -> Result<Vec<u32>, TxError> {
     conn.query_drop(
         "CREATE TABLE IF NOT EXISTS schema_migrations (\
          version INT UNSIGNED NOT NULL PRIMARY KEY, name VARCHAR(255) NOT NULL, applied_at BIGINT NOT NULL\
@@ -222,36 +328,75 @@ async fn run_locked(conn: &mut Conn, now: Option<Timestamp>) -> Result<Vec<u32>,
         .into_iter()
         .map(|v| u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_migrations: bad version {v}"))))
         .collect::<Result<_, _>>()?;
-    let mut done = Vec::new();
-    for migration in migrate::pending(MIGRATIONS, &applied)? {
-        for statement in statements(migration.sql) {
-            conn.query_drop(statement).await.map_err(|e| {
-                match super::error::classify(&e, super::error::Phase::Statement) {
-                    TxError::Ledger(LedgerError::Internal(m)) => TxError::Ledger(LedgerError::Internal(format!(
-                        "migration {} ({}): {m}",
-                        migration.version, migration.name
-                    ))),
-                    other => other,
-                }
-            })?;
+    if migrate::newer(migrations, &applied) {
+        let row = compat_row(conn).await?;
+        if migrate::newer_schema(migrations, &applied, row.as_ref())?.is_some() {
+            return Ok(Vec::new());
         }
-        let applied_at = match now {
-            Some(now) => now,
-            None => db_now(&mut MySession(&mut *conn)).await?,
-        };
-        conn.exec_drop(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-            vec![
-                Value::from(migration.version),
-                Value::from(migration.name),
-                Value::from(applied_at.as_millis()),
-            ],
-        )
-        .await
-        .db()?;
+    }
+    let mut done = Vec::new();
+    for migration in migrate::pending(migrations, &applied)? {
+        apply(conn, migration, now).await?;
         done.push(migration.version);
     }
+    // Written once every migration is: a run cut short writes it the next time.
+    if let Some(record) = CompatRow::written(migrations, written_by) {
+        record_compat(conn, &record, now).await?;
+    }
     Ok(done)
+}
+
+/// Records `record` in `schema_compat` unless a row of its version exists.
+async fn record_compat(conn: &mut Conn, record: &CompatRow, now: Option<Timestamp>) -> Result<(), TxError> {
+    let written_at = applied_at(conn, now).await?;
+    conn.exec_drop(
+        "INSERT INTO schema_compat (version, oldest_compatible, written_by, written_at) VALUES (?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE version = version",
+        vec![
+            Value::from(record.version),
+            Value::from(record.oldest_compatible),
+            Value::from(record.written_by.as_str()),
+            Value::from(written_at.as_millis()),
+        ],
+    )
+    .await
+    .db()?;
+    Ok(())
+}
+
+/// The ledger's clock for `applied_at`: `now`, or the database's.
+async fn applied_at(conn: &mut Conn, now: Option<Timestamp>) -> Result<Timestamp, TxError> {
+    match now {
+        Some(now) => Ok(now),
+        None => db_now(&mut MySession(&mut *conn)).await,
+    }
+}
+
+/// Runs one migration's statements and records its version.
+async fn apply(conn: &mut Conn, migration: &Migration, now: Option<Timestamp>) -> Result<(), TxError> {
+    for statement in statements(migration.sql) {
+        conn.query_drop(statement).await.map_err(|e| {
+            match super::error::classify(&e, super::error::Phase::Statement) {
+                TxError::Ledger(LedgerError::Internal(m)) => TxError::Ledger(LedgerError::Internal(format!(
+                    "migration {} ({}): {m}",
+                    migration.version, migration.name
+                ))),
+                other => other,
+            }
+        })?;
+    }
+    let applied_at = applied_at(conn, now).await?;
+    conn.exec_drop(
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+        vec![
+            Value::from(migration.version),
+            Value::from(migration.name),
+            Value::from(applied_at.as_millis()),
+        ],
+    )
+    .await
+    .db()?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -522,7 +522,11 @@ async fn concurrent_migrators_apply_each_version_once() {
         applied.extend(t.await.unwrap().unwrap());
     }
     applied.sort();
-    assert_eq!(applied, vec![1, 2, 3, 4, 5, 6, 7], "every version applied exactly once");
+    assert_eq!(
+        applied,
+        vec![1, 2, 3, 4, 5, 6, 7, 8],
+        "every version applied exactly once"
+    );
     let mut conn = ledgers[0].pooled_connection().await.map_err(|_| ()).unwrap();
     let recorded: Vec<(u32, String)> = conn
         .query("SELECT version, name FROM schema_migrations ORDER BY version")
@@ -537,7 +541,8 @@ async fn concurrent_migrators_apply_each_version_once() {
             (4, "plan_names".to_owned()),
             (5, "delivery_policy".to_owned()),
             (6, "routing".to_owned()),
-            (7, "target_limits".to_owned())
+            (7, "target_limits".to_owned()),
+            (8, "schema_compat".to_owned())
         ]
     );
 }

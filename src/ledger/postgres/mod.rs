@@ -159,6 +159,11 @@ impl SqlBackend for PgBackend {
         schema::check_ready(&client).await
     }
 
+    async fn schema_notice(&self) -> Result<Option<String>, TxError> {
+        let client = self.connect().await?;
+        schema::schema_notice(&client, &self.url.to_string()).await
+    }
+
     fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         if !self.url.options.notify {
             return None;

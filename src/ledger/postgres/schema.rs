@@ -5,13 +5,15 @@
 //! takes a transaction-scoped advisory lock ([`MIGRATE_LOCK`]), so concurrent
 //! migrators of one database run one after the other and the later ones apply nothing.
 //! PostgreSQL's DDL is transactional: a migration that fails leaves nothing behind.
-//! `schema_migrations.applied_at` is read from the database's clock.
+//! `schema_migrations.applied_at` and `schema_compat.written_at` are read from the
+//! database's clock. The `schema_compat` row is written in the same transaction; a
+//! newer schema this binary may run on is left as it is ([`migrate::newer_schema`]).
 
 use super::error::{classify, Phase, TxError};
-use crate::ledger::migrate::{self, Migration};
+use crate::ledger::migrate::{self, Compat, CompatRow, Migration};
 use crate::ledger::sql::ready;
 use crate::ledger::LedgerError;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
 /// The PostgreSQL migrations, in version order.
 pub static MIGRATIONS: &[Migration] = &[
@@ -19,33 +21,66 @@ pub static MIGRATIONS: &[Migration] = &[
         version: 1,
         name: "init",
         sql: include_str!("../../../migrations/postgres/0001_init.sql"),
+        // Breaking: nothing older runs on a new ledger.
+        compat: Compat::Breaking,
     },
     Migration {
         version: 2,
         name: "plan_names",
         sql: include_str!("../../../migrations/postgres/0002_plan_names.sql"),
+        compat: Compat::Additive,
     },
     Migration {
         version: 3,
         name: "open_by_command",
         sql: include_str!("../../../migrations/postgres/0003_open_by_command.sql"),
+        // Breaking: drops attempt_open, which the previous release's open-attempt count reads.
+        compat: Compat::Breaking,
     },
     Migration {
         version: 4,
         name: "delivery_policy",
         sql: include_str!("../../../migrations/postgres/0004_delivery_policy.sql"),
+        // Breaking: plans may carry retry policies the previous release would not apply.
+        compat: Compat::Breaking,
     },
     Migration {
         version: 5,
         name: "routing",
         sql: include_str!("../../../migrations/postgres/0005_routing.sql"),
+        // Breaking: the previous release would claim commands routed to other queues and executors.
+        compat: Compat::Breaking,
     },
     Migration {
         version: 6,
         name: "target_limits",
         sql: include_str!("../../../migrations/postgres/0006_target_limits.sql"),
+        // Breaking: the previous release would lease commands past their target's limits.
+        compat: Compat::Breaking,
+    },
+    Migration {
+        version: 7,
+        name: migrate::COMPAT_TABLE,
+        sql: include_str!("../../../migrations/postgres/0007_schema_compat.sql"),
+        compat: Compat::Additive,
     },
 ];
+
+impl super::PostgresLedger {
+    /// [`crate::ledger::Ledger::migrate`] with `migrations`, recorded as written by
+    /// release `written_by`; the rolling-upgrade tests play a newer release so.
+    pub async fn migrate_as(
+        &self,
+        migrations: &'static [Migration],
+        written_by: &'static str,
+    ) -> Result<Vec<u32>, LedgerError> {
+        self.retry(|| async {
+            let mut client = self.backend.connect().await?;
+            migrate_as(&mut client, migrations, written_by).await
+        })
+        .await
+    }
+}
 
 /// The advisory lock key that serializes migrators of one database ("leasehol" in ASCII).
 pub const MIGRATE_LOCK: i64 = 0x6c65_6173_6568_6f6c;
@@ -55,7 +90,12 @@ pub(super) const NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000):
 
 /// Applies every pending migration in one transaction; answers the versions applied.
 pub(super) async fn migrate(client: &mut Client) -> Result<Vec<u32>, TxError> {
-    migrate::check_list(MIGRATIONS)?;
+    migrate_as(client, MIGRATIONS, migrate::RELEASE).await
+}
+
+/// [`migrate`] with `migrations`, recorded as written by release `written_by`.
+async fn migrate_as(client: &mut Client, migrations: &[Migration], written_by: &str) -> Result<Vec<u32>, TxError> {
+    migrate::check_list(migrations)?;
     let statement = |e: tokio_postgres::Error| classify(&e, Phase::Statement);
     let tx = client.transaction().await.map_err(statement)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATE_LOCK])
@@ -77,44 +117,137 @@ pub(super) async fn migrate(client: &mut Client) -> Result<Vec<u32>, TxError> {
             u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_migrations: bad version {v}")))
         })
         .collect::<Result<Vec<u32>, _>>()?;
+    if migrate::newer(migrations, &applied) {
+        let row = compat_row(&tx).await?;
+        if migrate::newer_schema(migrations, &applied, row.as_ref())?.is_some() {
+            return Ok(Vec::new());
+        }
+    }
     let mut done = Vec::new();
-    for migration in migrate::pending(MIGRATIONS, &applied)? {
-        tx.batch_execute(migration.sql)
-            .await
-            .map_err(|e| match classify(&e, Phase::Statement) {
-                TxError::Ledger(LedgerError::Internal(m)) => TxError::Ledger(LedgerError::Internal(format!(
-                    "migration {} ({}): {m}",
-                    migration.version, migration.name
-                ))),
-                other => other,
-            })?;
-        tx.execute(
-            &format!("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, {NOW_MS})"),
-            &[&i64::from(migration.version), &migration.name],
-        )
-        .await
-        .map_err(statement)?;
+    for migration in migrate::pending(migrations, &applied)? {
+        apply(&tx, migration).await?;
         done.push(migration.version);
+    }
+    if let Some(record) = CompatRow::written(migrations, written_by) {
+        record_compat(&tx, &record).await?;
     }
     tx.commit().await.map_err(|e| classify(&e, Phase::Commit))?;
     Ok(done)
 }
 
+/// Records `record` in `schema_compat` unless a row of its version exists.
+async fn record_compat(tx: &tokio_postgres::Transaction<'_>, record: &CompatRow) -> Result<(), TxError> {
+    tx.execute(
+        &format!(
+            "INSERT INTO schema_compat (version, oldest_compatible, written_by, written_at) \
+             VALUES ($1, $2, $3, {NOW_MS}) ON CONFLICT (version) DO NOTHING"
+        ),
+        &[
+            &i64::from(record.version),
+            &i64::from(record.oldest_compatible),
+            &record.written_by,
+        ],
+    )
+    .await
+    .map_err(|e| classify(&e, Phase::Statement))?;
+    Ok(())
+}
+
+/// Runs one migration's SQL and records it, inside the migrating transaction.
+async fn apply(tx: &tokio_postgres::Transaction<'_>, migration: &Migration) -> Result<(), TxError> {
+    tx.batch_execute(migration.sql)
+        .await
+        .map_err(|e| match classify(&e, Phase::Statement) {
+            TxError::Ledger(LedgerError::Internal(m)) => TxError::Ledger(LedgerError::Internal(format!(
+                "migration {} ({}): {m}",
+                migration.version, migration.name
+            ))),
+            other => other,
+        })?;
+    tx.execute(
+        &format!("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, {NOW_MS})"),
+        &[&i64::from(migration.version), &migration.name],
+    )
+    .await
+    .map_err(|e| classify(&e, Phase::Statement))?;
+    Ok(())
+}
+
+/// The `schema_compat` row of the newest version when `newest` is newer than this
+/// binary's schema (`None` otherwise: nothing is read).
+async fn row_if_newer(client: &Client, newest: Option<i64>) -> Result<Option<CompatRow>, TxError> {
+    let known = MIGRATIONS.last().map_or(0, |m| i64::from(m.version));
+    match newest {
+        Some(v) if v > known => compat_row(client).await,
+        _ => Ok(None),
+    }
+}
+
+/// The `schema_compat` row of the newest version recorded: `None` without that table
+/// or a row. Reads only the columns whose format is stable.
+async fn compat_row<C: GenericClient>(client: &C) -> Result<Option<CompatRow>, TxError> {
+    let statement = |e: tokio_postgres::Error| classify(&e, Phase::Statement);
+    let exists = client
+        .query_one("SELECT to_regclass('schema_compat') IS NOT NULL", &[])
+        .await
+        .map_err(statement)?;
+    if !exists.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let row = client
+        .query_opt(
+            "SELECT version, oldest_compatible, written_by FROM schema_compat ORDER BY version DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .map_err(statement)?;
+    row.map(|r| {
+        let number = |i: usize| {
+            let v: i64 = r.get(i);
+            u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_compat: bad version {v}")))
+        };
+        Ok(CompatRow {
+            version: number(0)?,
+            oldest_compatible: number(1)?,
+            written_by: r.get(2),
+        })
+    })
+    .transpose()
+}
+
 /// Refuses a database this binary cannot use: no `schema_migrations` table (never
-/// migrated), or a schema version newer than this binary knows. `ledger` (shown
-/// without its password) names the database in messages.
+/// migrated), or a schema version newer than this binary knows that it may not run
+/// on ([`migrate::check_version`]). `ledger` (shown without its password) names the
+/// database in messages.
 pub(super) async fn check_schema(client: &Client, ledger: &str) -> Result<(), TxError> {
+    checked_schema(client, ledger).await.map(drop)
+}
+
+/// [`check_schema`], answering the `schema_compat` row of a newer, compatible schema.
+async fn checked_schema(client: &Client, ledger: &str) -> Result<Option<CompatRow>, TxError> {
     let Some(newest) = newest_version(client).await? else {
         return Err(LedgerError::BadInput(format!(
             "the ledger at {ledger} holds no leasehold schema: run `leasehold migrate`"
         ))
         .into());
     };
+    let row = row_if_newer(client, newest).await?;
     Ok(migrate::check_version(
         &format!("the ledger at {ledger}"),
         newest,
+        row.as_ref(),
         MIGRATIONS,
     )?)
+}
+
+/// [`crate::ledger::Ledger::schema_notice`]: `None` without a schema (opening
+/// refuses that) or at this binary's version or older.
+pub(super) async fn schema_notice(client: &Client, ledger: &str) -> Result<Option<String>, TxError> {
+    if newest_version(client).await?.is_none() {
+        return Ok(None);
+    }
+    let newer = checked_schema(client, ledger).await?;
+    Ok(newer.map(|row| migrate::newer_notice(&row, MIGRATIONS)))
 }
 
 /// The newest schema version `schema_migrations` records: `None` without that table
@@ -141,9 +274,12 @@ async fn newest_version(client: &Client) -> Result<Option<Option<i64>>, TxError>
 /// transaction, which the first refusal would abort) and reads no row.
 pub(super) async fn check_ready(client: &Client) -> Result<Vec<String>, TxError> {
     use tokio_postgres::error::SqlState;
-    let mut problems: Vec<String> = ready::version(newest_version(client).await?, MIGRATIONS)
-        .into_iter()
-        .collect();
+    let newest = newest_version(client).await?;
+    let row = row_if_newer(client, newest.flatten()).await?;
+    let mut problems: Vec<String> =
+        ready::version(migrate::ready_version(newest, row.as_ref(), MIGRATIONS), MIGRATIONS)
+            .into_iter()
+            .collect();
     for probe in ready::probes() {
         if let Err(e) = client.query(probe.sql.as_str(), &[]).await {
             let absent = match e.code() {

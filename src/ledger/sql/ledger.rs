@@ -195,6 +195,9 @@ pub(crate) trait SqlBackend: Sized + Send + Sync + 'static {
     /// What keeps the ledger from serving ([`Ledger::check_ready`]).
     fn check_ready(&self) -> impl Future<Output = Result<Vec<String>, TxError>> + Send;
 
+    /// Whether the schema is newer than this binary's and compatible ([`Ledger::schema_notice`]).
+    fn schema_notice(&self) -> impl Future<Output = Result<Option<String>, TxError>> + Send;
+
     /// Wake-ups for idle workers ([`Ledger::wake`]).
     fn wake(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
@@ -805,6 +808,10 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
 
     fn check_ready(&self) -> impl Future<Output = Result<Vec<String>, LedgerError>> + Send {
         async move { self.retry(|| self.backend.check_ready()).await }
+    }
+
+    fn schema_notice(&self) -> impl Future<Output = Result<Option<String>, LedgerError>> + Send {
+        async move { self.retry(|| self.backend.schema_notice()).await }
     }
 
     fn count_attempts(&self, cap: u64) -> impl Future<Output = Result<AttemptCounts, LedgerError>> + Send {

@@ -57,6 +57,7 @@ pub use writer::{GroupCall, WriterStats};
 use super::fleet::WorkerRow;
 use super::limits::TargetRow;
 use super::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
+use super::migrate;
 use super::{Claimed, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
@@ -183,6 +184,20 @@ impl SqliteLedger {
         })
     }
 
+    /// [`Ledger::migrate`] with `migrations`, recorded as written by release
+    /// `written_by` ([`migrate::run`]); the rolling-upgrade tests play a newer
+    /// release so.
+    pub async fn migrate_as(
+        &self,
+        migrations: &'static [migrate::Migration],
+        written_by: &'static str,
+    ) -> Result<Vec<u32>, LedgerError> {
+        // Alone: a migration switches foreign keys off, which only works outside a
+        // transaction.
+        self.write_job(move |core| core.migrate_as(migrations, written_by), true)
+            .await
+    }
+
     /// How the writer thread has grouped this ledger's writes so far (all clones
     /// share one writer).
     pub fn writer_stats(&self) -> WriterStats {
@@ -285,9 +300,12 @@ impl Ledger for SqliteLedger {
     }
 
     async fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
-        // Alone: a migration switches foreign keys off, which only works outside a
-        // transaction.
-        self.write_job(|core| core.migrate(), true).await
+        self.migrate_as(migrate::SQLITE, migrate::RELEASE).await
+    }
+
+    async fn schema_notice(&self) -> Result<Option<String>, LedgerError> {
+        let path = self.shared.path.clone();
+        self.read_with(move |conn| open::schema_notice(conn, &path)).await
     }
 
     async fn register_plan(&self, spec: PlanSpec, known_executors: &[&str]) -> Result<Plan, LedgerError> {

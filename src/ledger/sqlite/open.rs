@@ -14,11 +14,13 @@
 //! - a directory or a file that is not a SQLite database is refused naming the path
 //!   ([`LedgerError::BadInput`]);
 //! - except for [`OpenMode::Create`], the schema version is checked on every open
-//!   ([`check_schema`]): a ledger without the schema, or from a newer release, is
-//!   refused before anything is read or written.
+//!   ([`check_schema`]): a ledger without the schema, or from a newer release whose
+//!   schema this binary may not run on ([`migrate::check_version`]), is refused
+//!   before anything is read or written.
 
-use super::super::migrate::{self, SQLITE};
+use super::super::migrate::{self, CompatRow, SQLITE};
 use super::super::LedgerError;
+use leasehold_engine::Timestamp;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
 use std::path::Path;
 
@@ -109,29 +111,98 @@ fn immutable(path: &str) -> rusqlite::Result<Connection> {
 }
 
 /// Refuses a ledger whose schema this binary cannot use: no `schema_migrations`
-/// table (never migrated), or a recorded version newer than the newest known.
-/// Answers the newest version recorded (`None` for an empty history).
+/// table (never migrated), or a recorded version newer than the newest known that
+/// this binary may not run on ([`migrate::check_version`]). Answers the newest
+/// version recorded (`None` for an empty history).
 pub fn check_schema(conn: &Connection, path: &str) -> Result<Option<i64>, LedgerError> {
+    checked_schema(conn, path).map(|(newest, _)| newest)
+}
+
+/// The one-line notice that the ledger at `path` runs on a newer, compatible schema
+/// (`None` when its schema is this binary's or older, or absent: opening refuses
+/// that); refused as [`check_schema`].
+pub(super) fn schema_notice(conn: &Connection, path: &str) -> Result<Option<String>, LedgerError> {
+    if schema_version(conn).map_err(|e| open_error(path, &e))?.is_none() {
+        return Ok(None);
+    }
+    let (_, newer) = checked_schema(conn, path)?;
+    Ok(newer.map(|row| migrate::newer_notice(&row, SQLITE)))
+}
+
+/// [`check_schema`]'s newest version, with the `schema_compat` row of a newer,
+/// compatible schema.
+fn checked_schema(conn: &Connection, path: &str) -> Result<(Option<i64>, Option<CompatRow>), LedgerError> {
     let Some(newest) = schema_version(conn).map_err(|e| open_error(path, &e))? else {
         return Err(LedgerError::BadInput(format!(
             "{path} holds no leasehold schema: run `leasehold migrate`"
         )));
     };
-    migrate::check_version(&format!("the ledger at {path}"), newest, SQLITE)?;
-    Ok(newest)
+    let row = row_if_newer(conn, newest).map_err(|e| open_error(path, &e))?;
+    let newer = migrate::check_version(&format!("the ledger at {path}"), newest, row.as_ref(), SQLITE)?;
+    Ok((newest, newer))
+}
+
+/// The newest schema version as a readiness check compares it
+/// ([`migrate::ready_version`]): a newer schema this binary may run on counts as its own.
+pub(super) fn ready_version(conn: &Connection) -> rusqlite::Result<Option<Option<i64>>> {
+    let newest = schema_version(conn)?;
+    let row = row_if_newer(conn, newest.flatten())?;
+    Ok(migrate::ready_version(newest, row.as_ref(), SQLITE))
+}
+
+/// The `schema_compat` row of the newest version when `newest` is newer than this
+/// binary's schema (`None` otherwise: nothing is read).
+fn row_if_newer(conn: &Connection, newest: Option<i64>) -> rusqlite::Result<Option<CompatRow>> {
+    let known = SQLITE.last().map_or(0, |m| i64::from(m.version));
+    match newest {
+        Some(v) if v > known => compat_row(conn),
+        _ => Ok(None),
+    }
+}
+
+/// The `schema_compat` row of the newest version recorded: `None` without that
+/// table or a row. Reads only the columns whose format is stable.
+pub(super) fn compat_row(conn: &Connection) -> rusqlite::Result<Option<CompatRow>> {
+    if !has_table(conn, "schema_compat")? {
+        return Ok(None);
+    }
+    conn.query_row(
+        "SELECT version, oldest_compatible, written_by FROM schema_compat ORDER BY version DESC LIMIT 1",
+        [],
+        |row| {
+            Ok(CompatRow {
+                version: row.get(0)?,
+                oldest_compatible: row.get(1)?,
+                written_by: row.get(2)?,
+            })
+        },
+    )
+    .optional()
+}
+
+/// Records `row` at `written_at` unless a row of its version exists.
+pub(super) fn record_compat(conn: &Connection, row: &CompatRow, written_at: Timestamp) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT OR IGNORE INTO schema_compat (version, oldest_compatible, written_by, written_at) VALUES (?1, ?2, ?3, ?4)",
+        rusqlite::params![row.version, row.oldest_compatible, row.written_by, written_at.as_millis()],
+    )
+    .map(drop)
+}
+
+fn has_table(conn: &Connection, name: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        [name],
+        |row| row.get::<_, i64>(0),
+    )
+    .optional()
+    .map(|found| found.is_some())
 }
 
 /// The newest schema version `schema_migrations` records: `None` without that table
 /// (never migrated), `Some(None)` with an empty one.
 pub(super) fn schema_version(conn: &Connection) -> rusqlite::Result<Option<Option<i64>>> {
-    let has_history: Option<i64> = conn
-        .query_row(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'",
-            [],
-            |row| row.get(0),
-        )
-        .optional()?;
-    if has_history.is_none() {
+    if !has_table(conn, "schema_migrations")? {
         return Ok(None);
     }
     conn.query_row("SELECT max(version) FROM schema_migrations", [], |row| row.get(0))

@@ -9,7 +9,7 @@
 //! clause and zero affected rows is a refusal. Lease tokens are bound as parameters
 //! only, so no SQL text or error message ever contains one.
 
-use super::super::migrate::{Migration, MigrationTarget};
+use super::super::migrate::{CompatRow, Migration, MigrationTarget};
 use super::super::LedgerError;
 use crate::ledger::sql::decode::{self, ColumnReader};
 use crate::ledger::sql::ready;
@@ -519,6 +519,14 @@ impl MigrationTarget for SqliteMigrations<'_> {
             .sql()?;
         Ok(())
     }
+
+    fn compat_row(&mut self) -> Result<Option<CompatRow>, LedgerError> {
+        super::open::compat_row(self.conn).sql()
+    }
+
+    fn record_compat(&mut self, row: &CompatRow, written_at: Timestamp) -> Result<(), LedgerError> {
+        super::open::record_compat(self.conn, row, written_at).sql()
+    }
 }
 
 /// What keeps this ledger from serving ([`crate::ledger::sql::ready`]): its schema's
@@ -526,7 +534,7 @@ impl MigrationTarget for SqliteMigrations<'_> {
 /// one of its columns is absent. Preparing compiles against the schema and reads
 /// nothing.
 pub(super) fn check_ready(conn: &Connection) -> Result<Vec<String>, LedgerError> {
-    let newest = super::open::schema_version(conn).sql()?;
+    let newest = super::open::ready_version(conn).sql()?;
     let mut problems: Vec<String> = ready::version(newest, super::super::migrate::SQLITE)
         .into_iter()
         .collect();

@@ -152,7 +152,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -192,7 +192,10 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(
+        ledger.migrate().await.unwrap(),
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    );
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -258,7 +261,10 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(
+        ledger.migrate().await.unwrap(),
+        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    );
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -692,7 +698,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     assert_eq!(
         applied
             .iter()
-            .filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11])
+            .filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
             .count(),
         1,
         "{applied:?}"
@@ -862,6 +868,7 @@ fn migrate_to(core: &SqliteCore, clock: &ManualClock, versions: usize) {
     let applied = crate::ledger::migrate::run(
         &mut rows::SqliteMigrations { conn: &tx },
         &crate::ledger::migrate::SQLITE[..versions],
+        crate::ledger::migrate::RELEASE,
         clock.now(),
     )
     .unwrap();
@@ -1031,7 +1038,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
         let before: Vec<_> = plans.iter().map(|p| unrouted(core.history(p).unwrap())).collect();
         (plans, first, before)
     });
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1461,7 +1468,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
     // A claim that runs before the migration reads today's plan columns and limit
     // rows: it fails on the old schema, naming what is missing, and claims nothing.
     for early in before.iter().filter_map(|r| r.as_ref().err()) {
@@ -1806,7 +1813,7 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
             .map(|p| unrouted(core.history(&p.id).unwrap()))
             .collect()
     });
-    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8, 9, 10, 11]);
+    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8, 9, 10, 11, 12]);
     let after: Vec<_> = core
         .list_plans()
         .unwrap()

@@ -7,7 +7,7 @@ use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
-use crate::ledger::migrate::{self, SQLITE};
+use crate::ledger::migrate::{self, Migration, SQLITE};
 use crate::ledger::sql::ledger::{enqueue_in, register_in, Decider};
 use crate::ledger::sql::limits;
 use crate::ledger::sql::session::{self, not_found};
@@ -332,13 +332,19 @@ impl SqliteCore {
     /// nothing inside a transaction: the caller must not be inside one, and
     /// [`super::SqliteLedger`] runs a migration alone, never in a group.)
     pub fn migrate(&self) -> Result<Vec<u32>, LedgerError> {
+        self.migrate_as(SQLITE, migrate::RELEASE)
+    }
+
+    /// [`SqliteCore::migrate`] with `migrations`, recorded as written by release
+    /// `written_by` (the rolling-upgrade tests play a newer release so).
+    pub fn migrate_as(&self, migrations: &[Migration], written_by: &str) -> Result<Vec<u32>, LedgerError> {
         if !self.conn.is_autocommit() {
             return Err(LedgerError::Internal(
                 "migrations cannot run inside another transaction".into(),
             ));
         }
         self.conn.pragma_update(None, "foreign_keys", "OFF").sql()?;
-        let applied = self.migrate_without_foreign_keys();
+        let applied = self.migrate_without_foreign_keys(migrations, written_by);
         let on = self.conn.pragma_update(None, "foreign_keys", "ON").sql();
         let applied = applied?;
         on?;
@@ -346,10 +352,14 @@ impl SqliteCore {
         Ok(applied)
     }
 
-    fn migrate_without_foreign_keys(&self) -> Result<Vec<u32>, LedgerError> {
+    fn migrate_without_foreign_keys(
+        &self,
+        migrations: &[Migration],
+        written_by: &str,
+    ) -> Result<Vec<u32>, LedgerError> {
         let tx = self.write_tx()?;
         let now = self.clock.now();
-        let applied = migrate::run(&mut rows::SqliteMigrations { conn: &tx }, SQLITE, now)?;
+        let applied = migrate::run(&mut rows::SqliteMigrations { conn: &tx }, migrations, written_by, now)?;
         rows::check_foreign_keys(&tx)?;
         tx.commit()?;
         Ok(applied)
