@@ -1,8 +1,8 @@
 //! `--config FILE` and `leasehold config check|show` as an operator runs them: a
-//! misspelt key caught with the nearest name, precedence flag > environment > file
-//! > default, a deployment described by the file alone, the errors for a file that
-//! cannot be read, a retention that is not a span of time and a secret written
-//! inline, and secrets never printed.
+//! misspelt key caught with the nearest name; precedence, a flag over the
+//! environment over the file over the default; a deployment described by the file
+//! alone; the errors for a file that cannot be read, a retention that is not a span
+//! of time and a secret written inline; and secrets never printed.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

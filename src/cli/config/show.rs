@@ -98,7 +98,7 @@ fn settings(resolved: &Resolved, command: &str) -> Vec<Shown> {
             None if applies => continue,
             None => {
                 let value = file.and_then(|f| f.values.get(key)).cloned();
-                let source = file_only_source(*key, value.as_ref(), file_name.as_deref());
+                let source = file_only_source(key, value.as_ref(), file_name.as_deref());
                 (value, source)
             }
         };
