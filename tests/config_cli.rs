@@ -4,12 +4,15 @@
 //! alone; the errors for a file that cannot be read, a retention that is not a span
 //! of time and a secret written inline; and secrets never printed.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod procs;
 
-const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
+use procs::{Proc, BIN};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// How long a process may take to print what a test waits for.
+const WITHIN: Duration = Duration::from_secs(60);
 
 /// The environment variables that set settings: removed from every run, so that
 /// only what a test sets counts.
@@ -191,59 +194,17 @@ fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
     assert_eq!(code, Some(0), "{stderr}\n{shown}");
 }
 
-/// A child process whose stdout lines arrive on a channel, killed if the test ends
-/// early.
-struct Running {
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
+/// Starts `command` ([`procs::spawn_command`]).
+fn start(command: Command) -> Proc {
+    let (child, output) = procs::spawn_command(command);
+    Proc(child, output)
 }
 
-impl Running {
-    fn start(mut command: Command) -> Self {
-        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// Stdout lines until one contains `needle` (within 60 s).
-    fn until(&self, needle: &str) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no line with {needle:?}; saw {seen:?}"));
-            let done = line.contains(needle);
-            seen.push(line);
-            if done {
-                return seen;
-            }
-        }
-    }
-
-    /// SIGTERM; then the exit status and the rest of stdout.
-    fn terminate(mut self) -> (std::process::ExitStatus, Vec<String>) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        let status = self.child.wait().unwrap();
-        let rest = self.lines.try_iter().collect();
-        (status, rest)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM, then the exit status.
+fn terminate(mut proc: Proc) -> std::process::ExitStatus {
+    let pid = proc.0.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    proc.0.wait().unwrap()
 }
 
 #[test]
@@ -263,10 +224,10 @@ fn serve_and_a_worker_started_with_only_the_file_deliver_an_attempt() {
         line.extend_from_slice(args);
         leasehold(&line, &env)
     };
-    let serve = Running::start(with_file(&["serve"]));
+    let serve = start(with_file(&["serve"]));
     // The ledger is the file's, created by serve; serve has the file's 0 workers.
-    let started = serve.until("serving the console");
-    assert!(started.last().unwrap().contains("0 in-process workers"), "{started:?}");
+    let started = serve.1.wait_for_line("serve", "serving the console", WITHIN);
+    assert!(started.contains("0 in-process workers"), "{started}");
     let plan = file(
         &dir,
         "plan.toml",
@@ -277,14 +238,16 @@ fn serve_and_a_worker_started_with_only_the_file_deliver_an_attempt() {
     let enqueued = with_file(&["enqueue", "deployed"]).output().unwrap();
     assert!(enqueued.status.success(), "{}", text(&enqueued.stderr));
     let attempt = text(&enqueued.stdout).trim().to_owned();
-    let worker = Running::start(with_file(&["worker"]));
-    worker.until(&format!("[file-worker] attempt {attempt}: delivered"));
-    let (status, rest) = worker.terminate();
-    assert!(status.success(), "{status:?} {rest:?}");
+    let worker = start(with_file(&["worker"]));
+    let delivered = format!("[file-worker] attempt {attempt}: delivered");
+    worker.1.wait_for_line("worker", &delivered, WITHIN);
+    let output = worker.1.clone();
+    let status = terminate(worker);
+    assert!(status.success(), "{status:?}: {}", output.text());
     let status = with_file(&["--json", "status", &attempt]).output().unwrap();
     let record: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(record["attempt"]["status"], "SUCCEEDED", "{record}");
-    let (status, _) = serve.terminate();
+    let status = terminate(serve);
     assert!(status.success(), "{status:?}");
 }
 

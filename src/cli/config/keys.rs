@@ -274,18 +274,29 @@ fn check_db(key: &str, value: &Value) -> Result<Option<String>, String> {
     }))
 }
 
-/// `LEASEHOLD_SECRET_NAME = "HOST[:PORT]"` or a list of hosts.
-fn check_bindings(key: &str, value: &Value) -> Result<(), String> {
+/// The entries of a table keyed by secret variables, each with its path; refuses
+/// a key that is not a secret variable's name.
+fn secret_entries<'a>(key: &str, value: &'a Value) -> Result<Vec<(String, &'a str, &'a Value)>, String> {
     let table = value
         .as_table()
         .ok_or_else(|| format!("{key}: expected a table, found {}", value.type_str()))?;
-    for (name, hosts) in table {
-        let at = format!("{key}.{name}");
-        if !is_secret_name(name) {
-            return Err(format!(
-                "{at}: not the name of a secret variable (LEASEHOLD_SECRET_[A-Z0-9_]*)"
-            ));
-        }
+    table
+        .iter()
+        .map(|(name, entry)| {
+            let at = format!("{key}.{name}");
+            if !is_secret_name(name) {
+                return Err(format!(
+                    "{at}: not the name of a secret variable (LEASEHOLD_SECRET_[A-Z0-9_]*)"
+                ));
+            }
+            Ok((at, name.as_str(), entry))
+        })
+        .collect()
+}
+
+/// `LEASEHOLD_SECRET_NAME = "HOST[:PORT]"` or a list of hosts.
+fn check_bindings(key: &str, value: &Value) -> Result<(), String> {
+    for (at, name, hosts) in secret_entries(key, value)? {
         let hosts = match hosts {
             Value::String(host) => vec![host.as_str()],
             _ => strings(&at, hosts)?,
@@ -305,16 +316,7 @@ fn check_bindings(key: &str, value: &Value) -> Result<(), String> {
 
 /// `LEASEHOLD_SECRET_NAME = { env = "VAR" }` or `{ file = "/path" }`.
 fn check_sources(key: &str, value: &Value) -> Result<(), String> {
-    let table = value
-        .as_table()
-        .ok_or_else(|| format!("{key}: expected a table, found {}", value.type_str()))?;
-    for (name, source) in table {
-        let at = format!("{key}.{name}");
-        if !is_secret_name(name) {
-            return Err(format!(
-                "{at}: not the name of a secret variable (LEASEHOLD_SECRET_[A-Z0-9_]*)"
-            ));
-        }
+    for (at, _, source) in secret_entries(key, value)? {
         if reference(source).is_none() {
             return Err(not_a_reference(&at, source));
         }
