@@ -419,3 +419,80 @@ pub(super) fn env_of(command: &str, id: &str) -> String {
     arg.and_then(clap::Arg::get_env)
         .map_or_else(|| "?".to_owned(), |v| v.to_string_lossy().into_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_url_s_password_is_masked_however_it_is_written() {
+        let cases = [
+            (
+                "postgres://app:s3cret-pw@db:5432/x",
+                "postgres://app:***@db:5432/x",
+                "s3cret-pw",
+            ),
+            (
+                "mysql://app:p%40ss-w0rd@db/x?pool_max=4",
+                "mysql://app:***@db/x?pool_max=4",
+                "p%40ss-w0rd",
+            ),
+            (
+                "postgresql://app:pw-pw-pw@db/x",
+                "postgresql://app:***@db/x",
+                "pw-pw-pw",
+            ),
+        ];
+        for (url, masked, password) in cases {
+            assert_eq!(mask_db_url(url), masked, "{url}");
+            assert!(db_password(url).is_some(), "{url}");
+            assert!(!mask_db_url(url).contains(password));
+        }
+        for plain in [
+            "sqlite://leasehold.db",
+            "sqlite::memory:",
+            "postgres://app@db/x",
+            "mysql://db/x",
+        ] {
+            assert_eq!(mask_db_url(plain), plain);
+            assert_eq!(db_password(plain), None, "{plain}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_is_answered_with_the_nearest_known_one_only_when_near() {
+        let int = Value::Integer(1);
+        let table = Value::Table(toml::Table::new());
+        assert_eq!(
+            unknown("worker.lease_sec", &int),
+            "worker.lease_sec: unknown key; did you mean worker.lease_secs?"
+        );
+        assert_eq!(
+            unknown("http.alow", &int),
+            "http.alow: unknown key; did you mean http.allow?"
+        );
+        assert_eq!(
+            unknown("retension", &table),
+            "retension: unknown section; did you mean retention?"
+        );
+        assert_eq!(
+            unknown("serve", &int),
+            "serve: expected a table ([serve]), found integer"
+        );
+        assert_eq!(unknown("colour", &int), "colour: unknown key");
+        assert_eq!(unknown("database", &table), "database: unknown section");
+    }
+
+    #[test]
+    fn every_key_setting_a_flag_names_a_flag_that_exists() {
+        for (key, command, id) in FLAGS {
+            assert!(kind_of(key).is_some(), "{key} is not a key");
+            let cmd = command_of(command);
+            assert!(
+                cmd.get_arguments().any(|a| a.get_id() == *id),
+                "{command} has no {id} ({key})"
+            );
+            assert!(command.is_empty() || cmd.get_name() == *command, "{command}");
+        }
+    }
+}
