@@ -348,13 +348,17 @@ pub(super) fn arg_texts(key: &str, value: &Value) -> Result<Vec<String>, super::
     Ok(texts)
 }
 
-/// The clap command of a `FLAGS` command (`""`: the root).
-fn command_of(command: &str) -> clap::Command {
-    let mut root = Cli::command();
-    root.build();
+/// The clap command of a `FLAGS` command (`""`: the root), built once.
+fn command_of(command: &str) -> &'static clap::Command {
+    static ROOT: std::sync::OnceLock<clap::Command> = std::sync::OnceLock::new();
+    let root = ROOT.get_or_init(|| {
+        let mut root = Cli::command();
+        root.build();
+        root
+    });
     match command {
         "" => root,
-        name => root.find_subcommand(name).cloned().unwrap_or(root),
+        name => root.find_subcommand(name).unwrap_or(root),
     }
 }
 
@@ -375,6 +379,7 @@ pub(super) fn check_flag_parsers(key: &str, value: &Value) -> Result<(), String>
         let long = long_flag(command, id);
         for text in arg_texts(key, value).map_err(|f| f.message)? {
             command_of(command)
+                .clone()
                 .subcommand_required(false)
                 .no_binary_name(true)
                 .try_get_matches_from([format!("--{long}={text}")])
