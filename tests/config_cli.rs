@@ -269,6 +269,36 @@ fn an_unreadable_file_is_an_error_naming_its_path() {
             "{args:?}: {stderr}"
         );
     }
+    // A secret's file is read when a worker starts: missing, it is named; read, the
+    // executor checks its value as if the environment had set it.
+    let db = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    assert!(run(&["--db", &db, "migrate"], &[]).status.success());
+    let secret = dir.path().join("hook.secret");
+    let config = file(
+        &dir,
+        "secret-file.toml",
+        &format!(
+            "db = \"{db}\"\n[http]\nallow = [\"127.0.0.1:9\"]\n[http.secrets]\nLEASEHOLD_SECRET_HOOK = \"127.0.0.1:9\"\n\
+             [http.secret_sources]\nLEASEHOLD_SECRET_HOOK = {{ file = \"{}\" }}\n",
+            secret.display()
+        ),
+    );
+    let worker = || run(&["--config", arg(&config), "worker", "--until-idle"], &[]);
+    let out = worker();
+    assert_eq!(out.status.code(), Some(2));
+    let expected = format!("http.secret_sources.LEASEHOLD_SECRET_HOOK: file {}: ", secret.display());
+    assert!(text(&out.stderr).contains(&expected), "{}", text(&out.stderr));
+    std::fs::write(&secret, "short\n").unwrap();
+    let out = worker();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("LEASEHOLD_SECRET_HOOK is shorter than 8 bytes"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::write(&secret, "a-signing-secret-long-enough\n").unwrap();
+    let out = worker();
+    assert!(out.status.success(), "{}", text(&out.stderr));
     let broken = file(&dir, "broken.toml", "[serve\nlease_secs = 1\n");
     let (code, _, stderr) = check(&broken);
     assert_eq!(code, Some(2));
