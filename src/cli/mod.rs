@@ -5,6 +5,7 @@
 mod output;
 
 mod bench;
+mod config;
 mod limits;
 mod recovery;
 mod render;
@@ -73,6 +74,10 @@ struct Cli {
         hide_env_values = true
     )]
     db: String,
+    /// A configuration file (TOML, see docs/configuration.md): settings that flags and
+    /// LEASEHOLD_* variables leave unset.
+    #[arg(long, global = true, value_name = "FILE", env = "LEASEHOLD_CONFIG")]
+    config: Option<PathBuf>,
     /// Print reads as JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -202,6 +207,9 @@ enum Command {
     /// circuit breaker per target (see docs/limits.md).
     #[command(subcommand)]
     Limits(limits::LimitsCommand),
+    /// Check a configuration file, or show the effective settings (docs/configuration.md).
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
 }
 
 /// `leasehold target`: where it listens and which faults it injects.
@@ -515,7 +523,13 @@ type Outcome = Result<(), Failure>;
 
 /// Parses arguments, runs the command, prints a one-line error on failure.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match config::parse() {
+        Ok(cli) => cli,
+        Err(f) => {
+            errln!("error: {}", leasehold::text::clean(&f.message));
+            return ExitCode::from(f.code);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -557,12 +571,17 @@ fn open_mode(command: &Command) -> OpenMode {
         | Command::Abort(_)
         | Command::Retry(_)
         | Command::Limits(_)
-        | Command::Target(_) => OpenMode::Existing,
+        | Command::Target(_)
+        | Command::Config(_) => OpenMode::Existing,
     }
 }
 
 async fn dispatch(cli: Cli) -> Outcome {
     register_db_secrets(&cli.db);
+    if let Command::Config(command) = &cli.command {
+        // Reads the file and the settings only.
+        return config::run(command, &cli);
+    }
     if let Command::Target(args) = &cli.command {
         // The target keeps its own tables and opens no ledger.
         return serve_target(&cli.db, args).await;
@@ -649,9 +668,9 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             Ok(())
         }
         Command::Bench(args) => bench::run(ledger, args, json).await,
-        Command::Target(_) => Err(Failure {
+        Command::Target(_) | Command::Config(_) => Err(Failure {
             code: 1,
-            message: "the target is served before any ledger is opened".into(),
+            message: "this command opens no ledger".into(),
         }),
         Command::Serve(args) => serve(ledger, args).await,
         Command::Token(command) => token(ledger.as_ref(), command, json).await,
@@ -1111,19 +1130,10 @@ async fn demo<L: Ledger>(ledger: Arc<L>, http: &HttpArgs) -> Outcome {
 /// password, and its printable form.
 fn register_db_secrets(db: &str) {
     let mut secrets = vec![db.to_owned()];
+    secrets.extend(config::db_password(db));
     match DbUrl::parse(db) {
-        Ok(DbUrl::Mysql(url)) => {
-            secrets.extend(url.expose_password().map(str::to_owned));
-            secrets.push(url.to_string());
-        }
-        Ok(DbUrl::Postgres(url)) => {
-            secrets.extend(
-                url.config()
-                    .get_password()
-                    .map(|p| String::from_utf8_lossy(p).into_owned()),
-            );
-            secrets.push(url.to_string());
-        }
+        Ok(DbUrl::Mysql(url)) => secrets.push(url.to_string()),
+        Ok(DbUrl::Postgres(url)) => secrets.push(url.to_string()),
         _ => {}
     }
     leasehold::serve::logs::register_secrets(secrets);

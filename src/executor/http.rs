@@ -67,7 +67,7 @@
 
 mod secrets;
 
-pub use secrets::{SecretBinding, MIN_SECRET_BYTES};
+pub use secrets::{is_secret_name, SecretBinding, MIN_SECRET_BYTES};
 
 use super::{describe, ExecRequest, Executor, ExecutorResult};
 use base64::Engine as _;
@@ -75,7 +75,7 @@ use hmac::{Hmac, Mac};
 use leasehold_engine::canonical::canonical_json;
 use leasehold_engine::{Action, Step};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use secrets::{is_secret_name, Redactor, Vault};
+use secrets::{Redactor, Vault};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use std::fmt;

@@ -115,10 +115,18 @@ pub struct Output {
 /// Starts `leasehold ARGS` with both pipes drained from the start (a process whose
 /// pipe is full blocks in the middle of whatever it was doing).
 pub fn spawn(args: &[&str]) -> (Child, Output) {
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    command
         .args(args)
         .env_remove("LEASEHOLD_DB")
-        .env_remove("LEASEHOLD_HTTP_ALLOW")
+        .env_remove("LEASEHOLD_HTTP_ALLOW");
+    spawn_command(command)
+}
+
+/// Starts `command` (the binary with its arguments and environment) as [`spawn`]
+/// does.
+pub fn spawn_command(mut command: Command) -> (Child, Output) {
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

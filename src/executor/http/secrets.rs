@@ -52,7 +52,7 @@ const PERCENT_SETS: [&AsciiSet; 3] = [
 ];
 
 /// Whether `name` may name a secret: `LEASEHOLD_SECRET_[A-Z0-9_]*`.
-pub(super) fn is_secret_name(name: &str) -> bool {
+pub fn is_secret_name(name: &str) -> bool {
     name.starts_with(SECRET_ENV_PREFIX)
         && name
             .bytes()
