@@ -14,21 +14,19 @@ use std::time::Duration;
 /// How long a process may take to print what a test waits for.
 const WITHIN: Duration = Duration::from_secs(60);
 
-/// The environment variables that set settings: removed from every run, so that
-/// only what a test sets counts.
-const SETTINGS_ENV: &[&str] = &[
-    "LEASEHOLD_DB",
-    "LEASEHOLD_CONFIG",
-    "LEASEHOLD_HTTP_ALLOW",
-    "LEASEHOLD_HTTP_SECRET",
-    "LEASEHOLD_PUBLIC_ORIGIN",
-];
+/// Whether an environment variable may set a setting (every `LEASEHOLD_*` but the
+/// tests' own): removed from every run, so that only what a test sets counts.
+fn is_setting(var: &str) -> bool {
+    var.starts_with("LEASEHOLD_") && !var.starts_with("LEASEHOLD_TEST_")
+}
 
 fn leasehold(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = Command::new(BIN);
     c.args(args).env("RUST_BACKTRACE", "1");
-    for var in SETTINGS_ENV {
-        c.env_remove(var);
+    for (var, _) in std::env::vars_os() {
+        if var.to_str().is_some_and(is_setting) {
+            c.env_remove(var);
+        }
     }
     for (k, v) in env {
         c.env(k, v);
@@ -125,6 +123,7 @@ fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
     let env = [
         ("LEASEHOLD_HTTP_ALLOW", "env.example"),
         ("LEASEHOLD_DB", "sqlite://env.db"),
+        ("LEASEHOLD_SERVE_GRACE_SECS", "21"),
     ];
     let json = show(
         &[
@@ -155,6 +154,11 @@ fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
     );
     assert_eq!(setting("", "db"), ("sqlite://env.db".into(), "env LEASEHOLD_DB".into()));
     assert_eq!(setting("serve", "poll_secs"), (12.into(), format!("file {path}")));
+    assert_eq!(
+        setting("serve", "grace_secs"),
+        (21.into(), "env LEASEHOLD_SERVE_GRACE_SECS".into()),
+        "every key has its variable, LEASEHOLD_ and the key"
+    );
     assert_eq!(setting("serve", "batch"), (5.into(), "default".into()));
     assert!(json.get("worker").is_none(), "only serve's settings: {json}");
     // One key through each level: the flag, then the variable, then the file, then
@@ -181,6 +185,11 @@ fn a_flag_beats_the_environment_which_beats_the_file_which_beats_the_default() {
     assert_eq!(both["db"]["value"], "sqlite://flag.db");
     assert_eq!(both["db"]["source"], "flag --db");
     assert_eq!(both["worker"]["batch"]["value"], 7);
+    let worker_batch =
+        |env: &[(&str, &str)]| show(&["--json", "config", "show", "--", "worker"], env)["worker"]["batch"].clone();
+    let over_file = worker_batch(&[with_file[0], ("LEASEHOLD_WORKER_BATCH", "9")]);
+    assert_eq!(over_file["value"], 9, "the variable beats the file: {over_file}");
+    assert_eq!(over_file["source"], "env LEASEHOLD_WORKER_BATCH");
     assert_eq!(both["worker"]["lease_secs"]["source"], "default");
     assert_eq!(both["serve"]["lease_secs"]["value"], 11);
     // As TOML, each value with its source, and itself a file `config check` reads.

@@ -1,8 +1,7 @@
 //! The keys of a configuration file: what each holds, how it is checked, and which
 //! flag of which command it sets.
 
-use super::super::{check_name, when, Cli};
-use clap::CommandFactory;
+use super::super::{check_name, when};
 use leasehold::executor::http::{is_secret_name, AllowedHost, SecretBinding};
 use leasehold::ledger::DbUrl;
 use leasehold_engine::AttemptStatus;
@@ -352,7 +351,7 @@ pub(super) fn arg_texts(key: &str, value: &Value) -> Result<Vec<String>, super::
 fn command_of(command: &str) -> &'static clap::Command {
     static ROOT: std::sync::OnceLock<clap::Command> = std::sync::OnceLock::new();
     let root = ROOT.get_or_init(|| {
-        let mut root = Cli::command();
+        let mut root = super::cli_command();
         root.build();
         root
     });

@@ -202,10 +202,32 @@ pub(super) fn parse() -> Result<Cli, Failure> {
     Ok(resolved.cli)
 }
 
+/// The clap command of the whole command line, with an environment variable for
+/// each [`FLAGS`] flag that has none of its own: `LEASEHOLD_` and its key, upper
+/// case, `.` as `_` (`serve.lease_secs`: `LEASEHOLD_SERVE_LEASE_SECS`).
+pub(super) fn cli_command() -> clap::Command {
+    let mut root = Cli::command();
+    for (key, command, id) in FLAGS {
+        let name = format!("LEASEHOLD_{}", key.replace('.', "_").to_uppercase());
+        let with_env = |arg: clap::Arg| {
+            if arg.get_env().is_some() {
+                arg
+            } else {
+                arg.env(name.clone())
+            }
+        };
+        root = match *command {
+            "" => root.mut_arg(*id, with_env),
+            sub => root.mut_subcommand(sub, |c| c.mut_arg(*id, with_env)),
+        };
+    }
+    root
+}
+
 /// Parses `argv`, then parses it again with the flags the `--config` file adds
 /// (none for `leasehold config …`, which reads the file itself).
 fn resolve(argv: Vec<OsString>) -> Result<Resolved, Failure> {
-    let matches = Cli::command().try_get_matches_from(&argv).unwrap_or_else(|e| e.exit());
+    let matches = cli_command().try_get_matches_from(&argv).unwrap_or_else(|e| e.exit());
     let path = matches.get_one::<PathBuf>("config").cloned();
     let Some(path) = path.filter(|_| matches.subcommand_name() != Some("config")) else {
         return finish(matches, None, BTreeSet::new());
@@ -224,7 +246,7 @@ fn resolve(argv: Vec<OsString>) -> Result<Resolved, Failure> {
         .chain(argv)
         .chain(added.command)
         .collect();
-    let matches = Cli::command()
+    let matches = cli_command()
         .try_get_matches_from(line)
         .map_err(|e| Failure::bad_input(format!("config file {}: {}", path.display(), keys::clap_reason(&e))))?;
     finish(matches, Some(file), added.keys)

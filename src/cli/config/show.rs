@@ -2,9 +2,8 @@
 
 use super::keys::{self, Kind, FLAGS, KEYS};
 use super::{resolve, Resolved};
-use crate::cli::{render, Cli, Failure, Outcome};
+use crate::cli::{render, Failure, Outcome};
 use clap::parser::ValueSource;
-use clap::CommandFactory;
 use std::ffi::OsString;
 use toml::Value;
 
@@ -26,7 +25,7 @@ pub(super) fn show(args: &[String], json: bool) -> Outcome {
             )))
         }
     };
-    let outer = Cli::command()
+    let outer = super::cli_command()
         .try_get_matches_from(std::env::args_os())
         .unwrap_or_else(|e| e.exit());
     let mut shown: Vec<Shown> = Vec::new();
