@@ -146,6 +146,9 @@ fn a_dry_run_counts_and_writes_nothing() {
     assert_eq!(said, "would prune 2 attempts\n");
 }
 
+/// An edit of an archive line: its number (from 1) and text to what stays, if anything.
+type Edit<'a> = &'a dyn Fn(usize, &str) -> Option<String>;
+
 /// Rewrites line `n` (from 1) of `file` into `to` with `edit`.
 fn edited(file: &str, to: &str, edit: impl Fn(usize, &str) -> Option<String>) {
     let text = std::fs::read_to_string(file).unwrap();
@@ -158,7 +161,7 @@ fn every_tampered_line_is_named_and_verify_exits_4() {
     let (db, _) = setup();
     let file = db.pruned_into("old.jsonl");
     let copy = db.path("copy.jsonl").to_str().unwrap().to_owned();
-    let cases: [(&str, &dyn Fn(usize, &str) -> Option<String>, &[&str]); 4] = [
+    let cases: [(&str, Edit<'_>, &[&str]); 4] = [
         (
             "evidence edited on both attempt lines",
             &|_, l| Some(l.replace(r#"\"rows\":[1,2]"#, r#"\"rows\":[1,3]"#)),

@@ -60,7 +60,7 @@ fn version() -> &'static str {
     about = "A durable, lease-fenced outbox for multi-step deliveries"
 )]
 #[command(
-    after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked, 141 output closed by its reader."
+    after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked or archive tampered, 141 output closed by its reader."
 )]
 struct Cli {
     /// Database URL: sqlite://FILE (relative or absolute path), sqlite::memory:, or

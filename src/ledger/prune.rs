@@ -26,7 +26,6 @@
 
 use super::{Ledger, LedgerError};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, PlanId, Timestamp};
-use std::future::Future;
 
 /// The batch size when none is given.
 pub const DEFAULT_BATCH: u32 = 500;
@@ -201,9 +200,9 @@ pub async fn prune<L: Ledger + ?Sized>(
 }
 
 /// The default of [`Ledger::delete_attempts`]: a ledger that cannot delete refuses.
-pub(crate) fn cannot_delete() -> impl Future<Output = Result<u64, LedgerError>> + Send {
-    async { Err(LedgerError::BadInput("this ledger does not prune".into())) }
+pub(crate) async fn cannot_delete() -> Result<u64, LedgerError> {
+    Err(LedgerError::BadInput("this ledger does not prune".into()))
 }
 
-/// Whether `action` is forward (for SQL text: the actions a forward attempt has).
+/// The actions of a forward attempt (`execute`, `retry`), for SQL text.
 pub(crate) const FORWARD_ACTIONS: [Action; 2] = [Action::Execute, Action::Retry];
