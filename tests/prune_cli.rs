@@ -264,6 +264,10 @@ fn bad_flags_are_refused_naming_the_flag_and_nothing_is_pruned() {
             text(&out.stderr)
         );
     }
+    let bench = db.run(&["bench", "--attempts", "1", "--prune-history", "10"]);
+    assert_eq!(code(&bench), Some(2));
+    assert!(text(&bench.stderr).contains("--prune-history: only on a PostgreSQL ledger"));
+    assert_eq!(db.numbers(&plan), [1, 2, 3, 4], "nothing was pruned");
 }
 
 #[test]
