@@ -226,7 +226,7 @@ fn bad_flags_are_refused_naming_the_flag_and_nothing_is_pruned() {
     let existing = db.path("taken.jsonl");
     std::fs::write(&existing, "keep me\n").unwrap();
     let taken = existing.to_str().unwrap();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["prune", "--finished-before", "0s"],
             "--finished-before \"0s\": must be longer than zero",
@@ -239,6 +239,10 @@ fn bad_flags_are_refused_naming_the_flag_and_nothing_is_pruned() {
         ),
         (&["prune", "--finished-before", "30d", "--state", "DONE"], "--state"),
         (&["prune", "--finished-before", "30d", "--batch", "0"], "--batch 0"),
+        (
+            &["prune", "--finished-before", "30d", "--rest-percent", "10001"],
+            "--rest-percent 10001",
+        ),
         (&["prune", "--finished-before", "30d", "--archive", taken], "--archive"),
         (
             &["prune", "--finished-before", "30d", "--dry-run", "--archive", "x"],

@@ -61,3 +61,13 @@ pub async fn fill_postgres(
     }
     Ok(written)
 }
+
+/// How many attempts the ledger holds.
+pub async fn count_attempts(ledger: &PostgresLedger) -> Result<u64, LedgerError> {
+    let client = ledger.session().await?;
+    let row = client
+        .query_one("SELECT COUNT(*) FROM attempt", &[])
+        .await
+        .map_err(|e| LedgerError::Internal(format!("attempt count: {e}")))?;
+    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+}

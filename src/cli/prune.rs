@@ -6,7 +6,10 @@ use super::when::{millis, parse_duration};
 use super::{emit, Failure, Outcome};
 use leasehold::archive::{self, ArchiveWriter};
 use leasehold::clock::{Clock, SystemClock};
-use leasehold::ledger::prune::{prune, BatchSink, PruneOptions, DEFAULT_BATCH, MAX_BATCH};
+use leasehold::ledger::prune::{prune, BatchSink, PruneOptions, DEFAULT_BATCH, DEFAULT_REST_PERCENT, MAX_BATCH};
+
+/// The longest rest `--rest-percent` asks for: a hundred times the batch's time.
+const MAX_REST_PERCENT: u32 = 10_000;
 use leasehold::ledger::{Ledger, LedgerError};
 use leasehold_engine::{AttemptRecord, AttemptStatus, Plan, Timestamp};
 use std::path::{Path, PathBuf};
@@ -37,6 +40,10 @@ pub(super) struct PruneArgs {
     /// Attempts per batch, one transaction each (1..=10000).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH)]
     batch: u32,
+    /// After each batch, rest this percent of the time the batch took (0..=10000; 100:
+    /// as long again), leaving the database to the workers in between; 0: no rest.
+    #[arg(long, value_name = "P", default_value_t = DEFAULT_REST_PERCENT)]
+    rest_percent: u32,
 }
 
 /// `leasehold archive …`.
@@ -92,11 +99,18 @@ fn options(args: &PruneArgs, now: Timestamp) -> Result<PruneOptions, Failure> {
             args.batch
         )));
     }
+    if args.rest_percent > MAX_REST_PERCENT {
+        return Err(Failure::bad_input(format!(
+            "--rest-percent {}: must be 0 to {MAX_REST_PERCENT}",
+            args.rest_percent
+        )));
+    }
     Ok(PruneOptions {
         cutoff: before(now, positive_ms("--finished-before", &args.finished_before)?),
         states: states(&args.states)?,
         batch: args.batch,
         dry_run: args.dry_run,
+        rest_percent: args.rest_percent,
     })
 }
 
@@ -251,6 +265,7 @@ impl Periodic {
             states: Vec::new(),
             batch: DEFAULT_BATCH,
             dry_run: false,
+            rest_percent: DEFAULT_REST_PERCENT,
         };
         let mut lazy = self.archive_dir.clone().map(|dir| LazyArchive { dir, writer: None });
         let pruned = prune(ledger, &options, lazy.as_mut().map(|l| l as &mut dyn BatchSink)).await;
@@ -309,13 +324,17 @@ impl Running {
     }
 }
 
+/// The PostgreSQL ledger under `ledger`, or the refusal of `--prune-history`.
+fn postgres_of<L: Ledger>(ledger: &L) -> Result<&leasehold::ledger::postgres::PostgresLedger, Failure> {
+    let any: &dyn std::any::Any = ledger;
+    any.downcast_ref()
+        .ok_or_else(|| Failure::bad_input("--prune-history: only on a PostgreSQL ledger"))
+}
+
 /// Writes `history` ended attempts, finished 30 days ago, over `plans` plans of
 /// `tag` in bulk (PostgreSQL only); answers how many and the seconds it took.
 async fn fill_history<L: Ledger>(ledger: &L, tag: &str, history: u64, plans: u32) -> Result<(u64, f64), Failure> {
-    let any: &dyn std::any::Any = ledger;
-    let Some(postgres) = any.downcast_ref::<leasehold::ledger::postgres::PostgresLedger>() else {
-        return Err(Failure::bad_input("--prune-history: only on a PostgreSQL ledger"));
-    };
+    let postgres = postgres_of(ledger)?;
     ledger.migrate().await?;
     let started = std::time::Instant::now();
     let at = before(SystemClock.now(), 30 * 86_400_000);
@@ -323,44 +342,42 @@ async fn fill_history<L: Ledger>(ledger: &L, tag: &str, history: u64, plans: u32
     Ok((written, started.elapsed().as_secs_f64()))
 }
 
-/// What a bench measured while a prune ran: the bench, how many the prune deleted
-/// and in how long, and whether it was still running when the deliveries ended.
+/// What a bench measured while a prune ran: the bench, and how many attempts the
+/// prune deleted while the workers delivered.
 struct WhilePruning {
     bench: leasehold::bench::BenchReport,
     pruned: u64,
-    prune_s: f64,
-    outlasted: bool,
+    finished: bool,
 }
 
-/// Runs the bench `options` describes while a prune of everything ended a day ago runs.
+/// Runs the bench `options` describes while a prune of everything ended a day ago
+/// runs (at its default rest); the prune is stopped when the deliveries end.
 async fn bench_during_prune<L: Ledger>(
     ledger: Arc<L>,
     options: &leasehold::bench::BenchOptions,
 ) -> Result<WhilePruning, Failure> {
-    use leasehold::bench::{self, Progress};
+    use leasehold::bench::{self, history::count_attempts, Progress};
     let progress = Arc::new(Progress::default());
     let (counting, prepared) = bench::setup(Arc::clone(&ledger), options, Arc::clone(&progress)).await?;
+    let held = count_attempts(postgres_of(ledger.as_ref())?).await?;
     let prune_options = PruneOptions {
         cutoff: before(SystemClock.now(), 86_400_000),
         states: Vec::new(),
         batch: DEFAULT_BATCH,
         dry_run: false,
+        rest_percent: DEFAULT_REST_PERCENT,
     };
-    let pruning = tokio::spawn(async move {
-        let at = std::time::Instant::now();
-        (prune(ledger.as_ref(), &prune_options, None).await, at.elapsed())
-    });
+    let pruner = Arc::clone(&ledger);
+    let pruning = tokio::spawn(async move { prune(pruner.as_ref(), &prune_options, None).await });
     let bench = bench::measure(counting, &prepared, options, progress).await?;
-    let outlasted = !pruning.is_finished();
-    let (pruned, took) = pruning.await.map_err(|e| Failure {
-        code: 1,
-        message: format!("the prune task failed: {e}"),
-    })?;
+    let finished = pruning.is_finished();
+    pruning.abort();
+    let _ = pruning.await;
+    let left = count_attempts(postgres_of(ledger.as_ref())?).await?;
     Ok(WhilePruning {
         bench,
-        pruned: pruned?,
-        prune_s: took.as_secs_f64(),
-        outlasted,
+        pruned: held.saturating_sub(left),
+        finished,
     })
 }
 
@@ -387,28 +404,27 @@ pub(super) async fn bench_while_pruning<L: Ledger>(
     let value = serde_json::json!({
         "history": written, "plans": plans, "fill_s": fill_s,
         "alone": alone, "while_pruning": w.bench,
-        "pruned": w.pruned, "prune_s": w.prune_s,
-        "prune_outlasted_deliveries": w.outlasted, "ratio": ratio,
+        "pruned_while_delivering": w.pruned, "prune_finished_first": w.finished, "ratio": ratio,
     });
+    let window = w.bench.measured.elapsed.as_secs_f64();
     emit(json, &value, || {
         format!(
             "history: {written} ended attempts over {plans} plans, written in {fill_s:.1} s\n\
              deliveries/s alone          {:.0} ({} attempts, {} workers)\n\
-             deliveries/s while pruning  {:.0} ({:.0} % of alone){}\n\
-             prune                       {} attempts in {:.1} s ({:.0}/s, batches of {DEFAULT_BATCH})\n",
+             deliveries/s while pruning  {:.0} ({:.0} % of alone)\n\
+             pruned meanwhile            {} attempts in {window:.1} s ({:.0}/s, batches of {DEFAULT_BATCH}){}\n",
             alone.deliveries_per_s,
             alone.attempts,
             alone.measured.workers,
             w.bench.deliveries_per_s,
             100.0 * ratio,
-            if w.outlasted {
-                ""
-            } else {
-                " (the prune ended before the deliveries did)"
-            },
             w.pruned,
-            w.prune_s,
-            w.pruned as f64 / w.prune_s.max(1e-9)
+            w.pruned as f64 / window.max(1e-9),
+            if w.finished {
+                "; the prune ended before the deliveries"
+            } else {
+                ""
+            },
         )
     });
     Ok(())

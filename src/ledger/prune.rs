@@ -138,7 +138,14 @@ pub struct PruneOptions {
     pub batch: u32,
     /// Count only: delete nothing.
     pub dry_run: bool,
+    /// After each batch, rest this percent of the time the batch took (100: as long
+    /// again), so that the prune takes a bounded share of the database while workers
+    /// deliver; 0: no rest.
+    pub rest_percent: u32,
 }
+
+/// The rest after each batch when none is given: as long as the batch took.
+pub const DEFAULT_REST_PERCENT: u32 = 100;
 
 impl PruneOptions {
     /// The states pruned: those given, or every ended state.
@@ -161,8 +168,9 @@ pub trait BatchSink: Send {
 
 /// Prunes every plan's prunable attempts in batches of `options.batch`: each batch
 /// is read, handed to `sink` (if any, before anything of it is deleted), then
-/// deleted in one transaction. Answers how many attempts were pruned (or, in a dry
-/// run, would be; a dry run reads only, and hands nothing to the sink).
+/// deleted in one transaction, then the prune rests ([`PruneOptions::rest_percent`]).
+/// Answers how many attempts were pruned (or, in a dry run, would be; a dry run
+/// reads only, and hands nothing to the sink).
 pub async fn prune<L: Ledger + ?Sized>(
     ledger: &L,
     options: &PruneOptions,
@@ -174,31 +182,47 @@ pub async fn prune<L: Ledger + ?Sized>(
     }
     let mut total = 0;
     for plan in ledger.list_plans().await? {
-        let mut query = PruneQuery {
+        let query = PruneQuery {
             plan: plan.id.clone(),
             after: 0,
             cutoff: options.cutoff,
             states: states.clone(),
             limit: options.batch.clamp(1, MAX_BATCH),
         };
-        loop {
-            let batch = ledger.prunable(&query).await?;
-            let Some(last) = batch.last() else { break };
-            query.after = last.attempt.number;
-            if options.dry_run {
-                total += batch.len() as u64;
-                continue;
-            }
-            if let Some(sink) = sink.as_deref_mut() {
-                sink.record(&plan, &batch)?;
-            }
-            let ids: Vec<AttemptId> = batch.iter().map(|r| r.attempt.id.clone()).collect();
-            total += ledger.delete_attempts(&ids).await?;
-        }
+        total += prune_plan(ledger, &plan, query, options, sink.as_deref_mut()).await?;
     }
     Ok(total)
 }
 
+/// [`prune`] of one plan, from `query` on.
+async fn prune_plan<'s, L: Ledger + ?Sized>(
+    ledger: &L,
+    plan: &leasehold_engine::Plan,
+    mut query: PruneQuery,
+    options: &PruneOptions,
+    mut sink: Option<&mut (dyn BatchSink + 's)>,
+) -> Result<u64, LedgerError> {
+    let mut total = 0;
+    loop {
+        let began = std::time::Instant::now();
+        let batch = ledger.prunable(&query).await?;
+        let Some(last) = batch.last() else { break };
+        query.after = last.attempt.number;
+        if options.dry_run {
+            total += batch.len() as u64;
+            continue;
+        }
+        if let Some(sink) = sink.as_deref_mut() {
+            sink.record(plan, &batch)?;
+        }
+        let ids: Vec<AttemptId> = batch.iter().map(|r| r.attempt.id.clone()).collect();
+        total += ledger.delete_attempts(&ids).await?;
+        if options.rest_percent > 0 {
+            tokio::time::sleep(began.elapsed() * options.rest_percent / 100).await;
+        }
+    }
+    Ok(total)
+}
 /// The default of [`Ledger::delete_attempts`]: a ledger that cannot delete refuses.
 pub(crate) async fn cannot_delete() -> Result<u64, LedgerError> {
     Err(LedgerError::BadInput("this ledger does not prune".into()))

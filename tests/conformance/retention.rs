@@ -30,6 +30,7 @@ fn options(cutoff: Timestamp, states: &[AttemptStatus], batch: u32, dry_run: boo
         states: states.to_vec(),
         batch,
         dry_run,
+        rest_percent: 0,
     }
 }
 
