@@ -570,6 +570,13 @@ pub trait Ledger: Send + Sync + 'static {
         async { Ok((Vec::new(), Timestamp::from_millis(0))) }
     }
 
+    /// What retention keeps of a plan whatever the age of its attempts
+    /// ([`prune::Keep`]). The default reads the plan's whole history; the SQL
+    /// ledgers probe their index.
+    fn prune_keep(&self, plan: &PlanId) -> impl Future<Output = Result<prune::Keep, LedgerError>> + Send {
+        prune::keep_from_history(self, plan)
+    }
+
     /// Up to `query.limit` attempts of a plan that retention may delete, numbered
     /// above `query.after`, by number, with their commands and receipts
     /// ([`prune`] says which). The default reads the plan's whole history; the SQL

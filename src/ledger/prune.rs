@@ -21,8 +21,9 @@
 //!
 //! **Concurrency.** What is kept only moves up while workers deliver: a new attempt
 //! is numbered above every kept one, and the new baseline is the old one, the old
-//! latest forward attempt, or newer. So a batch chosen a moment ago stays prunable
-//! when it is deleted. Each batch is its own short transaction.
+//! latest forward attempt, or newer. So what a plan keeps is read once, before its
+//! first page, and a batch chosen a moment ago stays prunable when it is deleted.
+//! Each batch is its own short transaction.
 
 use super::{Ledger, LedgerError};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, PlanId, Timestamp};
@@ -46,6 +47,8 @@ pub struct PruneQuery {
     pub states: Vec<AttemptStatus>,
     /// At most this many.
     pub limit: u32,
+    /// What the plan keeps, read once before its first page ([`Ledger::prune_keep`]).
+    pub keep: Keep,
 }
 
 /// The attempt numbers of one plan that retention keeps whatever their age.
@@ -96,16 +99,22 @@ impl Keep {
 }
 
 impl PruneQuery {
-    /// Whether `record` is prunable under this query, given what its plan `keep`s.
-    pub fn selects(&self, keep: &Keep, record: &AttemptRecord) -> bool {
+    /// Whether `record` is prunable under this query.
+    pub fn selects(&self, record: &AttemptRecord) -> bool {
         let a = &record.attempt;
         a.plan_id == self.plan
             && a.number > self.after
             && self.states.contains(&a.status)
             && a.status.is_terminal()
             && a.finished_at.is_some_and(|at| at < self.cutoff)
-            && !keep.keeps(a.number)
+            && !self.keep.keeps(a.number)
     }
+}
+
+/// What a plan keeps, from its whole history: what a ledger without its own
+/// probes answers ([`Ledger::prune_keep`]).
+pub async fn keep_from_history<L: Ledger + ?Sized>(ledger: &L, plan: &PlanId) -> Result<Keep, LedgerError> {
+    Ok(Keep::of(&ledger.history(plan).await?))
 }
 
 /// A page of prunable attempts read from the plan's whole history: what a ledger
@@ -115,16 +124,10 @@ pub async fn prunable_from_history<L: Ledger + ?Sized>(
     query: &PruneQuery,
 ) -> Result<Vec<AttemptRecord>, LedgerError> {
     let history = ledger.history(&query.plan).await?;
-    Ok(select(&history, query))
-}
-
-/// The prunable attempts of `history` under `query`, by number, at most its limit.
-pub fn select(history: &[AttemptRecord], query: &PruneQuery) -> Vec<AttemptRecord> {
-    let keep = Keep::of(history);
-    let mut chosen: Vec<AttemptRecord> = history.iter().filter(|r| query.selects(&keep, r)).cloned().collect();
+    let mut chosen: Vec<AttemptRecord> = history.into_iter().filter(|r| query.selects(r)).collect();
     chosen.sort_by_key(|r| r.attempt.number);
     chosen.truncate(query.limit as usize);
-    chosen
+    Ok(chosen)
 }
 
 /// What a prune is asked to do.
@@ -188,6 +191,7 @@ pub async fn prune<L: Ledger + ?Sized>(
             cutoff: options.cutoff,
             states: states.clone(),
             limit: options.batch.clamp(1, MAX_BATCH),
+            keep: ledger.prune_keep(&plan.id).await?,
         };
         total += prune_plan(ledger, &plan, query, options, sink.as_deref_mut()).await?;
     }

@@ -23,7 +23,7 @@ use crate::ledger::fleet::WorkerRow;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
-use crate::ledger::prune::PruneQuery;
+use crate::ledger::prune::{Keep, PruneQuery};
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::Start;
@@ -797,6 +797,13 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
                 })
             })
             .await
+        }
+    }
+
+    fn prune_keep(&self, plan: &PlanId) -> impl Future<Output = Result<Keep, LedgerError>> + Send {
+        async move {
+            self.retry(|| async { in_tx!(self, TxKind::Read, |tx| super::prune::keep_of(&mut tx, plan).await) })
+                .await
         }
     }
 

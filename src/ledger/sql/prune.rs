@@ -64,7 +64,7 @@ pub(crate) async fn keep_of<S: Session>(s: &mut S, plan: &PlanId) -> Result<Keep
 /// A page of prunable attempts ([`PruneQuery`]) with their commands and receipts,
 /// by number.
 pub(crate) async fn prunable<S: Session>(s: &mut S, query: &PruneQuery) -> Result<Vec<AttemptRecord>, TxError> {
-    let keep = keep_of(s, &query.plan).await?;
+    let keep = &query.keep;
     let Some(latest_forward) = keep.latest_forward else {
         return Ok(Vec::new());
     };

@@ -426,6 +426,11 @@ impl Ledger for SqliteLedger {
         self.run(move |core| core.count_attempts(cap)).await
     }
 
+    async fn prune_keep(&self, plan: &PlanId) -> Result<super::prune::Keep, LedgerError> {
+        let plan = plan.clone();
+        self.run(move |core| core.prune_keep(&plan)).await
+    }
+
     async fn prunable(&self, query: &super::prune::PruneQuery) -> Result<Vec<AttemptRecord>, LedgerError> {
         let query = query.clone();
         self.run(move |core| core.prunable(&query)).await
