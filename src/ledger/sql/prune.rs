@@ -1,7 +1,7 @@
 //! Retention's reads and deletes ([`crate::ledger::prune`]), written once: what a
-//! plan keeps (four probes down the `(plan_id, number)` index, each stopping at its
-//! first match), a page of prunable attempts with their rows, and the deletion of a
-//! batch in lock order (attempts, commands, receipts).
+//! plan keeps (four probes down the `(plan_id, number)` index, read once per plan
+//! and prune), a page of prunable attempts with their rows (one range of that
+//! index), and the deletion of a batch in lock order (attempts, commands, receipts).
 
 use super::decode;
 use super::session::{query_one, Parse, Session};
