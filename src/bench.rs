@@ -19,6 +19,8 @@
 //! Every attempt is enqueued before the workers start, so it measures how long a
 //! backlog of `attempts` takes to drain, not the latency of a lone attempt.
 
+#[cfg(feature = "postgres")]
+pub mod history;
 pub mod raw;
 pub mod server;
 

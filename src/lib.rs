@@ -160,6 +160,7 @@
 
 pub use leasehold_engine as engine;
 
+pub mod archive;
 #[cfg(feature = "cli")]
 pub mod bench;
 pub mod clock;

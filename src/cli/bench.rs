@@ -41,6 +41,14 @@ pub(super) struct BenchArgs {
     /// deliveries/s as a ratio to it.
     #[arg(long)]
     baseline: bool,
+    /// PostgreSQL only: first write this many ended attempts, finished 30 days ago, in
+    /// bulk; then run the bench twice, the second time while `prune
+    /// --finished-before 1d` deletes that history, and report both rates.
+    #[arg(long, value_name = "N", conflicts_with = "baseline")]
+    prune_history: Option<u64>,
+    /// The plans the --prune-history attempts are spread over.
+    #[arg(long, value_name = "N", default_value_t = 100, requires = "prune_history")]
+    prune_plans: u32,
 }
 
 /// Runs the bench and prints its figures.
@@ -63,6 +71,9 @@ pub(super) async fn run<L: Ledger>(ledger: Arc<L>, args: BenchArgs, json: bool) 
         batch: args.batch,
         tag: bench::fresh_tag(),
     };
+    if let Some(history) = args.prune_history {
+        return super::prune::bench_while_pruning(ledger, options, history, args.prune_plans, json).await;
+    }
     let raw = if args.baseline {
         let any: &dyn std::any::Any = ledger.as_ref();
         let Some(raw) = bench::raw::for_ledger(any) else {

@@ -7,6 +7,7 @@ mod output;
 mod bench;
 mod config;
 mod limits;
+mod prune;
 mod recovery;
 mod render;
 mod when;
@@ -60,7 +61,7 @@ fn version() -> &'static str {
     about = "A durable, lease-fenced outbox for multi-step deliveries"
 )]
 #[command(
-    after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked, 141 output closed by its reader."
+    after_help = "Exit codes: 0 ok, 1 internal error, 2 bad input, 3 refused, 4 gate blocked or archive tampered, 141 output closed by its reader."
 )]
 struct Cli {
     /// Database URL: sqlite://FILE (relative or absolute path), sqlite::memory:, or
@@ -137,6 +138,8 @@ enum Command {
         queues: Vec<String>,
         #[command(flatten)]
         http: HttpArgs,
+        #[command(flatten)]
+        prune: prune::PeriodicArgs,
     },
     /// Show an attempt: its command, lease and receipts (never the lease token).
     Status {
@@ -210,6 +213,12 @@ enum Command {
     /// Check a configuration file, or show the effective settings (docs/configuration.md).
     #[command(subcommand)]
     Config(config::ConfigCommand),
+    /// Delete old ended attempts with their receipts and commands, in batches,
+    /// optionally archiving them first (see docs/retention.md).
+    Prune(prune::PruneArgs),
+    /// Check an archive that `prune --archive` wrote.
+    #[command(subcommand)]
+    Archive(prune::ArchiveCommand),
 }
 
 /// `leasehold target`: where it listens and which faults it injects.
@@ -379,6 +388,8 @@ struct ServeArgs {
     http: HttpArgs,
     #[command(flatten)]
     connections: ListenArgs,
+    #[command(flatten)]
+    prune: prune::PeriodicArgs,
 }
 
 impl ServeArgs {
@@ -397,6 +408,7 @@ impl ServeArgs {
             max_evidence_bytes: leasehold_engine::lease::MAX_EVIDENCE_BYTES,
             http,
             connections: ListenArgs::defaults(),
+            prune: prune::PeriodicArgs::default(),
         }
     }
 }
@@ -571,8 +583,10 @@ fn open_mode(command: &Command) -> OpenMode {
         | Command::Abort(_)
         | Command::Retry(_)
         | Command::Limits(_)
+        | Command::Prune(_)
         | Command::Target(_)
         | Command::Config(_) => OpenMode::Existing,
+        Command::Archive(_) => OpenMode::ReadOnly,
     }
 }
 
@@ -585,6 +599,10 @@ async fn dispatch(cli: Cli) -> Outcome {
     if let Command::Target(args) = &cli.command {
         // The target keeps its own tables and opens no ledger.
         return serve_target(&cli.db, args).await;
+    }
+    if let Command::Archive(prune::ArchiveCommand::Verify { file }) = &cli.command {
+        // An archive is a file of its own: no ledger is opened.
+        return prune::verify(file, cli.json);
     }
     match DbUrl::parse(&cli.db)? {
         DbUrl::Sqlite(path) => {
@@ -627,6 +645,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             max_evidence_bytes,
             queues,
             http,
+            prune,
         } => {
             let config = WorkerConfig::clamped(
                 true,
@@ -641,7 +660,12 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                 step_timeout: Duration::from_secs(step_timeout_secs.clamp(1, 86_400)),
                 queues,
             };
-            worker_command(ledger, id, config, settings, &http).await
+            let periodic = prune.checked()?.map(|p| p.spawn(Arc::clone(&ledger)));
+            let done = worker_command(ledger, id, config, settings, &http).await;
+            if let Some(periodic) = periodic {
+                periodic.stop().await;
+            }
+            done
         }
         Command::Status { attempt } => status(ledger.as_ref(), attempt, json).await,
         Command::History { plan } => {
@@ -675,6 +699,11 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         Command::Serve(args) => serve(ledger, args).await,
         Command::Token(command) => token(ledger.as_ref(), command, json).await,
         Command::Limits(command) => limits::run(ledger.as_ref(), command, json).await,
+        Command::Prune(args) => prune::run(ledger.as_ref(), &args, json).await,
+        Command::Archive(_) => Err(Failure {
+            code: 1,
+            message: "an archive is verified before any ledger is opened".into(),
+        }),
     }
 }
 
@@ -1214,6 +1243,7 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
     // Installed before anything is printed: a SIGTERM sent once the "serving" line
     // is out (or while starting) stops the server cleanly instead of killing it.
     let stop = stop_signal();
+    let periodic = args.prune.checked()?;
     let applied = ledger.migrate().await?;
     if !applied.is_empty() {
         let list: Vec<String> = applied.iter().map(u32::to_string).collect();
@@ -1286,12 +1316,15 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         metrics,
         config,
     };
-    let report = leasehold::serve::run(app, ledger, executors, listeners, pool, stop)
-        .await
-        .map_err(|e| Failure {
-            code: 1,
-            message: format!("server: {e}"),
-        })?;
+    let periodic = periodic.map(|p| p.spawn(Arc::clone(&ledger)));
+    let report = leasehold::serve::run(app, ledger, executors, listeners, pool, stop).await;
+    if let Some(periodic) = periodic {
+        periodic.stop().await;
+    }
+    let report = report.map_err(|e| Failure {
+        code: 1,
+        message: format!("server: {e}"),
+    })?;
     let w = report.workers;
     outln!(
         "stopped: workers claimed {}, delivered {}, failed {}, refused {}, abandoned {}; connections refused at --max-connections {}, closed at the end of --grace-secs {}",

@@ -227,6 +227,20 @@ impl State {
         self.index.add(&record, Slot::of(&record));
         self.attempts.insert(id, record);
     }
+
+    /// Deletes an ended attempt's record (retention); whether it did.
+    fn delete(&mut self, id: &AttemptId) -> bool {
+        if !self.attempts.get(id).is_some_and(|r| r.attempt.status.is_terminal()) {
+            return false;
+        }
+        let Some(record) = self.attempts.remove(id) else {
+            return false;
+        };
+        if let Some(ids) = self.by_plan.get_mut(&record.attempt.plan_id) {
+            ids.retain(|a| a != id);
+        }
+        true
+    }
 }
 
 /// The in-memory reference ledger.
@@ -578,6 +592,11 @@ impl Ledger for MemoryLedger {
             index: &state.index,
         };
         Ok((state.limits.list(&leases, now), now))
+    }
+
+    async fn delete_attempts(&self, ids: &[AttemptId]) -> Result<u64, LedgerError> {
+        let mut state = self.lock();
+        Ok(ids.iter().filter(|id| state.delete(id)).count() as u64)
     }
 }
 

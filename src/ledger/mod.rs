@@ -34,6 +34,7 @@ pub(crate) mod outbox;
 mod percent;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod prune;
 #[cfg(any(feature = "mysql", feature = "postgres"))]
 mod scratch;
 // One SQL layer for every SQL backend; a build without some of them leaves their
@@ -576,6 +577,33 @@ pub trait Ledger: Send + Sync + 'static {
     /// Every limited target, by target, and the ledger's now. The default: none.
     fn limits(&self) -> impl Future<Output = Result<(Vec<limits::TargetRow>, Timestamp), LedgerError>> + Send {
         async { Ok((Vec::new(), Timestamp::from_millis(0))) }
+    }
+
+    /// What retention keeps of a plan whatever the age of its attempts
+    /// ([`prune::Keep`]). The default reads the plan's whole history; the SQL
+    /// ledgers probe their index.
+    fn prune_keep(&self, plan: &PlanId) -> impl Future<Output = Result<prune::Keep, LedgerError>> + Send {
+        prune::keep_from_history(self, plan)
+    }
+
+    /// Up to `query.limit` attempts of a plan that retention may delete, numbered
+    /// above `query.after`, by number, with their commands and receipts
+    /// ([`prune`] says which). The default reads the plan's whole history; the SQL
+    /// ledgers read only the page.
+    fn prunable(
+        &self,
+        query: &prune::PruneQuery,
+    ) -> impl Future<Output = Result<Vec<AttemptRecord>, LedgerError>> + Send {
+        prune::prunable_from_history(self, query)
+    }
+
+    /// Deletes these attempts with their commands and receipts, in one transaction,
+    /// leaving any that is not ended; answers how many were deleted. Only
+    /// [`prune::prune`] calls it, with attempts [`Ledger::prunable`] answered. The
+    /// default (a ledger that is only a client of another's) refuses.
+    fn delete_attempts(&self, ids: &[AttemptId]) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        let _ = ids;
+        prune::cannot_delete()
     }
 }
 

@@ -26,9 +26,11 @@ use std::sync::Arc;
 
 mod limits;
 mod policy;
+mod retention;
 mod routing;
 pub use limits::*;
 pub use policy::*;
+pub use retention::*;
 pub use routing::*;
 
 /// Where every test's ledger clock starts (2023-11-14T22:13:20Z).
@@ -145,6 +147,9 @@ macro_rules! conformance_suite {
             a_lease_moved_onto_a_full_target_is_handed_back_without_spending_a_delivery,
             the_breaker_opens_after_consecutive_give_backs_lets_one_probe_and_closes_on_success,
             an_expired_lease_is_not_renewed_onto_a_full_target,
+            retention_keeps_open_baseline_and_latest_successful_attempts_and_prunes_the_rest_in_batches,
+            retention_respects_the_cutoff_and_the_states_and_a_dry_run_deletes_nothing,
+            retention_keeps_a_compensation_and_the_guards_decide_as_before,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,
@@ -199,7 +204,7 @@ pub fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
     }
 }
 
-async fn register<L: Ledger>(l: &L, name: &str, recovery: &str, steps: usize) -> PlanId {
+pub(crate) async fn register<L: Ledger>(l: &L, name: &str, recovery: &str, steps: usize) -> PlanId {
     l.register_plan(spec(name, recovery, steps), KNOWN)
         .await
         .expect("register plan")
@@ -244,7 +249,7 @@ async fn run_step<L: Ledger>(l: &L, lease: &Lease, owner: &str, ordinal: u32) {
 }
 
 /// Claims the only claimable command and delivers every step.
-async fn deliver<L: Ledger>(l: &L, owner: &str) -> Claimed {
+pub(crate) async fn deliver<L: Ledger>(l: &L, owner: &str) -> Claimed {
     let c = claim_one(l, owner).await;
     for r in &c.record.receipts {
         run_step(l, &c.lease, owner, r.ordinal).await;
@@ -255,7 +260,7 @@ async fn deliver<L: Ledger>(l: &L, owner: &str) -> Claimed {
 
 /// Claims the only claimable command, delivers the steps before `ordinal`, begins it
 /// and fails there.
-async fn fail_at<L: Ledger>(l: &L, owner: &str, ordinal: u32) -> Claimed {
+pub(crate) async fn fail_at<L: Ledger>(l: &L, owner: &str, ordinal: u32) -> Claimed {
     let c = claim_one(l, owner).await;
     for o in 1..ordinal {
         run_step(l, &c.lease, owner, o).await;

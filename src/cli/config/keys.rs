@@ -64,12 +64,12 @@ pub(super) const KEYS: &[(&str, Kind)] = &[
     ("retention.states", Kind::States),
     ("retention.every", Kind::Duration),
     ("retention.archive_dir", Kind::Text),
-    ("retention.batch", Kind::Int(1, 1_000_000)),
+    ("retention.batch", Kind::Int(1, 10_000)),
 ];
 
 /// The flag each key sets, `(key, command, clap argument id)`; command `""` is a
 /// global flag. A key sets its flag when the command line and the environment
-/// leave it unset. A key not listed (`http.secret_sources`, `[retention]`) is read
+/// leave it unset. A key not listed (`http.secret_sources`) is read
 /// from the file alone.
 pub(super) const FLAGS: &[(&str, &str, &str)] = &[
     ("db", "", "db"),
@@ -97,9 +97,12 @@ pub(super) const FLAGS: &[(&str, &str, &str)] = &[
     ("http.allow", "worker", "allow"),
     ("http.secrets", "serve", "secrets"),
     ("http.secrets", "worker", "secrets"),
-    // [retention] sets the periodic prune flags of `serve` and `worker` once they
-    // exist, one line per key and command, e.g.
-    // ("retention.finished_before", "serve", "prune_finished_before"),
+    // One process prunes: `serve` (a fleet of workers shares the file).
+    ("retention.finished_before", "serve", "prune_finished_before"),
+    ("retention.every", "serve", "prune_every"),
+    ("retention.archive_dir", "serve", "prune_archive_dir"),
+    ("retention.states", "serve", "prune_states"),
+    ("retention.batch", "serve", "prune_batch"),
 ];
 
 /// The sections of a file: `[serve]`, `[worker]`, `[http]`, `[retention]`.

@@ -23,6 +23,7 @@ use crate::ledger::fleet::WorkerRow;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::prune::{Keep, PruneQuery};
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::Start;
@@ -797,6 +798,30 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
                     let now = self.now_in(&mut tx).await?;
                     Ok((limits::list_limits(&mut tx, now).await?, now))
                 })
+            })
+            .await
+        }
+    }
+
+    fn prune_keep(&self, plan: &PlanId) -> impl Future<Output = Result<Keep, LedgerError>> + Send {
+        async move {
+            self.retry(|| async { in_tx!(self, TxKind::Read, |tx| super::prune::keep_of(&mut tx, plan).await) })
+                .await
+        }
+    }
+
+    fn prunable(&self, query: &PruneQuery) -> impl Future<Output = Result<Vec<AttemptRecord>, LedgerError>> + Send {
+        async move {
+            self.retry(|| async { in_tx!(self, TxKind::Read, |tx| super::prune::prunable(&mut tx, query).await) })
+                .await
+        }
+    }
+
+    fn delete_attempts(&self, ids: &[AttemptId]) -> impl Future<Output = Result<u64, LedgerError>> + Send {
+        async move {
+            self.retry(|| async {
+                in_tx!(self, TxKind::Write, |tx| super::prune::delete_attempts(&mut tx, ids)
+                    .await)
             })
             .await
         }

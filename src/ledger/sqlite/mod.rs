@@ -444,6 +444,21 @@ impl Ledger for SqliteLedger {
         self.run(move |core| core.count_attempts(cap)).await
     }
 
+    async fn prune_keep(&self, plan: &PlanId) -> Result<super::prune::Keep, LedgerError> {
+        let plan = plan.clone();
+        self.run(move |core| core.prune_keep(&plan)).await
+    }
+
+    async fn prunable(&self, query: &super::prune::PruneQuery) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let query = query.clone();
+        self.run(move |core| core.prunable(&query)).await
+    }
+
+    async fn delete_attempts(&self, ids: &[AttemptId]) -> Result<u64, LedgerError> {
+        let ids = ids.to_vec();
+        self.write(move |core| core.delete_attempts(&ids)).await
+    }
+
     async fn check_ready(&self) -> Result<Vec<String>, LedgerError> {
         match self.read_with(rows::check_ready).await {
             // A read connection could not open: the file's schema is refused (its

@@ -8,6 +8,7 @@ use crate::entropy::Entropy;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::migrate::{self, Migration, SQLITE};
+use crate::ledger::prune::{Keep, PruneQuery};
 use crate::ledger::sql::ledger::{enqueue_in, register_in, Decider};
 use crate::ledger::sql::limits;
 use crate::ledger::sql::session::{self, not_found};
@@ -775,5 +776,25 @@ impl SqliteCore {
     pub fn count_attempts(&self, cap: u64) -> Result<AttemptCounts, LedgerError> {
         let tx = self.read_tx()?;
         sync(listing::counts(&mut self.session(&tx), cap))
+    }
+
+    /// What retention keeps of a plan ([`crate::ledger::Ledger::prune_keep`]).
+    pub fn prune_keep(&self, plan: &PlanId) -> Result<Keep, LedgerError> {
+        let tx = self.read_tx()?;
+        sync(crate::ledger::sql::prune::keep_of(&mut self.session(&tx), plan))
+    }
+
+    /// A page of prunable attempts ([`crate::ledger::Ledger::prunable`]).
+    pub fn prunable(&self, query: &PruneQuery) -> Result<Vec<AttemptRecord>, LedgerError> {
+        let tx = self.read_tx()?;
+        sync(crate::ledger::sql::prune::prunable(&mut self.session(&tx), query))
+    }
+
+    /// Deletes ended attempts with their rows ([`crate::ledger::Ledger::delete_attempts`]).
+    pub fn delete_attempts(&self, ids: &[AttemptId]) -> Result<u64, LedgerError> {
+        let tx = self.write_tx()?;
+        let deleted = sync(crate::ledger::sql::prune::delete_attempts(&mut self.session(&tx), ids))?;
+        tx.commit()?;
+        Ok(deleted)
     }
 }
