@@ -2,9 +2,11 @@
 //! whose history was written on a clock three years back: the prune archives what it
 //! deletes, keeps what the gate reads (its verdict is the same after), and the
 //! archive verifies; an archive edited in any way is named line by line (exit 4);
-//! bad flags are refused naming the flag (exit 2) and write nothing.
+//! bad flags are refused naming the flag (exit 2) and write nothing; `serve` prunes
+//! as its configuration file's `[retention]` says.
 
 mod cli_support;
+mod procs;
 
 use cli_support::Db;
 use leasehold::clock::{Clock, ManualClock};
@@ -294,4 +296,36 @@ fn a_worker_prunes_periodically_into_an_archive_directory() {
     assert_eq!(files.len(), 1, "{files:?}");
     let (exit, out) = db.verify(files[0].to_str().unwrap());
     assert_eq!(exit, Some(0), "{out}");
+}
+
+#[test]
+fn serve_prunes_as_its_configuration_file_says() {
+    let (db, plan) = setup();
+    let dir = db.path("archives");
+    std::fs::create_dir(&dir).unwrap();
+    let config = db.path("leasehold.toml");
+    let body = format!(
+        "db = {:?}\n[serve]\nlisten = \"127.0.0.1:0\"\nworkers = 0\n\
+         [retention]\nfinished_before = \"30d\"\nstates = [\"FAILED\"]\narchive_dir = {:?}\n",
+        db.url,
+        dir.to_str().unwrap()
+    );
+    std::fs::write(&config, body).unwrap();
+    let mut serve = std::process::Command::new(procs::BIN);
+    serve.args(["--config", config.to_str().unwrap(), "serve"]);
+    serve.env_remove("LEASEHOLD_DB").env_remove("LEASEHOLD_CONFIG");
+    let (child, out) = procs::spawn_command(serve);
+    let serve = procs::Proc(child, out);
+    let line = serve
+        .1
+        .wait_for_stderr("serve", "periodic prune", std::time::Duration::from_secs(60));
+    assert!(
+        line.contains("pruned=1"),
+        "only the FAILED attempt, as states says: {line}"
+    );
+    assert_eq!(db.numbers(&plan), [1, 3, 4]);
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let (exit, report) = db.verify(files[0].to_str().unwrap());
+    assert_eq!(exit, Some(0), "{report}");
 }

@@ -175,15 +175,24 @@ impl Output {
     /// Waits (bounded) for the first output line containing `needle`; `who` names
     /// the process in the failure.
     pub fn wait_for_line(&self, who: &str, needle: &str, within: Duration) -> String {
+        self.wait_for(who, needle, within, |o| o.lines())
+    }
+
+    /// Waits (bounded) for the first stderr line (a log line) containing `needle`.
+    pub fn wait_for_stderr(&self, who: &str, needle: &str, within: Duration) -> String {
+        self.wait_for(who, needle, within, |o| o.stderr().lines().map(str::to_owned).collect())
+    }
+
+    fn wait_for(&self, who: &str, needle: &str, within: Duration, lines: impl Fn(&Self) -> Vec<String>) -> String {
         let deadline = Instant::now() + within;
         loop {
-            if let Some(line) = self.lines().into_iter().find(|l| l.contains(needle)) {
+            if let Some(line) = lines(self).into_iter().find(|l| l.contains(needle)) {
                 return line;
             }
             assert!(
                 Instant::now() < deadline,
-                "{who} printed no line with {needle:?}; stderr: {}",
-                self.stderr()
+                "{who} printed no line with {needle:?}; stdout and stderr: {}",
+                self.text()
             );
             std::thread::sleep(Duration::from_millis(10));
         }
