@@ -285,6 +285,21 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         Counts::bump(&self.counts.reads);
         self.inner.workers().await
     }
+
+    async fn prune_keep(&self, plan: &PlanId) -> Result<crate::ledger::prune::Keep, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.prune_keep(plan).await
+    }
+
+    async fn prunable(&self, query: &crate::ledger::prune::PruneQuery) -> Result<Vec<AttemptRecord>, LedgerError> {
+        Counts::bump(&self.counts.reads);
+        self.inner.prunable(query).await
+    }
+
+    async fn delete_attempts(&self, ids: &[AttemptId]) -> Result<u64, LedgerError> {
+        Counts::bump(&self.counts.other_writes);
+        self.inner.delete_attempts(ids).await
+    }
 }
 
 /// Live progress of a bench, for a progress line.
