@@ -79,6 +79,11 @@ pub struct CompatRow {
 /// The name of the migration that creates the `schema_compat` table (every backend's).
 pub const COMPAT_TABLE: &str = "schema_compat";
 
+/// Every backend's read of the newest `schema_compat` row: only the columns whose
+/// format is stable, so that every release reads it the same way.
+pub const NEWEST_COMPAT_ROW: &str =
+    "SELECT version, oldest_compatible, written_by FROM schema_compat ORDER BY version DESC LIMIT 1";
+
 impl CompatRow {
     /// The row a migrator that knows `migrations` records once they are all applied,
     /// as release `written_by`; `None` for a list without the `schema_compat` table
@@ -92,6 +97,18 @@ impl CompatRow {
             version,
             oldest_compatible: oldest_compatible(migrations, version),
             written_by: written_by.to_owned(),
+        })
+    }
+
+    /// The row as a backend stores it (versions as 64-bit integers); a version that
+    /// is not a `u32` is an integrity error.
+    pub fn from_stored(version: i64, oldest_compatible: i64, written_by: String) -> Result<Self, LedgerError> {
+        let number =
+            |v: i64| u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_compat: bad version {v}")));
+        Ok(Self {
+            version: number(version)?,
+            oldest_compatible: number(oldest_compatible)?,
+            written_by,
         })
     }
 }

@@ -237,43 +237,30 @@ async fn row_if_newer<Q: Queryable + Send>(conn: &mut Q, newest: Option<i64>) ->
 /// The `schema_compat` row of the newest version recorded: `None` without that table
 /// or a row. Reads only the columns whose format is stable.
 async fn compat_row<Q: Queryable + Send>(conn: &mut Q) -> Result<Option<CompatRow>, TxError> {
+    if !has_table(conn, migrate::COMPAT_TABLE).await? {
+        return Ok(None);
+    }
+    let row: Option<(i64, i64, String)> = conn.query_first(migrate::NEWEST_COMPAT_ROW).await.db()?;
+    let row = row.map(|(version, oldest, written_by)| CompatRow::from_stored(version, oldest, written_by));
+    Ok(row.transpose()?)
+}
+
+/// Whether the database holds table `name`.
+async fn has_table<Q: Queryable + Send>(conn: &mut Q, name: &str) -> Result<bool, TxError> {
     let tables: Option<i64> = conn
-        .query_first(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = 'schema_compat'",
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+            (name,),
         )
         .await
         .db()?;
-    if tables.unwrap_or(0) == 0 {
-        return Ok(None);
-    }
-    let row: Option<(i64, i64, String)> = conn
-        .query_first("SELECT version, oldest_compatible, written_by FROM schema_compat ORDER BY version DESC LIMIT 1")
-        .await
-        .db()?;
-    row.map(|(version, oldest, written_by)| {
-        let number =
-            |v: i64| u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_compat: bad version {v}")));
-        Ok(CompatRow {
-            version: number(version)?,
-            oldest_compatible: number(oldest)?,
-            written_by,
-        })
-    })
-    .transpose()
+    Ok(tables.unwrap_or(0) > 0)
 }
 
 /// The newest schema version `schema_migrations` records: `None` without that table
 /// (never migrated), `Some(None)` with an empty one.
 async fn newest_version<Q: Queryable + Send>(conn: &mut Q) -> Result<Option<Option<i64>>, TxError> {
-    let tables: Option<i64> = conn
-        .query_first(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = 'schema_migrations'",
-        )
-        .await
-        .db()?;
-    if tables.unwrap_or(0) == 0 {
+    if !has_table(conn, "schema_migrations").await? {
         return Ok(None);
     }
     let newest: Option<Option<i64>> = conn

@@ -186,33 +186,24 @@ async fn row_if_newer(client: &Client, newest: Option<i64>) -> Result<Option<Com
 /// The `schema_compat` row of the newest version recorded: `None` without that table
 /// or a row. Reads only the columns whose format is stable.
 async fn compat_row<C: GenericClient>(client: &C) -> Result<Option<CompatRow>, TxError> {
-    let statement = |e: tokio_postgres::Error| classify(&e, Phase::Statement);
-    let exists = client
-        .query_one("SELECT to_regclass('schema_compat') IS NOT NULL", &[])
-        .await
-        .map_err(statement)?;
-    if !exists.get::<_, bool>(0) {
+    if !has_table(client, migrate::COMPAT_TABLE).await? {
         return Ok(None);
     }
     let row = client
-        .query_opt(
-            "SELECT version, oldest_compatible, written_by FROM schema_compat ORDER BY version DESC LIMIT 1",
-            &[],
-        )
+        .query_opt(migrate::NEWEST_COMPAT_ROW, &[])
         .await
-        .map_err(statement)?;
-    row.map(|r| {
-        let number = |i: usize| {
-            let v: i64 = r.get(i);
-            u32::try_from(v).map_err(|_| LedgerError::Integrity(format!("schema_compat: bad version {v}")))
-        };
-        Ok(CompatRow {
-            version: number(0)?,
-            oldest_compatible: number(1)?,
-            written_by: r.get(2),
-        })
-    })
-    .transpose()
+        .map_err(|e| classify(&e, Phase::Statement))?;
+    let row = row.map(|r| CompatRow::from_stored(r.get(0), r.get(1), r.get(2)));
+    Ok(row.transpose()?)
+}
+
+/// Whether the search path holds table `name`.
+async fn has_table<C: GenericClient>(client: &C, name: &str) -> Result<bool, TxError> {
+    let row = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+        .await
+        .map_err(|e| classify(&e, Phase::Statement))?;
+    Ok(row.get(0))
 }
 
 /// Refuses a database this binary cannot use: no `schema_migrations` table (never
@@ -253,18 +244,13 @@ pub(super) async fn schema_notice(client: &Client, ledger: &str) -> Result<Optio
 /// The newest schema version `schema_migrations` records: `None` without that table
 /// (never migrated), `Some(None)` with an empty one.
 async fn newest_version(client: &Client) -> Result<Option<Option<i64>>, TxError> {
-    let statement = |e: tokio_postgres::Error| classify(&e, Phase::Statement);
-    let row = client
-        .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
-        .await
-        .map_err(statement)?;
-    if !row.get::<_, bool>(0) {
+    if !has_table(client, "schema_migrations").await? {
         return Ok(None);
     }
     let row = client
         .query_one("SELECT MAX(version) FROM schema_migrations", &[])
         .await
-        .map_err(statement)?;
+        .map_err(|e| classify(&e, Phase::Statement))?;
     Ok(Some(row.get(0)))
 }
 

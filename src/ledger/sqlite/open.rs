@@ -163,20 +163,16 @@ fn row_if_newer(conn: &Connection, newest: Option<i64>) -> rusqlite::Result<Opti
 /// The `schema_compat` row of the newest version recorded: `None` without that
 /// table or a row. Reads only the columns whose format is stable.
 pub(super) fn compat_row(conn: &Connection) -> rusqlite::Result<Option<CompatRow>> {
-    if !has_table(conn, "schema_compat")? {
+    if !has_table(conn, migrate::COMPAT_TABLE)? {
         return Ok(None);
     }
-    conn.query_row(
-        "SELECT version, oldest_compatible, written_by FROM schema_compat ORDER BY version DESC LIMIT 1",
-        [],
-        |row| {
-            Ok(CompatRow {
-                version: row.get(0)?,
-                oldest_compatible: row.get(1)?,
-                written_by: row.get(2)?,
-            })
-        },
-    )
+    conn.query_row(migrate::NEWEST_COMPAT_ROW, [], |row| {
+        Ok(CompatRow {
+            version: row.get(0)?,
+            oldest_compatible: row.get(1)?,
+            written_by: row.get(2)?,
+        })
+    })
     .optional()
 }
 
