@@ -32,6 +32,21 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The ranges the numeric flags of `worker`, `serve` and `target` are clamped to,
+/// `(min, max)`; a configuration file's value outside one is refused instead.
+mod bounds {
+    pub(super) const LEASE_SECS: (u64, u64) = (1, 86_400);
+    pub(super) const POLL_SECS: (u64, u64) = (1, 3_600);
+    pub(super) const GRACE_SECS: (u64, u64) = (0, 3_600);
+    pub(super) const STEP_TIMEOUT_SECS: (u64, u64) = (1, 86_400);
+    pub(super) const MAX_CONNECTIONS: (usize, usize) = (1, 65_536);
+
+    /// `secs` within `bounds`, in milliseconds.
+    pub(super) fn ms((min, max): (u64, u64), secs: u64) -> u64 {
+        secs.clamp(min, max) * 1_000
+    }
+}
+
 /// The rehearsal plan shipped with leasehold, used by `demo`.
 const REHEARSAL_PLAN: &str = include_str!("../../scenarios/plans/rehearsal.toml");
 
@@ -289,8 +304,10 @@ impl ListenArgs {
     /// The listener configuration these flags and a grace period make.
     fn config(&self, grace_secs: u64) -> Result<leasehold::listener::Config, Failure> {
         Ok(leasehold::listener::Config {
-            max_connections: self.max_connections.clamp(1, 65_536),
-            grace: Duration::from_secs(grace_secs.clamp(0, 3_600)),
+            max_connections: self
+                .max_connections
+                .clamp(bounds::MAX_CONNECTIONS.0, bounds::MAX_CONNECTIONS.1),
+            grace: Duration::from_millis(bounds::ms(bounds::GRACE_SECS, grace_secs)),
             hosts: leasehold::listener::AllowedHosts::from_origins("--public-origin", &self.public_origins)
                 .map_err(Failure::bad_input)?,
             ..leasehold::listener::Config::default()
@@ -649,15 +666,15 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
         } => {
             let config = WorkerConfig::clamped(
                 true,
-                poll_secs.clamp(1, 3_600) * 1_000,
+                bounds::ms(bounds::POLL_SECS, poll_secs),
                 batch,
-                lease_secs.clamp(1, 86_400) * 1_000,
+                bounds::ms(bounds::LEASE_SECS, lease_secs),
             )
             .with_max_evidence_bytes(max_evidence_bytes);
             let settings = WorkerSettings {
                 until_idle,
-                grace_ms: grace_secs.clamp(0, 3_600) * 1_000,
-                step_timeout: Duration::from_secs(step_timeout_secs.clamp(1, 86_400)),
+                grace_ms: bounds::ms(bounds::GRACE_SECS, grace_secs),
+                step_timeout: Duration::from_millis(bounds::ms(bounds::STEP_TIMEOUT_SECS, step_timeout_secs)),
                 queues,
             };
             let periodic = prune.checked()?.map(|p| p.spawn(Arc::clone(&ledger)));
@@ -1255,7 +1272,7 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         Some(addr) => Some(bind("--metrics-listen", addr).await?),
         None => None,
     };
-    let step_timeout = Duration::from_secs(args.step_timeout_secs.clamp(1, 86_400));
+    let step_timeout = Duration::from_millis(bounds::ms(bounds::STEP_TIMEOUT_SECS, args.step_timeout_secs));
     let executors = Arc::new(args.http.executors(step_timeout)?);
     let app = leasehold::serve::App::new(Arc::clone(&ledger), &executors.names());
     let addr = listener
@@ -1302,13 +1319,13 @@ async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outco
         workers: args.workers,
         config: WorkerConfig::clamped(
             args.workers > 0,
-            args.poll_secs.clamp(1, 3_600) * 1_000,
+            bounds::ms(bounds::POLL_SECS, args.poll_secs),
             args.batch,
-            args.lease_secs.clamp(1, 86_400) * 1_000,
+            bounds::ms(bounds::LEASE_SECS, args.lease_secs),
         )
         .with_max_evidence_bytes(args.max_evidence_bytes),
         id: format!("serve-{}", std::process::id()),
-        grace_ms: args.grace_secs.clamp(0, 3_600) * 1_000,
+        grace_ms: bounds::ms(bounds::GRACE_SECS, args.grace_secs),
         step_timeout,
     };
     let listeners = leasehold::serve::Listeners {

@@ -1,9 +1,11 @@
 //! The keys of a configuration file: what each holds, how it is checked, and which
 //! flag of which command it sets.
 
-use super::super::{check_name, when};
+use super::super::{bounds, check_name, when};
 use leasehold::executor::http::{is_secret_name, AllowedHost, SecretBinding};
+use leasehold::ledger::prune::MAX_BATCH;
 use leasehold::ledger::DbUrl;
+use leasehold_engine::lease;
 use leasehold_engine::AttemptStatus;
 use toml::Value;
 
@@ -34,6 +36,17 @@ pub(super) enum Kind {
     Sources,
 }
 
+/// A count of seconds within `(min, max)`.
+const fn secs((min, max): (u64, u64)) -> Kind {
+    Kind::Int(min as i64, max as i64)
+}
+
+/// A worker's batch, within the engine's clamp.
+const BATCH: Kind = Kind::Int(lease::BATCH_SIZE_MIN as i64, lease::BATCH_SIZE_MAX as i64);
+
+/// A step's evidence bytes, within the engine's clamp.
+const EVIDENCE_BYTES: Kind = Kind::Int(lease::EVIDENCE_BYTES_MIN as i64, lease::EVIDENCE_BYTES_MAX as i64);
+
 /// Every key a file may hold.
 pub(super) const KEYS: &[(&str, Kind)] = &[
     ("db", Kind::Db),
@@ -41,21 +54,24 @@ pub(super) const KEYS: &[(&str, Kind)] = &[
     ("serve.metrics_listen", Kind::Text),
     ("serve.workers", Kind::Int(0, u32::MAX as i64)),
     ("serve.log_format", Kind::Text),
-    ("serve.lease_secs", Kind::Int(1, 86_400)),
-    ("serve.poll_secs", Kind::Int(1, 3_600)),
-    ("serve.batch", Kind::Int(1, 256)),
-    ("serve.grace_secs", Kind::Int(0, 3_600)),
-    ("serve.step_timeout_secs", Kind::Int(1, 86_400)),
-    ("serve.max_evidence_bytes", Kind::Int(1_024, 16_777_216)),
+    ("serve.lease_secs", secs(bounds::LEASE_SECS)),
+    ("serve.poll_secs", secs(bounds::POLL_SECS)),
+    ("serve.batch", BATCH),
+    ("serve.grace_secs", secs(bounds::GRACE_SECS)),
+    ("serve.step_timeout_secs", secs(bounds::STEP_TIMEOUT_SECS)),
+    ("serve.max_evidence_bytes", EVIDENCE_BYTES),
     ("serve.public_origins", Kind::Origins),
-    ("serve.max_connections", Kind::Int(1, 65_536)),
+    (
+        "serve.max_connections",
+        Kind::Int(bounds::MAX_CONNECTIONS.0 as i64, bounds::MAX_CONNECTIONS.1 as i64),
+    ),
     ("worker.id", Kind::Name),
-    ("worker.lease_secs", Kind::Int(1, 86_400)),
-    ("worker.poll_secs", Kind::Int(1, 3_600)),
-    ("worker.batch", Kind::Int(1, 256)),
-    ("worker.grace_secs", Kind::Int(0, 3_600)),
-    ("worker.step_timeout_secs", Kind::Int(1, 86_400)),
-    ("worker.max_evidence_bytes", Kind::Int(1_024, 16_777_216)),
+    ("worker.lease_secs", secs(bounds::LEASE_SECS)),
+    ("worker.poll_secs", secs(bounds::POLL_SECS)),
+    ("worker.batch", BATCH),
+    ("worker.grace_secs", secs(bounds::GRACE_SECS)),
+    ("worker.step_timeout_secs", secs(bounds::STEP_TIMEOUT_SECS)),
+    ("worker.max_evidence_bytes", EVIDENCE_BYTES),
     ("worker.queues", Kind::Names),
     ("http.allow", Kind::Hosts),
     ("http.secrets", Kind::Bindings),
@@ -64,7 +80,7 @@ pub(super) const KEYS: &[(&str, Kind)] = &[
     ("retention.states", Kind::States),
     ("retention.every", Kind::Duration),
     ("retention.archive_dir", Kind::Text),
-    ("retention.batch", Kind::Int(1, 10_000)),
+    ("retention.batch", Kind::Int(1, MAX_BATCH as i64)),
 ];
 
 /// The flag each key sets, `(key, command, clap argument id)`; command `""` is a
