@@ -27,6 +27,7 @@ fn queued(steps: u32) -> (Plan, AttemptRecord) {
     let ids = NewIds {
         attempt: AttemptId::new("att-1"),
         command: CommandId::new("cmd-1"),
+        trace: None,
     };
     let record = transition::enqueue(&plan, &[], Action::Execute, ids, now).expect("enqueue");
     (plan, record)

@@ -27,11 +27,10 @@ pub mod server;
 use crate::clock::{Clock, SystemClock};
 use crate::executor::Executors;
 use crate::ledger::sqlite::{SqliteLedger, WriterStats};
-use crate::ledger::{Claimed, Ledger, LedgerError};
+use crate::ledger::{Claimed, EnqueueRequest, Ledger, LedgerError};
 use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
 use leasehold_engine::driver::Outcome;
 use leasehold_engine::lease::WorkerConfig;
-use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, AttemptStatus, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
     PlanSpec, ReceiptStatus, Reply, Step, WorkerRequest,
@@ -183,9 +182,9 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         self.inner.register_plan(spec, known_executors).await
     }
 
-    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
         Counts::bump(&self.counts.other_writes);
-        self.inner.enqueue_at(plan, action, start).await
+        self.inner.enqueue_with(plan, request).await
     }
 
     async fn plan(&self, id: &PlanId) -> Result<Plan, LedgerError> {
@@ -902,6 +901,7 @@ mod tests {
         let ids = NewIds {
             attempt: AttemptId::new("a"),
             command: CommandId::new("c"),
+            trace: None,
         };
         let mut record = transition::enqueue(&plan, &[], Action::Execute, ids, now).unwrap();
         assert!(exactly_once_problem(&record, 1).unwrap().contains("is QUEUED"));

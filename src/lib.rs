@@ -180,4 +180,5 @@ pub mod serve;
 pub mod text;
 #[cfg(feature = "cli")]
 pub mod tokens;
+pub mod trace;
 pub mod worker;

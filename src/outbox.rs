@@ -92,7 +92,7 @@ use crate::ledger::mysql::outbox as mysql;
 use crate::ledger::postgres::outbox as postgres;
 #[cfg(feature = "sqlite")]
 use crate::ledger::sqlite::outbox as sqlite;
-use crate::ledger::LedgerError;
+use crate::ledger::{EnqueueRequest, LedgerError};
 use leasehold_engine::transition::Start;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
 use std::fmt;
@@ -204,7 +204,19 @@ impl Outbox {
         action: Action,
         start: Start,
     ) -> Result<AttemptRecord, LedgerError> {
-        sqlite::enqueue(tx, plan, (action, start), &*self.entropy, self.sqlite_now())
+        self.enqueue_sqlite_with(tx, plan, EnqueueRequest::new(action).at(start))
+    }
+
+    /// [`Outbox::enqueue_sqlite`] of the attempt `request` describes: its action, when
+    /// its command becomes claimable, and the trace (`traceparent`) it joins.
+    #[cfg(feature = "sqlite")]
+    pub fn enqueue_sqlite_with(
+        &self,
+        tx: &rusqlite::Connection,
+        plan: &PlanId,
+        request: EnqueueRequest,
+    ) -> Result<AttemptRecord, LedgerError> {
+        sqlite::enqueue(tx, plan, request, &*self.entropy, self.sqlite_now())
     }
 
     /// [`Outbox::register_plan_sqlite`] inside the caller's MySQL / MariaDB
@@ -241,7 +253,20 @@ impl Outbox {
         action: Action,
         start: Start,
     ) -> Result<AttemptRecord, LedgerError> {
-        mysql::enqueue(tx, plan, (action, start), &*self.entropy, self.clock.as_deref()).await
+        self.enqueue_mysql_with(tx, plan, EnqueueRequest::new(action).at(start))
+            .await
+    }
+
+    /// [`Outbox::enqueue_mysql`] of the attempt `request` describes: its action, when
+    /// its command becomes claimable, and the trace (`traceparent`) it joins.
+    #[cfg(feature = "mysql")]
+    pub async fn enqueue_mysql_with(
+        &self,
+        tx: &mut mysql_async::Transaction<'_>,
+        plan: &PlanId,
+        request: EnqueueRequest,
+    ) -> Result<AttemptRecord, LedgerError> {
+        mysql::enqueue(tx, plan, request, &*self.entropy, self.clock.as_deref()).await
     }
 
     /// [`Outbox::register_plan_sqlite`] inside the caller's PostgreSQL transaction
@@ -280,6 +305,19 @@ impl Outbox {
         action: Action,
         start: Start,
     ) -> Result<AttemptRecord, LedgerError> {
-        postgres::enqueue(tx, plan, (action, start), &*self.entropy, self.clock.as_deref()).await
+        self.enqueue_postgres_with(tx, plan, EnqueueRequest::new(action).at(start))
+            .await
+    }
+
+    /// [`Outbox::enqueue_postgres`] of the attempt `request` describes: its action, when
+    /// its command becomes claimable, and the trace (`traceparent`) it joins.
+    #[cfg(feature = "postgres")]
+    pub async fn enqueue_postgres_with(
+        &self,
+        tx: &mut tokio_postgres::Transaction<'_>,
+        plan: &PlanId,
+        request: EnqueueRequest,
+    ) -> Result<AttemptRecord, LedgerError> {
+        postgres::enqueue(tx, plan, request, &*self.entropy, self.clock.as_deref()).await
     }
 }

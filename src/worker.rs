@@ -41,6 +41,7 @@ use crate::clock::Clock;
 use crate::executor::{ExecRequest, Executor, ExecutorResult};
 use crate::ledger::fleet::REPORT_EVERY_MS;
 use crate::ledger::{Claimed, Ledger, LedgerError};
+use crate::trace::{self, ClaimWindow, DeliveryTrace};
 use leasehold_engine::driver::{Driver, DriverAction, Outcome};
 use leasehold_engine::lease::WorkerConfig;
 use leasehold_engine::route::DEFAULT_QUEUE;
@@ -57,6 +58,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 /// Something a worker did, for logs and progress displays. Never carries a token.
 #[derive(Debug, Clone, PartialEq)]
@@ -409,15 +411,18 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
         // The lease estimate starts before the claim is sent: conservative by the
         // claim's round trip.
         let sent_at = self.clock.now();
+        let wall = trace::wall_now();
         let claimed = match self.ledger.claim_batch(self.claim_request(capacity as u32)).await {
             Ok(claimed) => claimed,
             Err(e) => return Some(self.back_off(round.backoff_ms, &e)),
         };
+        let window = ClaimWindow::since(wall);
         *round.backoff_ms = 0;
         let full = claimed.len() == capacity;
         for c in claimed {
             round.report.claimed += 1;
-            round.tasks.spawn(self.deliver(c, sent_at, round.stopping));
+            let at = ClaimedAt { at: sent_at, window };
+            round.tasks.spawn(self.deliver(c, at, round.stopping));
         }
         if full {
             return Some(0);
@@ -496,7 +501,7 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
     fn deliver(
         &self,
         claimed: Claimed,
-        claimed_at: Timestamp,
+        at: ClaimedAt,
         stopping: &Arc<AtomicBool>,
     ) -> impl Future<Output = Ended> + Send + 'static {
         let claim_next = self.config.polling.then(|| self.claim_request(1));
@@ -511,7 +516,8 @@ impl<L: Ledger, E: Executor, C: Clock> Worker<L, E, C> {
             max_evidence_bytes: self.config.max_evidence_bytes,
             step_timeout: self.step_timeout,
             claimed: Box::new(claimed),
-            claimed_at,
+            claimed_at: at.at,
+            window: at.window,
         };
         delivery.run()
     }
@@ -540,12 +546,20 @@ fn runs_nothing(capabilities: &Capabilities) -> Option<String> {
 /// the instant that write was sent, where its lease estimate starts).
 struct Ended {
     outcome: Outcome,
-    next: Vec<(Claimed, Timestamp)>,
+    next: Vec<(Claimed, ClaimedAt)>,
+}
+
+/// When a command was claimed: the worker clock's reading as the claim was sent (the
+/// lease estimate starts there), and the claim's wall-clock window for its span.
+#[derive(Debug, Clone, Copy)]
+struct ClaimedAt {
+    at: Timestamp,
+    window: Option<ClaimWindow>,
 }
 
 /// Counts a delivery's end (and what it claimed) in the report; answers what it
 /// claimed.
-fn tally(report: &mut WorkerReport, done: Result<Ended, tokio::task::JoinError>) -> Vec<(Claimed, Timestamp)> {
+fn tally(report: &mut WorkerReport, done: Result<Ended, tokio::task::JoinError>) -> Vec<(Claimed, ClaimedAt)> {
     let Ok(Ended { outcome, next }) = done else {
         report.abandoned += 1;
         return Vec::new();
@@ -631,6 +645,7 @@ struct Delivery<L, E, C> {
     // smaller one is cheaper to allocate and to move.
     claimed: Box<Claimed>,
     claimed_at: Timestamp,
+    window: Option<ClaimWindow>,
 }
 
 impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
@@ -640,6 +655,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         let steps = record.receipts.len() as u32;
         let delivery = record.command.delivery_count;
         self.claimed_events();
+        let mut spans = DeliveryTrace::open(&self.claimed, self.window);
         // Boxed, like the claim: it keeps the delivery's task small.
         let mut driver = Box::new(
             Driver::fused(record, self.lease_ms, self.claimed_at)
@@ -648,7 +664,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         );
         // The worker request in flight (what it was, when it was sent, its call), or
         // the read-back; the driver sends one at a time.
-        let mut write_call: Option<(WorkerOp, Timestamp, WriteCall<'_>)> = None;
+        let mut write_call: Option<(WorkerOp, WriteSent, WriteCall<'_>)> = None;
         let mut read_call: Option<ReadCall<'_>> = None;
         let mut executor_call: Option<(u32, Boxed<'_, ExecutorResult>)> = None;
         // The last write other than a heartbeat, for the event a read-back that finds
@@ -656,25 +672,34 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
         let mut last_write = WorkerOp::Heartbeat;
         // What ending writes claimed (a repeat after a lost reply may claim again),
         // each with when its write was sent.
-        let mut next: Vec<(Claimed, Timestamp)> = Vec::new();
+        let mut next: Vec<(Claimed, ClaimedAt)> = Vec::new();
         let outcome = loop {
             // One reading for the whole turn: the actions drained now are sent now.
             let now = self.clock.now();
             while let Some(action) = driver.poll_action(now) {
                 match action {
                     DriverAction::Execute { ordinal } => {
-                        executor_call = Some((ordinal, self.execute(ordinal)));
+                        executor_call = Some((ordinal, self.execute(ordinal, &mut spans)));
                     }
                     DriverAction::Ledger(request) => {
+                        let ends = driver.ends_attempt(&request);
                         let claim = self
                             .claim_next
                             .as_ref()
-                            .filter(|_| driver.ends_attempt(&request) && !self.stopping.load(Ordering::Relaxed));
+                            .filter(|_| ends && !self.stopping.load(Ordering::Relaxed));
                         let op = request.kind();
                         if op != WorkerOp::Heartbeat {
                             last_write = op;
                         }
-                        write_call = Some((op, now, self.write(request, claim.cloned())));
+                        let mut call = self.write(request, claim.cloned());
+                        if ends {
+                            call = traced_write(spans.end_write(op), call);
+                        }
+                        let sent = WriteSent {
+                            at: now,
+                            wall: trace::wall_now(),
+                        };
+                        write_call = Some((op, sent, call));
                     }
                     DriverAction::ReadAttempt => {
                         let (ledger, lease) = (&*self.ledger, &self.claimed.lease);
@@ -689,11 +714,12 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             tokio::select! {
                 biased;
                 result = maybe(write_call.as_mut().map(|(_, _, f)| f)) => {
-                    let (op, sent_at, _) = write_call.take().expect("a worker request was in flight");
+                    let (op, sent, _) = write_call.take().expect("a worker request was in flight");
                     self.report_reply(op, &result, steps);
                     match result {
                         Ok((reply, claimed)) => {
-                            next.extend(claimed.into_iter().map(|c| (c, sent_at)));
+                            let at = ClaimedAt { at: sent.at, window: ClaimWindow::since(sent.wall) };
+                            next.extend(claimed.into_iter().map(|c| (c, at)));
                             driver.handle_reply(self.clock.now(), reply);
                         }
                         Err(e) => driver.handle_failure(self.clock.now(), failure(e)),
@@ -719,6 +745,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             }
         };
         self.executor.release(attempt, delivery);
+        spans.finish(&outcome);
         emit(&self.observer, || WorkerEvent::Finished {
             attempt: attempt.clone(),
             outcome: outcome.clone(),
@@ -817,10 +844,11 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
 
     /// Calls the executor for a step (the request is built now, the call runs when
     /// polled).
-    fn execute(&self, ordinal: u32) -> Boxed<'_, ExecutorResult> {
+    fn execute(&self, ordinal: u32, spans: &mut DeliveryTrace) -> Boxed<'_, ExecutorResult> {
         let record = &self.claimed.record;
         let receipt = record.receipt(ordinal);
         let step = receipt.and_then(|r| self.claimed.plan.step(&r.step_code)).cloned();
+        let traced = step.as_ref().map(|s| spans.step(ordinal, s));
         let request = step.zip(receipt).map(|(step, receipt)| ExecRequest {
             plan_id: self.claimed.plan.id.clone(),
             attempt_id: record.attempt.id.clone(),
@@ -830,26 +858,57 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
             ordinal,
             step,
             idempotency_key: receipt.idempotency_key.clone(),
+            traceparent: traced.as_ref().map(|(_, ctx)| *ctx),
         });
-        match request {
-            Some(request) => {
+        match request.zip(traced) {
+            Some((request, (span, _))) => {
                 let (code, budget) = (request.step.code.clone(), self.step_timeout);
                 let call = self.executor.execute(request);
-                Box::pin(async move {
-                    match tokio::time::timeout(budget, call).await {
+                let recorded = span.clone();
+                let call = async move {
+                    let result = match tokio::time::timeout(budget, call).await {
                         Ok(result) => result,
                         Err(_) => ExecutorResult::Permanent(format!(
                             "step {code}: still running after its time budget of {} ms (step timeout); stopped",
                             budget.as_millis()
                         )),
-                    }
-                })
+                    };
+                    recorded.record("leasehold.outcome", trace::result_name(&result));
+                    result
+                };
+                Box::pin(call.instrument(span))
             }
             None => Box::pin(std::future::ready(ExecutorResult::Permanent(format!(
                 "step {ordinal} is not in the plan"
             )))),
         }
     }
+}
+
+/// A worker request as it was sent: the worker clock's reading, and the wall clock's
+/// when spans are reported (the window of what an ending write claims).
+#[derive(Debug, Clone, Copy)]
+struct WriteSent {
+    at: Timestamp,
+    wall: Option<std::time::SystemTime>,
+}
+
+/// `call` inside `span`, which records whether the ledger applied it.
+fn traced_write(span: tracing::Span, call: WriteCall<'_>) -> WriteCall<'_> {
+    let recorded = span.clone();
+    Box::pin(
+        async move {
+            let result = call.await;
+            let outcome = match &result {
+                Ok(_) => "applied",
+                Err(LedgerError::Refused(_) | LedgerError::NotFound { .. }) => "refused",
+                Err(_) => "unknown",
+            };
+            recorded.record("leasehold.outcome", outcome);
+            result
+        }
+        .instrument(span),
+    )
 }
 
 async fn maybe<F: Future + Unpin>(future: Option<&mut F>) -> F::Output {

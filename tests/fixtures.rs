@@ -70,6 +70,7 @@ async fn run_rehearsal(sandbox: &SqliteSandbox, plan: &Plan, attempt: &AttemptId
             ordinal,
             step: step.clone(),
             idempotency_key: idempotency_key(attempt, ordinal, &step.code),
+            traceparent: None,
         };
         match sandbox.execute(request).await {
             ExecutorResult::Done { evidence: e, .. } => evidence.push(e),

@@ -7,11 +7,11 @@ use leasehold::clock::SystemClock;
 use leasehold::engine::driver::ExecutorResult;
 use leasehold::engine::lease::WorkerConfig;
 use leasehold::engine::transition::Start;
-use leasehold::engine::{Action, AttemptStatus, CommandStatus, PlanId, PlanSpec, ReceiptStatus, Refusal};
+use leasehold::engine::{Action, AttemptStatus, CommandStatus, PlanId, PlanSpec, ReceiptStatus, Refusal, TraceContext};
 use leasehold::entropy::OsEntropy;
 use leasehold::executor::{ExecRequest, Executor, Executors};
 use leasehold::ledger::sqlite::SqliteLedger;
-use leasehold::ledger::{Ledger, LedgerError};
+use leasehold::ledger::{EnqueueRequest, Ledger, LedgerError};
 use leasehold::outbox::rusqlite::{Connection, TransactionBehavior};
 use leasehold::outbox::Outbox;
 use leasehold::worker::{RunOptions, Worker};
@@ -24,6 +24,7 @@ use tempfile::TempDir;
 #[derive(Default, Clone)]
 struct Crm {
     pushed: Arc<Mutex<Vec<(String, String)>>>,
+    traces: Arc<Mutex<Vec<Option<TraceContext>>>>,
 }
 
 impl Executor for Crm {
@@ -33,6 +34,7 @@ impl Executor for Crm {
             .lock()
             .unwrap()
             .push((order.clone(), request.idempotency_key.clone()));
+        self.traces.lock().unwrap().push(request.traceparent);
         ExecutorResult::Done {
             evidence: json!({"pushed": order}),
             target_receipt: json!({"crm_id": format!("crm-{order}")}),
@@ -140,6 +142,57 @@ async fn committed_order_and_command_are_delivered_by_a_worker() {
         *crm.pushed.lock().unwrap(),
         vec![("o-1".to_owned(), record.receipts[0].idempotency_key.clone())]
     );
+}
+
+#[tokio::test]
+async fn an_enqueue_in_the_callers_trace_is_delivered_in_it() {
+    let (_dir, path, ledger) = migrated().await;
+    let crm = Crm::default();
+    let executors = executors(&crm);
+    let mut conn = app_connection(&path);
+    let outbox = Outbox::new();
+    let caller = TraceContext::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").unwrap();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+    let plan = outbox
+        .register_plan_sqlite(&tx, order_plan("o-7"), &executors.names())
+        .unwrap();
+    let request = EnqueueRequest::new(Action::Execute).traced(Some(caller));
+    let record = outbox.enqueue_sqlite_with(&tx, &plan.id, request).unwrap();
+    tx.commit().unwrap();
+    let trace = record.attempt.trace.expect("a trace context");
+    assert_eq!(trace, TraceContext::for_attempt(Some(&caller), &record.attempt.id));
+    let ledger = Arc::new(ledger);
+    let worker = Worker::new(
+        "w",
+        ledger.clone(),
+        Arc::new(executors),
+        Arc::new(SystemClock),
+        WorkerConfig::clamped(true, 10, 5, 5_000),
+    );
+    let report = worker
+        .run(
+            std::future::pending(),
+            RunOptions {
+                until_idle: true,
+                grace_ms: 0,
+            },
+        )
+        .await;
+    assert_eq!(report.delivered, 1);
+    assert_eq!(
+        ledger.attempt(&record.attempt.id).await.unwrap().attempt.trace,
+        Some(trace)
+    );
+    let sent = crm.traces.lock().unwrap().clone();
+    let [Some(step)] = sent.as_slice() else {
+        panic!("one call, with a trace context: {sent:?}");
+    };
+    assert_eq!(
+        step.trace_id(),
+        caller.trace_id(),
+        "the step runs in the caller's trace"
+    );
+    assert_ne!(step.span_id(), trace.span_id(), "under a span of its own");
 }
 
 #[tokio::test]

@@ -70,6 +70,7 @@ impl Receiver {
                 retry: None,
             },
             idempotency_key: key.into(),
+            traceparent: None,
         }
     }
 

@@ -59,6 +59,7 @@ fn request(attempt: &str, code: &str, payload: Value) -> ExecRequest {
             retry: None,
         },
         idempotency_key: format!("ik-{attempt}-{code}"),
+        traceparent: None,
     }
 }
 

@@ -1258,6 +1258,46 @@ fn available_at(answer: &Answer) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_joins_the_requests_trace_and_an_invalid_traceparent_starts_a_new_one() {
+    let server = TestServer::start().await;
+    let op = Some(server.operator.as_str());
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    let cases = [
+        ("traced", Some(caller), true),
+        (
+            "malformed",
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"),
+            false,
+        ),
+        ("absent", None, false),
+    ];
+    for (name, header, joins) in cases {
+        let plan = server.plan(name, 1).await;
+        let path = format!("/api/v1/plans/{}/attempts", plan.id);
+        let headers: Vec<(&str, &str)> = header.map(|h| ("traceparent", h)).into_iter().collect();
+        let answer = call_with(&server, Method::POST, &path, op, None, &headers).await;
+        assert_eq!(answer.status.as_u16(), 201, "{name}: {}", answer.body);
+        let attempt = answer.json()["attempt"].clone();
+        let stored = attempt["trace"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no trace: {attempt}"));
+        let trace = leasehold_engine::TraceContext::parse(stored).unwrap();
+        let id = leasehold_engine::AttemptId::new(attempt["id"].as_str().unwrap());
+        let parent = joins.then(|| leasehold_engine::TraceContext::parse(caller).unwrap());
+        assert_eq!(
+            trace,
+            leasehold_engine::TraceContext::for_attempt(parent.as_ref(), &id),
+            "{name}"
+        );
+        assert_eq!(
+            trace.flags(),
+            if joins { 0 } else { 1 },
+            "{name}: the caller's sampling decision holds"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_starts_at_once_at_an_instant_or_after_a_delay() {
     let server = TestServer::start().await;
     let op = Some(server.operator.as_str());

@@ -687,6 +687,7 @@ mod tests {
                 started_at: None,
                 finished_at: None,
                 error: None,
+                trace: None,
             },
             command: crate::model::Command {
                 id: CommandId::new(format!("cmd-{id}")),

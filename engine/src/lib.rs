@@ -4,8 +4,8 @@
 //! fingerprints ([`plan`], [`canonical`]), routing ([`route`]), what a name may hold ([`names`]), every
 //! transition of the design's table as a guard plus writes ([`transition`]), the
 //! request vocabulary that names them all as data with its one entry point
-//! ([`request::decide`]), lease math and the configuration clamp ([`lease`]), and the
-//! worker driver ([`driver`]). Time, ids and lease tokens are arguments; nothing here
+//! ([`request::decide`]), lease math and the configuration clamp ([`lease`]), trace
+//! context ([`trace`]), and the worker driver ([`driver`]). Time, ids and lease tokens are arguments; nothing here
 //! reads a clock, draws a random number or does I/O.
 
 pub mod canonical;
@@ -21,6 +21,7 @@ pub mod plan;
 pub mod policy;
 pub mod request;
 pub mod route;
+pub mod trace;
 pub mod transition;
 
 pub use ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
@@ -34,4 +35,5 @@ pub use request::{
     decide, ClaimRequest, Decision, Failure, Op, OperatorRequest, Reply, Request, WorkerOp, WorkerRequest,
 };
 pub use route::{Capabilities, Reach, Route};
+pub use trace::TraceContext;
 pub use transition::{Guard, Refusal, Writes};

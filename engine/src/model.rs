@@ -258,6 +258,10 @@ pub struct Attempt {
     pub finished_at: Option<Timestamp>,
     /// Why it failed or was aborted.
     pub error: Option<String>,
+    /// Its trace context ([`crate::trace`]): the trace it was enqueued under and the
+    /// enqueue's span (none on rows written before traces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 /// One step of one attempt, with its evidence.

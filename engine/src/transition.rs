@@ -199,6 +199,8 @@ pub struct NewIds {
     pub attempt: AttemptId,
     /// The command's id.
     pub command: CommandId,
+    /// The attempt's trace context ([`crate::trace::TraceContext::for_attempt`]).
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 /// When an enqueued attempt's command becomes claimable.
@@ -274,6 +276,7 @@ pub fn enqueue_at(
         started_at: None,
         finished_at: None,
         error: None,
+        trace: ids.trace,
     };
     let receipts: Vec<Receipt> = steps
         .iter()

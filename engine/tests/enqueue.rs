@@ -52,6 +52,7 @@ fn execute_writes_a_queued_attempt_pending_receipts_in_step_order_and_a_pending_
             started_at: None,
             finished_at: None,
             error: None,
+            trace: None,
         },
         command: Command {
             id: command_id(1),

@@ -196,6 +196,7 @@ fn an_enqueue_starts_now_at_a_later_instant_or_after_a_delay_never_in_the_past()
     let ids = |n| NewIds {
         attempt: attempt_id(n),
         command: command_id(n),
+        trace: None,
     };
     let now = at(ENQUEUED_MS);
     let start = |s| {

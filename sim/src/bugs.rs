@@ -88,6 +88,10 @@ pub enum Bug {
     /// limits without `breaker` around each claim, so a claim enters a target whose
     /// breaker is open, or whose half-open probe is out.
     BreakerIgnored,
+    /// Enqueues lose the caller's trace context: the db host forwards each enqueue
+    /// without its `traceparent`, as a ledger that does not store it would, so the
+    /// attempt starts a trace of its own.
+    EnqueueDropsTrace,
 }
 
 impl Bug {
@@ -111,6 +115,7 @@ impl Bug {
         Bug::LimitIgnored,
         Bug::RateIgnored,
         Bug::BreakerIgnored,
+        Bug::EnqueueDropsTrace,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -134,6 +139,7 @@ impl Bug {
             Bug::LimitIgnored => "limit-ignored",
             Bug::RateIgnored => "rate-ignored",
             Bug::BreakerIgnored => "breaker-ignored",
+            Bug::EnqueueDropsTrace => "enqueue-drops-trace",
         }
     }
 
@@ -163,6 +169,7 @@ impl Bug {
             Bug::LimitIgnored => (20, "limited-targets"),
             Bug::RateIgnored => (21, "limited-targets"),
             Bug::BreakerIgnored => (22, "limited-targets"),
+            Bug::EnqueueDropsTrace => (23, "mixed"),
         }
     }
 }
@@ -170,10 +177,13 @@ impl Bug {
 impl Bug {
     /// The invariant the model checker ([`crate::model`]) finds it by first, and the
     /// recovery mode of the configuration it is found in
-    /// ([`crate::model::Config::finding`]).
+    /// ([`crate::model::Config::finding`]). `None`: the model does not explore what
+    /// it breaks (trace context is data an enqueue carries, not a step of the lease
+    /// protocol; the simulator's invariant 23 checks it).
     pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
         Some(match self {
+            Bug::EnqueueDropsTrace => return None,
             Bug::CompleteSkipsTokenCheck | Bug::HeartbeatIgnoresToken => (1, Resume),
             Bug::ReconcileStealsLiveLease | Bug::LeaseOnWorkerClock => (2, Resume),
             Bug::ReplayKeepsReceipts => (11, Replay),

@@ -14,10 +14,11 @@ use crate::profile::ClientParams;
 use crate::rng::Rng;
 use crate::rpc::RpcLedger;
 use crate::trace::Trace;
-use leasehold::ledger::{Ledger, LedgerError};
+use leasehold::ledger::{EnqueueRequest, Ledger, LedgerError};
 use leasehold_engine::transition::Start;
-use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, Plan, PlanId, TraceContext};
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +30,8 @@ pub struct ClientLog {
     pub plans: Vec<Plan>,
     /// Acknowledged enqueues.
     pub acked: Vec<(PlanId, Action, AttemptId)>,
+    /// The trace each acknowledged enqueue that named one joined (its `traceparent`).
+    pub traced: BTreeMap<AttemptId, TraceContext>,
     /// Refused enqueues, with the refusal.
     pub refused: Vec<(PlanId, Action, String)>,
     /// Enqueues whose outcome is unknown.
@@ -72,6 +75,8 @@ async fn sleep_ms(ms: u64) {
 pub async fn enqueuer(ctx: ClientCtx, clients: ClientParams) -> turmoil::Result {
     let ledger = ctx.ledger("enqueuer");
     let mut rng = Rng::new(ctx.seed, "enqueuer");
+    // A stream of its own: the traces drawn leave the enqueuer's choices as they were.
+    let mut traces = Rng::new(ctx.seed, "traces");
     let mut plans = Vec::new();
     for spec in plans::named(&clients.plans)? {
         loop {
@@ -98,7 +103,8 @@ pub async fn enqueuer(ctx: ClientCtx, clients: ClientParams) -> turmoil::Result 
         };
         let action = choose_action(&history, &mut rng);
         let start = choose_start(&clients, &mut rng);
-        enqueue_one(&ctx, &ledger, plan, (action, start)).await;
+        let request = EnqueueRequest::new(action).at(start).traced(choose_parent(&mut traces));
+        enqueue_one(&ctx, &ledger, plan, request).await;
     }
     ctx.log.borrow_mut().enqueuer_done = true;
     Ok(())
@@ -114,15 +120,30 @@ fn choose_start(clients: &ClientParams, rng: &mut Rng) -> Start {
     }
 }
 
+/// The trace an enqueue joins: half of them name one (a caller's `traceparent`),
+/// the rest start their own.
+fn choose_parent(rng: &mut Rng) -> Option<TraceContext> {
+    if !rng.chance(0.5) {
+        return None;
+    }
+    let (high, low, span) = (rng.next_u64(), rng.next_u64(), rng.next_u64());
+    let text = format!("00-{high:016x}{:016x}-{:016x}-01", low | 1, span | 1);
+    Some(TraceContext::parse(&text).expect("a well-formed traceparent"))
+}
+
 /// Enqueues one attempt and records how it went.
-async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, (action, start): (Action, Start)) {
+async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: EnqueueRequest) {
+    let EnqueueRequest { action, start, parent } = request;
     let starts = match start {
         Start::After(ms) => format!(", starts in {ms} ms"),
         Start::At(at) => format!(", starts at {at}"),
         Start::Now => String::new(),
     };
-    match ledger.enqueue_at(&plan.id, action, start).await {
+    match ledger.enqueue_with(&plan.id, request).await {
         Ok(record) => {
+            if let Some(parent) = parent {
+                ctx.log.borrow_mut().traced.insert(record.attempt.id.clone(), parent);
+            }
             ctx.trace.line(
                 "enqueuer",
                 format!(

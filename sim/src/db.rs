@@ -31,15 +31,16 @@ use leasehold::clock::Clock;
 use leasehold::entropy::{Entropy, IdKind};
 use leasehold::ledger::memory::MemoryLedger;
 use leasehold::ledger::sqlite::SqliteCore;
+use leasehold::ledger::EnqueueRequest;
 use leasehold::ledger::WritesHook;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
 use leasehold_engine::limits::TargetLimit;
-use leasehold_engine::transition::{is_claimable, next_step, Start};
+use leasehold_engine::transition::{is_claimable, next_step};
 use leasehold_engine::{
-    decide as engine_decide, Action, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Decision, Exhaustion,
-    Guard, Lease, LeaseToken, Op, OperatorRequest, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery, Refusal, Reply,
-    Request, RetrySpec, Timestamp, WorkerRequest, Writes,
+    decide as engine_decide, AttemptId, AttemptRecord, ClaimRequest, CommandStatus, Decision, Exhaustion, Guard, Lease,
+    LeaseToken, Op, OperatorRequest, Plan, PlanId, PlanSpec, ReceiptStatus, Recovery, Refusal, Reply, Request,
+    RetrySpec, Timestamp, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::cell::RefCell;
@@ -874,7 +875,16 @@ impl DbState {
             DbRequest::Plan { id } => call!(&self.backend, plan(id)).map(DbReply::Plan),
             DbRequest::ListPlans => call!(&self.backend, list_plans()).map(DbReply::Plans),
             DbRequest::RetirePlan { id } => call!(&self.backend, retire_plan(id)).map(DbReply::Plan),
-            DbRequest::Enqueue { plan, action, start } => self.enqueue(env, times, plan, (*action, *start)),
+            DbRequest::Enqueue {
+                plan,
+                action,
+                start,
+                parent,
+            } => {
+                let parent = parent.filter(|_| !self.bugs.contains(&Bug::EnqueueDropsTrace));
+                let request = EnqueueRequest::new(*action).at(*start).traced(parent);
+                self.enqueue(env, times, plan, request)
+            }
             DbRequest::Claim(request) => {
                 let request = routed(&self.bugs, request);
                 let restore = self.loosen_limits();
@@ -926,10 +936,10 @@ impl DbState {
         env: &DbEnvelope,
         (db_now, decided_at): (Timestamp, Timestamp),
         plan: &PlanId,
-        (action, start): (Action, Start),
+        request: EnqueueRequest,
     ) -> Result<DbReply, LedgerError> {
         let count_before = self.plan_attempt_count(plan);
-        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue_at(plan, action, start));
+        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue_with(plan, request));
         let count_after = self.plan_attempt_count(plan);
         let (attempt, after) = match &result {
             Ok(record) => {

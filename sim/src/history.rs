@@ -843,6 +843,7 @@ mod tests {
             let ids = NewIds {
                 attempt: AttemptId::new("att-1"),
                 command: CommandId::new("cmd-1"),
+                trace: None,
             };
             let record =
                 transition::enqueue(&plan, &[], Action::Execute, ids, Timestamp::from_millis(0)).expect("enqueue");
@@ -980,6 +981,7 @@ mod tests {
                 worker: "w1".into(),
                 answer: crate::target::CallAnswer::Applied,
                 reply_lost: false,
+                traceparent: None,
             }
         }
 

@@ -6,10 +6,10 @@
 //! ([`rpc`]), a skewed clock ([`clock`]) and an executor that calls an idempotent
 //! target host ([`target`]), plus an enqueuer and an operator ([`clients`]). Faults
 //! from the seed's profile ([`profile`]) hit it during a safety phase; then it is
-//! healed and must converge. The [`checker`] proves twenty-two invariants on every run from
+//! healed and must converge. The [`checker`] proves twenty-three invariants on every run from
 //! what the hosts recorded (the model-based history check is [`history`], the delivery
 //! policy's invariants are [`delivery`], routing's is [`routing`], the per-target
-//! limits' are [`limits`]); planted
+//! limits' are [`limits`], trace context's is [`traces`]); planted
 //! bugs ([`bugs`]) prove that it can fail; the run prints a hash of its event [`trace`], and the
 //! same seed always gives the same hash. [`runner`] runs many seeds on every core.
 //! [`model`] explores every interleaving of small configurations with the engine's
@@ -37,4 +37,5 @@ pub mod rpc;
 pub mod runner;
 pub mod target;
 pub mod trace;
+pub mod traces;
 pub mod world;

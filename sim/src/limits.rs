@@ -273,6 +273,7 @@ mod tests {
         let ids = NewIds {
             attempt: AttemptId::new(id),
             command: CommandId::new(format!("cmd-{id}")),
+            trace: None,
         };
         transition::enqueue(&plan, &[], Action::Execute, ids, Timestamp::from_millis(0)).expect("enqueue")
     }

@@ -15,7 +15,7 @@ use leasehold::ledger::{Claimed, LedgerError};
 use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, ClaimRequest, CommandId, Lease, LeaseToken, Op, OperatorRequest, Plan, PlanId,
-    PlanSpec, Refusal, Reply, Timestamp, WorkerRequest,
+    PlanSpec, Refusal, Reply, Timestamp, TraceContext, WorkerRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -216,6 +216,8 @@ pub enum DbRequest {
         action: Action,
         /// When its command becomes claimable.
         start: Start,
+        /// The trace it joins.
+        parent: Option<TraceContext>,
     },
     /// `Ledger::claim_batch` (one transaction in the db host).
     Claim(ClaimRequest),
@@ -496,6 +498,8 @@ pub struct TargetRequest {
     pub mode: TargetMode,
     /// Simulated time when the executor sent it.
     pub sent_ms: u64,
+    /// The step's trace context, as an `http:v1` request's `traceparent` carries it.
+    pub traceparent: Option<TraceContext>,
 }
 
 /// What the target answered an applied (or recognised) key.

@@ -13,11 +13,9 @@ use crate::clock::SimClock;
 use crate::db::DB_PORT;
 use crate::protocol::{CallError, DbEnvelope, DbReply, DbRequest, DbResponse, Pool, WireLease};
 use leasehold::clock::Clock;
-use leasehold::ledger::{Claimed, Ledger, LedgerError};
-use leasehold_engine::transition::Start;
+use leasehold::ledger::{Claimed, EnqueueRequest, Ledger, LedgerError};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply,
-    WorkerRequest,
+    AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply, WorkerRequest,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,8 +109,9 @@ impl Ledger for RpcLedger {
         expect!(self, DbRequest::RetirePlan { id: id.clone() }, DbReply::Plan(p) => p)
     }
 
-    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
-        expect!(self, DbRequest::Enqueue { plan: plan.clone(), action, start }, DbReply::Record(r) => r)
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
+        let EnqueueRequest { action, start, parent } = request;
+        expect!(self, DbRequest::Enqueue { plan: plan.clone(), action, start, parent }, DbReply::Record(r) => r)
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {

@@ -24,7 +24,7 @@ use crate::protocol::{read_frame, write_frame, CallError, Pool, TargetAnswer, Ta
 use crate::rng::Rng;
 use crate::trace::Trace;
 use leasehold::executor::{ExecRequest, Executor, ExecutorResult};
-use leasehold_engine::{AttemptId, Reach};
+use leasehold_engine::{AttemptId, Reach, TraceContext};
 use serde_json::json;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -87,6 +87,8 @@ pub struct CallRecord {
     pub answer: CallAnswer,
     /// Whether the answer was lost (the connection closed without it).
     pub reply_lost: bool,
+    /// The trace context it carried.
+    pub traceparent: Option<TraceContext>,
 }
 
 /// The target's state. Never lost: the target host does not crash.
@@ -186,6 +188,7 @@ impl TargetState {
             worker: req.worker.clone(),
             answer: call,
             reply_lost: lost,
+            traceparent: req.traceparent,
         });
         (answer, lost)
     }
@@ -412,6 +415,7 @@ impl Executor for TargetExecutor {
             delay_ms,
             mode: TargetMode::of(&step.payload),
             sent_ms: crate::clock::elapsed_ms(),
+            traceparent: request.traceparent,
         };
         let answer = self.send(&req).await;
         if !matches!(answer, Ok(TargetAnswer::Served(_))) {

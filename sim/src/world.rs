@@ -696,6 +696,7 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
     violations.extend(checker::check(&input));
     violations.extend(crate::routing::claims_runnable(&db.events, &db.plans, w));
     violations.extend(crate::limits::check(&db.events, &target_limits(w)));
+    violations.extend(crate::traces::carried(input.latest, input.clients, &input.target.calls));
     for v in &violations {
         lines.push(format!("violation [{}] {}", v.invariant, v.message));
     }

@@ -17,7 +17,7 @@ use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
 use leasehold::executor::{Executors, HttpConfig};
 use leasehold::ledger::sqlite::{OpenMode, SqliteLedger};
-use leasehold::ledger::{find_plan, DbUrl, Ledger, LedgerError};
+use leasehold::ledger::{find_plan, DbUrl, EnqueueRequest, Ledger, LedgerError};
 use leasehold::report;
 use leasehold::serve::logs::LogFormat;
 use leasehold::tokens::{create_token, Role, TokenStore};
@@ -26,7 +26,7 @@ use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
 use leasehold_engine::lease::WorkerConfig;
 use leasehold_engine::transition::ReconcileOutcome;
-use leasehold_engine::{Action, AttemptId, PlanSpec};
+use leasehold_engine::{Action, AttemptId, PlanSpec, TraceContext};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -117,6 +117,10 @@ enum Command {
         action: ActionArg,
         #[command(flatten)]
         start: recovery::StartArgs,
+        /// The W3C trace context the attempt joins (`00-<trace id>-<span id>-<flags>`);
+        /// without it, the attempt starts a trace of its own.
+        #[arg(long, value_name = "TRACEPARENT", value_parser = parse_traceparent)]
+        traceparent: Option<TraceContext>,
     },
     /// Claim and deliver commands until stopped (SIGINT/SIGTERM) or idle.
     Worker {
@@ -155,6 +159,8 @@ enum Command {
         http: HttpArgs,
         #[command(flatten)]
         prune: prune::PeriodicArgs,
+        #[command(flatten)]
+        traces: TracesArgs,
     },
     /// Show an attempt: its command, lease and receipts (never the lease token).
     Status {
@@ -273,6 +279,27 @@ struct TargetArgs {
     grace_secs: u64,
     #[command(flatten)]
     connections: ListenArgs,
+}
+
+/// The export of delivery spans, on `serve` and `worker`.
+#[derive(clap::Args, Debug, Default)]
+struct TracesArgs {
+    /// Export the spans of enqueues, claims, steps and ending writes over OTLP/HTTP
+    /// (JSON) to this collector base URL, e.g. http://127.0.0.1:4318 (spans go to
+    /// /v1/traces). Off without it.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+}
+
+impl TracesArgs {
+    /// The exporter the flag asks for, if any.
+    fn exporter(&self) -> Result<Option<leasehold::serve::otlp::Exporter>, Failure> {
+        self.otlp_endpoint
+            .as_deref()
+            .map(leasehold::serve::otlp::Exporter::new)
+            .transpose()
+            .map_err(Failure::bad_input)
+    }
 }
 
 /// The listener's bounds, on `serve` and `target`.
@@ -407,6 +434,8 @@ struct ServeArgs {
     connections: ListenArgs,
     #[command(flatten)]
     prune: prune::PeriodicArgs,
+    #[command(flatten)]
+    traces: TracesArgs,
 }
 
 impl ServeArgs {
@@ -426,6 +455,7 @@ impl ServeArgs {
             http,
             connections: ListenArgs::defaults(),
             prune: prune::PeriodicArgs::default(),
+            traces: TracesArgs::default(),
         }
     }
 }
@@ -648,8 +678,14 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
     match command {
         Command::Migrate => migrate(ledger.as_ref()).await,
         Command::Plan(command) => plan_command(ledger.as_ref(), command, json).await,
-        Command::Enqueue { plan, action, start } => {
-            recovery::enqueue(ledger.as_ref(), &plan, action.into(), &start, json).await
+        Command::Enqueue {
+            plan,
+            action,
+            start,
+            traceparent,
+        } => {
+            let request = EnqueueRequest::new(action.into()).traced(traceparent);
+            recovery::enqueue(ledger.as_ref(), &plan, request, &start, json).await
         }
         Command::Worker {
             id,
@@ -663,6 +699,7 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             queues,
             http,
             prune,
+            traces,
         } => {
             let config = WorkerConfig::clamped(
                 true,
@@ -677,11 +714,16 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
                 step_timeout: Duration::from_millis(bounds::ms(bounds::STEP_TIMEOUT_SECS, step_timeout_secs)),
                 queues,
             };
+            let exporter = traces.exporter()?;
+            if exporter.is_some() {
+                leasehold::serve::logs::init(None, exporter.as_ref());
+            }
             let periodic = prune.checked()?.map(|p| p.spawn(Arc::clone(&ledger)));
             let done = worker_command(ledger, id, config, settings, &http).await;
             if let Some(periodic) = periodic {
                 periodic.stop().await;
             }
+            exporter.inspect(leasehold::serve::otlp::Exporter::shutdown);
             done
         }
         Command::Status { attempt } => status(ledger.as_ref(), attempt, json).await,
@@ -1083,6 +1125,11 @@ fn read_capped(path: &Path, max: u64) -> Result<String, String> {
 }
 
 /// Parses plan text as JSON or TOML; the error is one line with its position.
+/// `--traceparent`: a W3C trace context, or why not.
+fn parse_traceparent(text: &str) -> Result<TraceContext, String> {
+    TraceContext::parse(text.trim()).map_err(|e| e.reason.to_owned())
+}
+
 fn parse_plan(text: &str, json: bool) -> Result<PlanSpec, String> {
     if json {
         return serde_json::from_str(text).map_err(|e| e.to_string());
@@ -1253,10 +1300,19 @@ async fn bind(flag: &str, addr: &str) -> Result<tokio::net::TcpListener, Failure
 }
 
 async fn serve<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outcome {
-    leasehold::serve::logs::init(match args.log_format {
+    let exporter = args.traces.exporter()?;
+    let format = match args.log_format {
         LogFormatArg::Json => LogFormat::Json,
         LogFormatArg::Text => LogFormat::Text,
-    });
+    };
+    leasehold::serve::logs::init(Some(format), exporter.as_ref());
+    let served = serve_until_stopped(ledger, args).await;
+    exporter.inspect(leasehold::serve::otlp::Exporter::shutdown);
+    served
+}
+
+/// `serve` once its logs (and spans) are set up.
+async fn serve_until_stopped<L: Ledger + TokenStore>(ledger: Arc<L>, args: ServeArgs) -> Outcome {
     // Installed before anything is printed: a SIGTERM sent once the "serving" line
     // is out (or while starting) stops the server cleanly instead of killing it.
     let stop = stop_signal();

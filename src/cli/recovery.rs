@@ -8,7 +8,7 @@ use super::when::{check_ahead, millis, parse_duration, parse_time};
 use super::{emit, Failure, Outcome};
 use leasehold::clock::{Clock, SystemClock};
 use leasehold::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome, BULK_LIMIT_DEFAULT};
-use leasehold::ledger::{find_plan, Ledger, LedgerError};
+use leasehold::ledger::{find_plan, EnqueueRequest, Ledger, LedgerError};
 use leasehold::text::clean;
 use leasehold_engine::transition::{follow_up_of, Start};
 use leasehold_engine::{Action, AttemptId, Timestamp};
@@ -50,13 +50,13 @@ impl StartArgs {
 pub(super) async fn enqueue<L: Ledger>(
     ledger: &L,
     plan: &str,
-    action: Action,
+    request: EnqueueRequest,
     start: &StartArgs,
     json: bool,
 ) -> Outcome {
     let start = start.start(SystemClock.now())?;
     let plan = find_plan(ledger, plan).await?;
-    let record = ledger.enqueue_at(&plan.id, action, start).await?;
+    let record = ledger.enqueue_with(&plan.id, request.at(start)).await?;
     emit(json, &record, || format!("{}\n", record.attempt.id));
     if start != Start::Now && record.command.available_at > record.attempt.created_at {
         errln!(

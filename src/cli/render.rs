@@ -358,6 +358,7 @@ mod props {
                             started_at: maybe_at,
                             finished_at: maybe_at,
                             error,
+                            trace: None,
                         },
                         command: Command {
                             id: CommandId::new(cid),
@@ -454,6 +455,7 @@ mod tests {
                 started_at: None,
                 finished_at: None,
                 error: None,
+                trace: None,
             },
             command: Command {
                 id: CommandId::new("cmd-1"),

@@ -36,7 +36,8 @@
 //!   id for this key, recorded in the target receipt.
 //!
 //! Every try sends `Idempotency-Key: <key>`, `Leasehold-Attempt`, `Leasehold-Step`,
-//! `Leasehold-Delivery` and `Leasehold-Action` (execute, retry or compensate).
+//! `Leasehold-Delivery`, `Leasehold-Action` (execute, retry or compensate) and, when
+//! the call has one, the W3C `traceparent` of its step span ([`crate::trace`]).
 //!
 //! Outcomes: an expected status → done, evidence `{"status", "fields": {pointer:
 //! value}}`, target receipt `{"idempotency_key", "id"}`. 408, 409 (the key is still
@@ -735,6 +736,7 @@ fn is_reserved_header(name: &str) -> bool {
         "host",
         "content-length",
         "transfer-encoding",
+        "traceparent",
     ]
     .contains(&lower.as_str())
         || lower.starts_with("webhook-")
@@ -759,6 +761,11 @@ fn fixed_headers(headers: &mut HeaderMap, request: &ExecRequest) {
     for (name, value) in fixed {
         if let Ok(value) = HeaderValue::from_str(&value) {
             headers.insert(name, value);
+        }
+    }
+    if let Some(trace) = &request.traceparent {
+        if let Ok(value) = HeaderValue::from_str(trace.as_str()) {
+            headers.insert("traceparent", value);
         }
     }
 }

@@ -62,6 +62,9 @@ pub struct ExecRequest {
     pub step: Step,
     /// Stable for (attempt, step) across deliveries.
     pub idempotency_key: String,
+    /// The trace context of this call's span ([`crate::trace`]): `http:v1` sends it
+    /// as the request's `traceparent`.
+    pub traceparent: Option<leasehold_engine::TraceContext>,
 }
 
 /// Runs steps.
@@ -370,6 +373,7 @@ mod tests {
                 payload,
                 retry: None,
             },
+            traceparent: None,
             idempotency_key: format!("ik-{code}"),
         }
     }

@@ -559,6 +559,7 @@ mod tests {
                 started_at: None,
                 finished_at: None,
                 error: None,
+                trace: None,
             },
             command: Command {
                 id: CommandId::new(format!("cmd-{id}")),

@@ -12,14 +12,14 @@
 
 use super::fleet::WorkerRow;
 use super::limits::{self, Leases, LimitTable, TargetRow};
-use super::{Claimed, Ledger, LedgerError};
+use super::{Claimed, EnqueueRequest, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::limits::TargetLimit;
-use leasehold_engine::transition::{self, NewIds, Start};
+use leasehold_engine::transition::{self};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, LeaseToken,
-    OperatorRequest, Plan, PlanId, PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
+    AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, LeaseToken, OperatorRequest,
+    Plan, PlanId, PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
@@ -453,7 +453,7 @@ impl Ledger for MemoryLedger {
         Ok(plan)
     }
 
-    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
         let now = self.clock.now();
         let mut state = self.lock();
         let plan = Self::plan_of(&state, plan)?;
@@ -465,11 +465,8 @@ impl Ledger for MemoryLedger {
             .filter_map(|id| state.attempts.get(id))
             .cloned()
             .collect();
-        let ids = NewIds {
-            attempt: AttemptId::new(self.entropy.id(IdKind::Attempt)),
-            command: CommandId::new(self.entropy.id(IdKind::Command)),
-        };
-        let record = transition::enqueue_at(&plan, &history, action, ids, now, start)?;
+        let ids = super::new_attempt_ids(&*self.entropy, request.parent);
+        let record = transition::enqueue_at(&plan, &history, request.action, ids, now, request.start)?;
         state.insert(record.clone());
         Ok(record)
     }
@@ -606,7 +603,8 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::entropy::SeededEntropy;
     use crate::executor::Executors;
-    use leasehold_engine::{Guard, Step};
+    use leasehold_engine::transition::NewIds;
+    use leasehold_engine::{Action, Guard, Step};
 
     fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
         PlanSpec {
@@ -767,6 +765,7 @@ mod tests {
         let ids = NewIds {
             attempt: AttemptId::new("a"),
             command: CommandId::new("c"),
+            trace: None,
         };
         let record = transition::enqueue(&plan, &[], Action::Execute, ids, now).unwrap();
         let token = leasehold_engine::LeaseToken::new("t");

@@ -194,6 +194,13 @@ pub static SQLITE: &[Migration] = &[
         sql: include_str!("../../migrations/sqlite/0012_schema_compat.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 13,
+        name: "traces",
+        sql: include_str!("../../migrations/sqlite/0013_traces.sql"),
+        // Additive: a nullable column the previous release neither reads nor writes.
+        compat: Compat::Additive,
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

@@ -58,7 +58,7 @@ use leasehold_engine::plan::PlanError;
 use leasehold_engine::transition::{Continued, ReconcileOutcome, Start};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Decision, Lease, LeaseToken,
-    OperatorRequest, Plan, PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, WorkerRequest, Writes,
+    OperatorRequest, Plan, PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, TraceContext, WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::future::Future;
@@ -125,6 +125,54 @@ pub(crate) fn decide(
     match hook {
         Some(hook) => hook(record, decided),
         None => decided,
+    }
+}
+
+/// What an enqueue asks for besides its plan: the attempt's action, when its command
+/// becomes claimable, and the trace it joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnqueueRequest {
+    /// execute, retry or compensate.
+    pub action: Action,
+    /// When its command becomes claimable (by the ledger's clock).
+    pub start: Start,
+    /// The caller's trace context (`traceparent`): the attempt's trace is a child of
+    /// it, or a new trace when there is none ([`TraceContext::for_attempt`]).
+    pub parent: Option<TraceContext>,
+}
+
+impl EnqueueRequest {
+    /// An attempt doing `action`, claimable at once, in a new trace.
+    pub fn new(action: Action) -> Self {
+        Self {
+            action,
+            start: Start::Now,
+            parent: None,
+        }
+    }
+
+    /// Claimable from `start`.
+    pub fn at(self, start: Start) -> Self {
+        Self { start, ..self }
+    }
+
+    /// In the trace of `parent` (none: a new trace).
+    pub fn traced(self, parent: Option<TraceContext>) -> Self {
+        Self { parent, ..self }
+    }
+}
+
+/// A new attempt's ids, drawn from `entropy` (attempt, then command), and its trace
+/// context, a child of `parent` or a new trace.
+pub(crate) fn new_attempt_ids(
+    entropy: &dyn crate::entropy::Entropy,
+    parent: Option<TraceContext>,
+) -> leasehold_engine::transition::NewIds {
+    let attempt = AttemptId::new(entropy.id(crate::entropy::IdKind::Attempt));
+    leasehold_engine::transition::NewIds {
+        trace: Some(TraceContext::for_attempt(parent.as_ref(), &attempt)),
+        attempt,
+        command: leasehold_engine::CommandId::new(entropy.id(crate::entropy::IdKind::Command)),
     }
 }
 
@@ -294,12 +342,22 @@ pub trait Ledger: Send + Sync + 'static {
     }
 
     /// Enqueues an attempt whose command is claimable from `start` (by the ledger's
-    /// clock; an instant already past means at once).
+    /// clock; an instant already past means at once), in a new trace.
     fn enqueue_at(
         &self,
         plan: &PlanId,
         action: Action,
         start: Start,
+    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
+        self.enqueue_with(plan, EnqueueRequest::new(action).at(start))
+    }
+
+    /// Enqueues the attempt `request` describes: attempt, receipts and command in one
+    /// transaction, the attempt's trace context stored with it.
+    fn enqueue_with(
+        &self,
+        plan: &PlanId,
+        request: EnqueueRequest,
     ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
 
     /// Claims up to `request.batch` claimable commands for `request.owner` under

@@ -2,25 +2,22 @@
 //! ([`crate::outbox`]): the engine's decision, with ids drawn from the entropy in the
 //! order the ledgers draw them (plan; or attempt, then command).
 
-use super::LedgerError;
+use super::{EnqueueRequest, LedgerError};
 use crate::entropy::{Entropy, IdKind};
-use leasehold_engine::transition::{self, NewIds, Start};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, CommandId, Plan, PlanId, PlanSpec, Timestamp, Writes};
+use leasehold_engine::transition;
+use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec, Timestamp, Writes};
 
 /// The engine's enqueue of `plan` at `now` over its `history`, claimable from
 /// `start`: the new attempt's rows and the writes that insert them (`Guard::Absent`).
 pub(crate) fn decide_enqueue(
     plan: &Plan,
     history: &[AttemptRecord],
-    (action, start): (Action, Start),
+    request: EnqueueRequest,
     entropy: &dyn Entropy,
     now: Timestamp,
 ) -> Result<(AttemptRecord, Writes), LedgerError> {
-    let ids = NewIds {
-        attempt: AttemptId::new(entropy.id(IdKind::Attempt)),
-        command: CommandId::new(entropy.id(IdKind::Command)),
-    };
-    let record = transition::enqueue_at(plan, history, action, ids, now, start)?;
+    let ids = super::new_attempt_ids(entropy, request.parent);
+    let record = transition::enqueue_at(plan, history, request.action, ids, now, request.start)?;
     let writes = Writes::new_attempt(&record);
     Ok((record, writes))
 }

@@ -26,9 +26,10 @@ use super::when::{parse_duration_ms, parse_rfc3339};
 use super::App;
 use crate::ledger::bulk::{BulkFilter, BulkOutcome, BULK_LIMIT_DEFAULT, BULK_LIMIT_MAX};
 use crate::ledger::listing::{AttemptCursor, AttemptQuery, DamagedRow, PlanRow, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
-use crate::ledger::LedgerError;
+use crate::ledger::{EnqueueRequest, LedgerError};
 use crate::report;
 use crate::tokens::Role;
+use crate::trace;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -38,7 +39,7 @@ use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
 use leasehold_engine::limits::{Breaker, Rate, TargetLimit};
 use leasehold_engine::transition::{follow_up_of, ReconcileOutcome, Start};
-use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, PlanSpec};
+use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, PlanSpec, TraceContext};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -231,6 +232,27 @@ pub(crate) fn start_of(at: Option<&str>, after: Option<&str>) -> Result<Start, P
     }
 }
 
+/// The request's W3C `traceparent`, if it has a valid one. An invalid one is
+/// ignored, as the W3C recommendation asks (the attempt starts a trace of its own),
+/// and logged.
+fn traceparent_of(headers: &HeaderMap) -> Option<TraceContext> {
+    let value = headers.get("traceparent")?;
+    match value
+        .to_str()
+        .map_err(|_| "not visible ASCII")
+        .and_then(|v| TraceContext::parse(v).map_err(|e| e.reason))
+    {
+        Ok(trace) => Some(trace),
+        Err(reason) => {
+            tracing::warn!(
+                reason,
+                "ignored an invalid traceparent header; the attempt starts a trace of its own"
+            );
+            None
+        }
+    }
+}
+
 fn parse_action(text: Option<&str>) -> Result<Action, Problem> {
     match text {
         None => Ok(Action::Execute),
@@ -252,8 +274,12 @@ async fn enqueue(State(app): State<App>, headers: HeaderMap, Path(plan): Path<St
     let request: EnqueueBody = body(&bytes)?;
     let action = parse_action(request.action.as_deref())?;
     let start = start_of(request.at.as_deref(), request.after.as_deref())?;
+    let parent = traceparent_of(&headers);
     let plan = app.backend().find_plan(&plan).await?;
-    let record = app.backend().enqueue_at(&plan.id, action, start).await?;
+    let sent = trace::wall_now();
+    let request = EnqueueRequest::new(action).at(start).traced(parent);
+    let record = app.backend().enqueue_with(&plan.id, request).await?;
+    trace::report_enqueue(&record, parent.as_ref(), sent);
     let outcome = match start {
         Start::Now => action.as_str().to_owned(),
         _ => format!("{action} from {}", record.command.available_at),

@@ -5,10 +5,10 @@ use crate::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome};
 use crate::ledger::fleet::WorkerRow;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
-use crate::ledger::{find_plan, Ledger, LedgerError};
+use crate::ledger::{find_plan, EnqueueRequest, Ledger, LedgerError};
 use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
 use leasehold_engine::limits::TargetLimit;
-use leasehold_engine::transition::{ReconcileOutcome, Start};
+use leasehold_engine::transition::ReconcileOutcome;
 use leasehold_engine::{Action, AttemptId, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use std::future::Future;
 use std::pin::Pin;
@@ -34,8 +34,8 @@ pub trait Backend: Send + Sync + 'static {
     fn register_plan<'a>(&'a self, spec: PlanSpec, known: &'a [&'a str]) -> Fut<'a, Plan>;
     /// [`Ledger::enqueue`].
     fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord>;
-    /// [`Ledger::enqueue_at`].
-    fn enqueue_at<'a>(&'a self, plan: &'a PlanId, action: Action, start: Start) -> Fut<'a, AttemptRecord>;
+    /// [`Ledger::enqueue_with`].
+    fn enqueue_with<'a>(&'a self, plan: &'a PlanId, request: EnqueueRequest) -> Fut<'a, AttemptRecord>;
     /// [`retry_failed`].
     fn retry_failed<'a>(&'a self, filter: &'a BulkFilter, dry_run: bool) -> Fut<'a, BulkOutcome>;
     /// [`abort_open`], as `who`.
@@ -96,8 +96,8 @@ impl<L: Ledger + TokenStore> Backend for L {
     fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord> {
         Box::pin(Ledger::enqueue(self, plan, action))
     }
-    fn enqueue_at<'a>(&'a self, plan: &'a PlanId, action: Action, start: Start) -> Fut<'a, AttemptRecord> {
-        Box::pin(Ledger::enqueue_at(self, plan, action, start))
+    fn enqueue_with<'a>(&'a self, plan: &'a PlanId, request: EnqueueRequest) -> Fut<'a, AttemptRecord> {
+        Box::pin(Ledger::enqueue_with(self, plan, request))
     }
     fn retry_failed<'a>(&'a self, filter: &'a BulkFilter, dry_run: bool) -> Fut<'a, BulkOutcome> {
         Box::pin(retry_failed(self, filter, dry_run))

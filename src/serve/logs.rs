@@ -7,7 +7,9 @@
 //! log goes through [`redacted`], which removes the database URL and password the
 //! server was started with.
 
+use super::otlp::{self, Exporter};
 use std::sync::OnceLock;
+use tracing_subscriber::filter::{filter_fn, LevelFilter};
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,25 +54,43 @@ pub fn redacted(text: &str) -> String {
     out
 }
 
-/// Installs the global subscriber: `format` on stderr, at `info` and above (the
-/// `LEASEHOLD_LOG` level, `debug` or `trace`, for more). A second call does nothing.
-pub fn init(format: LogFormat) {
+/// Installs the global subscriber: log lines in `format` on stderr (none without
+/// one), at `info` and above (the `LEASEHOLD_LOG` level, `debug` or `trace`, for
+/// more), and the delivery spans ([`crate::trace`]) to `exporter` when there is one.
+/// A second call does nothing.
+pub fn init(format: Option<LogFormat>, exporter: Option<&Exporter>) {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let level = match std::env::var("LEASEHOLD_LOG").as_deref() {
-        Ok("trace") => tracing::Level::TRACE,
-        Ok("debug") => tracing::Level::DEBUG,
-        Ok("warn") => tracing::Level::WARN,
-        Ok("error") => tracing::Level::ERROR,
-        _ => tracing::Level::INFO,
+        Ok("trace") => LevelFilter::TRACE,
+        Ok("debug") => LevelFilter::DEBUG,
+        Ok("warn") => LevelFilter::WARN,
+        Ok("error") => LevelFilter::ERROR,
+        _ => LevelFilter::INFO,
     };
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
+    // Log lines leave the spans out: they are the exporter's.
+    let lines = format.map(|f| {
+        lines(f)
+            .with_filter(level)
+            .with_filter(filter_fn(|m| !otlp::is_trace(m)))
+    });
+    let spans = exporter.map(|e| e.layer().with_filter(filter_fn(otlp::is_trace)));
+    let _ = tracing_subscriber::registry().with(lines).with(spans).try_init();
+}
+
+type BoxedLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
+
+/// The log lines' layer.
+fn lines(format: LogFormat) -> BoxedLayer {
+    let builder = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // A line that cannot be written (stderr closed) is dropped, not reported on
         // that same stderr, which would panic.
         .log_internal_errors(false)
         .with_target(false);
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.with_ansi(false).try_init(),
-    };
+    match format {
+        LogFormat::Json => Box::new(builder.json().flatten_event(true)),
+        LogFormat::Text => Box::new(builder.with_ansi(false)),
+    }
 }

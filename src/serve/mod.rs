@@ -30,6 +30,7 @@ mod backend;
 pub mod console;
 pub mod logs;
 pub mod metrics;
+pub mod otlp;
 pub mod problem;
 pub mod when;
 

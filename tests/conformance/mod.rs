@@ -28,10 +28,12 @@ mod limits;
 mod policy;
 mod retention;
 mod routing;
+mod traces;
 pub use limits::*;
 pub use policy::*;
 pub use retention::*;
 pub use routing::*;
+pub use traces::*;
 
 /// Where every test's ledger clock starts (2023-11-14T22:13:20Z).
 pub const START: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -150,6 +152,8 @@ macro_rules! conformance_suite {
             retention_keeps_open_baseline_and_latest_successful_attempts_and_prunes_the_rest_in_batches,
             retention_respects_the_cutoff_and_the_states_and_a_dry_run_deletes_nothing,
             retention_keeps_a_compensation_and_the_guards_decide_as_before,
+            an_attempt_keeps_the_trace_it_was_enqueued_in_through_every_read,
+            an_attempt_enqueued_without_a_trace_starts_its_own,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,

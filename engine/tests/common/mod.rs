@@ -80,6 +80,7 @@ pub fn ids(n: u32) -> NewIds {
     NewIds {
         attempt: attempt_id(n),
         command: command_id(n),
+        trace: None,
     }
 }
 

@@ -1035,6 +1035,7 @@ pub(super) fn enqueue_attempt(ledger: &Ledger<'_>, s: &mut State, p: usize, acti
     let ids = NewIds {
         attempt: AttemptId::new(format!("att-{n}")),
         command: CommandId::new(format!("cmd-{n}")),
+        trace: None,
     };
     let operator = action != Action::Execute;
     let restart = operator && s.all_terminal() && s.quiet();
@@ -1123,6 +1124,7 @@ fn archived(r: &AttemptRecord, more: bool) -> Snap {
         started_at: None,
         finished_at: None,
         error: None,
+        trace: None,
     };
     let receipts = if more {
         r.receipts
@@ -1232,6 +1234,7 @@ fn call_target(ledger: &Ledger<'_>, s: &mut State, i: usize, exec: &Exec) -> Exe
             CallAnswer::Applied
         },
         reply_lost: false,
+        traceparent: None,
     };
     let seen = s.target.calls.iter().any(|c| {
         (&c.attempt, c.ordinal, c.delivery, &c.sandbox) == (&call.attempt, call.ordinal, call.delivery, &call.sandbox)

@@ -81,6 +81,7 @@ pub(super) const KEYS: &[(&str, Kind)] = &[
     ("retention.every", Kind::Duration),
     ("retention.archive_dir", Kind::Text),
     ("retention.batch", Kind::Int(1, MAX_BATCH as i64)),
+    ("traces.otlp_endpoint", Kind::Text),
 ];
 
 /// The flag each key sets, `(key, command, clap argument id)`; command `""` is a
@@ -119,6 +120,8 @@ pub(super) const FLAGS: &[(&str, &str, &str)] = &[
     ("retention.archive_dir", "serve", "prune_archive_dir"),
     ("retention.states", "serve", "prune_states"),
     ("retention.batch", "serve", "prune_batch"),
+    ("traces.otlp_endpoint", "serve", "otlp_endpoint"),
+    ("traces.otlp_endpoint", "worker", "otlp_endpoint"),
 ];
 
 /// The sections of a file: `[serve]`, `[worker]`, `[http]`, `[retention]`.

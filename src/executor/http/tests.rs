@@ -156,6 +156,7 @@ fn request(payload: Value) -> ExecRequest {
             retry: None,
         },
         idempotency_key: "ik-42".into(),
+        traceparent: None,
     }
 }
 
@@ -212,6 +213,27 @@ async fn success_records_status_fields_and_the_receivers_id_and_sends_the_key() 
     ] {
         assert_eq!(headers.get(name).map(|v| v.to_str().unwrap()), Some(value), "{name}");
     }
+}
+
+#[tokio::test]
+async fn the_calls_trace_context_is_sent_as_its_traceparent() {
+    let (port, seen) = server().await;
+    let trace =
+        leasehold_engine::TraceContext::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    let payload = json!({"url": format!("http://127.0.0.1:{port}/ok")});
+    let traced = ExecRequest {
+        traceparent: Some(trace),
+        ..request(payload.clone())
+    };
+    assert!(matches!(local(port).execute(traced).await, ExecutorResult::Done { .. }));
+    assert!(matches!(call(port, payload).await, ExecutorResult::Done { .. }));
+    let seen = seen.lock().unwrap();
+    let sent: Vec<Option<&str>> = seen
+        .requests
+        .iter()
+        .map(|(_, h, _)| h.get("traceparent").map(|v| v.to_str().unwrap()))
+        .collect();
+    assert_eq!(sent, [Some(trace.as_str()), None]);
 }
 
 #[tokio::test]
@@ -524,6 +546,7 @@ async fn malformed_payloads_name_the_field() {
         (json!({"url": url, "method": "GET"}), "method"),
         (json!({"url": url, "headers": {"Authorization": "x"}}), "headers"),
         (json!({"url": url, "headers": {"Idempotency-Key": "x"}}), "headers"),
+        (json!({"url": url, "headers": {"TraceParent": "x"}}), "headers"),
         (json!({"url": url, "headers": {"x": 1}}), "headers"),
         (json!({"url": url, "timeout_ms": "fast"}), "timeout_ms"),
         (json!({"url": url, "evidence": ["n"]}), "evidence"),

@@ -25,9 +25,9 @@ use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::sql::session::{self, not_found};
+use crate::ledger::EnqueueRequest;
 use crate::ledger::LedgerError;
-use leasehold_engine::transition::Start;
-use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
+use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use mysql_async::prelude::Queryable;
 use mysql_async::Transaction;
 
@@ -142,13 +142,13 @@ async fn insert_plan(tx: &mut Transaction<'_>, plan: Plan) -> Result<Plan, TxErr
 pub(crate) async fn enqueue(
     tx: &mut Transaction<'_>,
     plan: &PlanId,
-    action: (Action, Start),
+    request: EnqueueRequest,
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, LedgerError> {
     check(tx).await.map_err(final_error)?;
     begin(tx).await?;
-    let out = insert_attempt(tx, plan, action, entropy, clock).await;
+    let out = insert_attempt(tx, plan, request, entropy, clock).await;
     end(tx, out).await
 }
 
@@ -156,7 +156,7 @@ pub(crate) async fn enqueue(
 async fn insert_attempt(
     tx: &mut Transaction<'_>,
     plan: &PlanId,
-    action: (Action, Start),
+    request: EnqueueRequest,
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, TxError> {
@@ -166,7 +166,7 @@ async fn insert_attempt(
     let at = now(tx, clock).await?;
     let history = session::read_history(&mut MySession(&mut *tx), &plan.id).await?;
     check_fresh(tx, &plan.id, &history).await?;
-    let (record, writes) = decide_enqueue(&plan, &history, action, entropy, at)?;
+    let (record, writes) = decide_enqueue(&plan, &history, request, entropy, at)?;
     session::apply_writes(&mut MySession(tx), None, &writes).await?;
     Ok(record)
 }

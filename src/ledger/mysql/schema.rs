@@ -75,6 +75,13 @@ pub static MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/mysql/0008_schema_compat.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 9,
+        name: "traces",
+        sql: include_str!("../../../migrations/mysql/0009_traces.sql"),
+        // Additive: a nullable column the previous release neither reads nor writes.
+        compat: Compat::Additive,
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

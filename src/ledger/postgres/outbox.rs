@@ -31,9 +31,9 @@ use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::sql::ledger::{decide_enqueue_in, register_in, Decider};
 use crate::ledger::sql::session::{self, Session};
+use crate::ledger::EnqueueRequest;
 use crate::ledger::LedgerError;
-use leasehold_engine::transition::Start;
-use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
+use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec};
 use std::sync::Mutex;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -252,7 +252,7 @@ pub(crate) async fn register_plan(
 pub(crate) async fn enqueue(
     tx: &mut Transaction<'_>,
     plan: &PlanId,
-    action: (Action, Start),
+    request: EnqueueRequest,
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
 ) -> Result<AttemptRecord, LedgerError> {
@@ -260,7 +260,7 @@ pub(crate) async fn enqueue(
     in_savepoint!(tx, Call::Enqueue, |caller| insert_attempt(
         &mut caller,
         plan,
-        action,
+        request,
         &by
     ))
 }
@@ -271,11 +271,11 @@ pub(crate) async fn enqueue(
 async fn insert_attempt(
     c: &mut CallerSession<'_, '_>,
     plan: &PlanId,
-    action: (Action, Start),
+    request: EnqueueRequest,
     by: &Decider<'_>,
 ) -> Result<AttemptRecord, TxError> {
     check(c).await?;
-    let (record, writes) = decide_enqueue_in(c, plan, action, by).await?;
+    let (record, writes) = decide_enqueue_in(c, plan, request, by).await?;
     if let Err(e) = session::apply_writes(c, None, &writes).await {
         let stale = c.0.failure().is_some_and(|f| {
             f.code == SqlState::UNIQUE_VIOLATION && f.constraint.as_deref() == Some(ATTEMPT_NUMBER_KEY)

@@ -64,6 +64,13 @@ pub static MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/postgres/0007_schema_compat.sql"),
         compat: Compat::Additive,
     },
+    Migration {
+        version: 8,
+        name: "traces",
+        sql: include_str!("../../../migrations/postgres/0008_traces.sql"),
+        // Additive: a nullable column the previous release neither reads nor writes.
+        compat: Compat::Additive,
+    },
 ];
 
 impl super::PostgresLedger {

@@ -117,6 +117,16 @@ impl<'r, R: ColumnReader + ?Sized> Columns<'r, R> {
         serde_json::from_str(&text).map_err(|e| self.error(idx, format!("bad JSON: {e}")))
     }
 
+    fn opt_text_enum<T: FromStr>(&mut self, idx: usize) -> Result<Option<T>, LedgerError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.opt_string(idx)? {
+            None => Ok(None),
+            Some(text) => text.parse().map(Some).map_err(|e| self.error(idx, e)),
+        }
+    }
+
     fn opt_json<T: serde::de::DeserializeOwned>(&mut self, idx: usize) -> Result<Option<T>, LedgerError> {
         match self.opt_string(idx)? {
             None => Ok(None),
@@ -175,6 +185,7 @@ pub(crate) fn attempt<R: ColumnReader + ?Sized>(row: &mut R, base: usize) -> Res
         started_at: c.opt_timestamp(6)?,
         finished_at: c.opt_timestamp(7)?,
         error: c.opt_string(8)?,
+        trace: c.opt_text_enum(9)?,
     })
 }
 

@@ -24,11 +24,11 @@ use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::prune::{Keep, PruneQuery};
+use crate::ledger::EnqueueRequest;
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
 use leasehold_engine::limits::TargetLimit;
-use leasehold_engine::transition::Start;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
+    AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
     PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
 };
 use std::future::Future;
@@ -379,11 +379,11 @@ impl<B: SqlBackend> SqlLedger<B> {
     /// Enqueues an attempt. The plan row is locked first where rows lock, so enqueues
     /// of one plan are serialized and the history read after the lock sees every
     /// earlier attempt; the enqueue announces new work in the same transaction.
-    async fn enqueue_once(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, TxError> {
+    async fn enqueue_once(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, TxError> {
         in_tx!(self, TxKind::Write, |tx| enqueue_in(
             &mut tx,
             plan,
-            (action, start),
+            request,
             &self.ctx.decider()
         )
         .await)
@@ -532,10 +532,10 @@ pub(crate) async fn register_in<S: Session>(
 pub(crate) async fn enqueue_in<S: Session>(
     tx: &mut S,
     plan: &PlanId,
-    action: (Action, Start),
+    request: EnqueueRequest,
     by: &Decider<'_>,
 ) -> Result<AttemptRecord, TxError> {
-    let (record, writes) = decide_enqueue_in(tx, plan, action, by).await?;
+    let (record, writes) = decide_enqueue_in(tx, plan, request, by).await?;
     session::apply_writes(tx, None, &writes).await?;
     tx.announce().await?;
     Ok(record)
@@ -546,13 +546,13 @@ pub(crate) async fn enqueue_in<S: Session>(
 pub(crate) async fn decide_enqueue_in<S: Session>(
     tx: &mut S,
     plan: &PlanId,
-    action: (Action, Start),
+    request: EnqueueRequest,
     by: &Decider<'_>,
 ) -> Result<(AttemptRecord, Writes), TxError> {
     let plan = session::plan_by_id(tx, plan, true).await?;
     let now = by.now(tx).await?;
     let history = session::read_history(tx, &plan.id).await?;
-    Ok(decide_enqueue(&plan, &history, action, by.entropy, now)?)
+    Ok(decide_enqueue(&plan, &history, request, by.entropy, now)?)
 }
 
 /// An attempt's rows, locked in lock order, with the database's now when asked for.
@@ -664,13 +664,12 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
         async move { self.retry(|| self.retire_plan_once(id)).await }
     }
 
-    fn enqueue_at(
+    fn enqueue_with(
         &self,
         plan: &PlanId,
-        action: Action,
-        start: Start,
+        request: EnqueueRequest,
     ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
-        async move { self.retry(|| self.enqueue_once(plan, action, start)).await }
+        async move { self.retry(|| self.enqueue_once(plan, request)).await }
     }
 
     fn claim_batch(&self, request: ClaimRequest) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send {

@@ -79,6 +79,7 @@ pub(crate) static ATTEMPT: Table = Table {
         "started_at",
         "finished_at",
         "error",
+        "traceparent",
     ],
     key: 1,
     mutable: &[4, 6, 7, 8],
@@ -173,7 +174,7 @@ pub(crate) fn plan_json(p: &Plan) -> Result<PlanJson, crate::ledger::LedgerError
 }
 
 /// An attempt's row.
-pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 9] {
+pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 10] {
     [
         Value::Text(a.id.as_str()),
         Value::Text(a.plan_id.as_str()),
@@ -184,6 +185,7 @@ pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 9] {
         Value::opt_ts(a.started_at),
         Value::opt_ts(a.finished_at),
         Value::opt_text(a.error.as_deref()),
+        Value::opt_text(a.trace.as_ref().map(|t| t.as_str())),
     ]
 }
 

@@ -58,14 +58,12 @@ use super::fleet::WorkerRow;
 use super::limits::TargetRow;
 use super::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use super::migrate;
-use super::{Claimed, Ledger, LedgerError};
+use super::{Claimed, EnqueueRequest, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use leasehold_engine::limits::TargetLimit;
-use leasehold_engine::transition::Start;
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, Capabilities, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Timestamp,
-    WorkerRequest,
+    AttemptId, AttemptRecord, Capabilities, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Timestamp, WorkerRequest,
 };
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -352,9 +350,9 @@ impl Ledger for SqliteLedger {
         self.write(move |core| core.retire_plan(&id)).await
     }
 
-    async fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
         let plan = plan.clone();
-        self.write(move |core| core.enqueue_at(&plan, action, start)).await
+        self.write(move |core| core.enqueue_with(&plan, request)).await
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {

@@ -14,9 +14,9 @@ use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::sql::session;
 use crate::ledger::sql::Dialect;
+use crate::ledger::EnqueueRequest;
 use crate::ledger::LedgerError;
-use leasehold_engine::transition::Start;
-use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
+use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use rusqlite::Connection;
 
 /// The savepoint each call runs under.
@@ -80,7 +80,7 @@ pub(crate) fn register_plan(
 pub(crate) fn enqueue(
     conn: &Connection,
     plan: &PlanId,
-    action: (Action, Start),
+    request: EnqueueRequest,
     entropy: &dyn Entropy,
     now: Timestamp,
 ) -> Result<AttemptRecord, LedgerError> {
@@ -89,7 +89,7 @@ pub(crate) fn enqueue(
     savepoint(conn, || {
         let plan = sync(session::plan_by_id(s, plan, false))?;
         let history = sync(session::read_history(s, &plan.id))?;
-        let (record, writes) = decide_enqueue(&plan, &history, action, entropy, now)?;
+        let (record, writes) = decide_enqueue(&plan, &history, request, entropy, now)?;
         sync(session::apply_writes(s, None, &writes))?;
         Ok(record)
     })

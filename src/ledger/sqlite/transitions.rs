@@ -13,9 +13,9 @@ use crate::ledger::sql::ledger::{enqueue_in, register_in, Decider};
 use crate::ledger::sql::limits;
 use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::sql::{listing, Dialect};
+use crate::ledger::EnqueueRequest;
 use crate::ledger::{decide, Claimed, LedgerError};
 use leasehold_engine::limits::TargetLimit;
-use leasehold_engine::transition::Start;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
     PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
@@ -491,18 +491,13 @@ impl SqliteCore {
 
     /// Enqueues an attempt: attempt, receipts and command in one transaction.
     pub fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
-        self.enqueue_at(plan, action, Start::Now)
+        self.enqueue_with(plan, EnqueueRequest::new(action))
     }
 
-    /// [`SqliteCore::enqueue`], the command claimable from `start`.
-    pub fn enqueue_at(&self, plan: &PlanId, action: Action, start: Start) -> Result<AttemptRecord, LedgerError> {
+    /// [`SqliteCore::enqueue`] of the attempt `request` describes.
+    pub fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
         let tx = self.write_tx()?;
-        let record = sync(enqueue_in(
-            &mut self.session(&tx),
-            plan,
-            (action, start),
-            &self.decider(),
-        ))?;
+        let record = sync(enqueue_in(&mut self.session(&tx), plan, request, &self.decider()))?;
         tx.commit()?;
         Ok(record)
     }
