@@ -106,6 +106,8 @@ pub fn report_enqueue(record: &AttemptRecord, parent: Option<&TraceContext>, sen
 pub(crate) struct DeliveryTrace {
     attempt: TraceContext,
     delivery: u32,
+    /// The delivery span's own context.
+    own: TraceContext,
     span: Span,
     calls: u32,
     ends: u32,
@@ -138,14 +140,11 @@ impl DeliveryTrace {
         DeliveryTrace {
             attempt,
             delivery,
+            own,
             span,
             calls: 0,
             ends: 0,
         }
-    }
-
-    fn own(&self) -> TraceContext {
-        self.attempt.span(self.delivery, SpanRole::Delivery)
     }
 
     /// The span of the next call of step `ordinal`, and the trace context the call
@@ -154,7 +153,7 @@ impl DeliveryTrace {
         self.calls += 1;
         let ctx = self.attempt.span(self.delivery, SpanRole::Step(ordinal, self.calls));
         let span = tracing::info_span!(target: TARGET, parent: None, "leasehold.step",
-            trace_id = ctx.trace_id(), span_id = ctx.span_id(), parent_id = self.own().span_id(), trace_flags = ctx.flags(),
+            trace_id = ctx.trace_id(), span_id = ctx.span_id(), parent_id = self.own.span_id(), trace_flags = ctx.flags(),
             leasehold.step = step.code.as_str(), leasehold.ordinal = ordinal,
             leasehold.executor = step.executor.as_str(), leasehold.outcome = Empty);
         (span, ctx)
@@ -165,7 +164,7 @@ impl DeliveryTrace {
         self.ends += 1;
         let ctx = self.attempt.span(self.delivery, SpanRole::End(self.ends));
         tracing::info_span!(target: TARGET, parent: None, "leasehold.end",
-            trace_id = ctx.trace_id(), span_id = ctx.span_id(), parent_id = self.own().span_id(), trace_flags = ctx.flags(),
+            trace_id = ctx.trace_id(), span_id = ctx.span_id(), parent_id = self.own.span_id(), trace_flags = ctx.flags(),
             leasehold.write = op.op().as_str(), leasehold.outcome = Empty)
     }
 

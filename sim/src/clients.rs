@@ -32,6 +32,9 @@ pub struct ClientLog {
     pub acked: Vec<(PlanId, Action, AttemptId)>,
     /// The trace each acknowledged enqueue that named one joined (its `traceparent`).
     pub traced: BTreeMap<AttemptId, TraceContext>,
+    /// Every trace an enqueue named, whatever its outcome (an enqueue whose reply was
+    /// lost may have been applied).
+    pub named: Vec<TraceContext>,
     /// Refused enqueues, with the refusal.
     pub refused: Vec<(PlanId, Action, String)>,
     /// Enqueues whose outcome is unknown.
@@ -134,6 +137,7 @@ fn choose_parent(rng: &mut Rng) -> Option<TraceContext> {
 /// Enqueues one attempt and records how it went.
 async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: EnqueueRequest) {
     let EnqueueRequest { action, start, parent } = request;
+    ctx.log.borrow_mut().named.extend(parent);
     let starts = match start {
         Start::After(ms) => format!(", starts in {ms} ms"),
         Start::At(at) => format!(", starts at {at}"),

@@ -125,6 +125,9 @@ pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, waits_for: Option
     if let Some(e) = &a.error {
         let _ = writeln!(out, "error       {}", c(e));
     }
+    if let Some(t) = &a.trace {
+        let _ = writeln!(out, "trace       {} (span {})", t.trace_id(), t.span_id());
+    }
     let _ = writeln!(out, "command     {} {}", c(&cmd.id), cmd.status);
     let _ = writeln!(
         out,

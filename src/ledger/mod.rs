@@ -53,12 +53,14 @@ mod url;
 pub use sql::SqlLedger;
 pub use url::DbUrl;
 
+use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::plan::PlanError;
-use leasehold_engine::transition::{Continued, ReconcileOutcome, Start};
+use leasehold_engine::transition::{Continued, NewIds, ReconcileOutcome, Start};
 use leasehold_engine::{
-    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Decision, Lease, LeaseToken,
-    OperatorRequest, Plan, PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, TraceContext, WorkerRequest, Writes,
+    Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Decision, Lease,
+    LeaseToken, OperatorRequest, Plan, PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, TraceContext,
+    WorkerRequest, Writes,
 };
 use serde_json::Value;
 use std::future::Future;
@@ -164,15 +166,12 @@ impl EnqueueRequest {
 
 /// A new attempt's ids, drawn from `entropy` (attempt, then command), and its trace
 /// context, a child of `parent` or a new trace.
-pub(crate) fn new_attempt_ids(
-    entropy: &dyn crate::entropy::Entropy,
-    parent: Option<TraceContext>,
-) -> leasehold_engine::transition::NewIds {
-    let attempt = AttemptId::new(entropy.id(crate::entropy::IdKind::Attempt));
-    leasehold_engine::transition::NewIds {
+pub(crate) fn new_attempt_ids(entropy: &dyn Entropy, parent: Option<TraceContext>) -> NewIds {
+    let attempt = AttemptId::new(entropy.id(IdKind::Attempt));
+    NewIds {
         trace: Some(TraceContext::for_attempt(parent.as_ref(), &attempt)),
         attempt,
-        command: leasehold_engine::CommandId::new(entropy.id(crate::entropy::IdKind::Command)),
+        command: CommandId::new(entropy.id(IdKind::Command)),
     }
 }
 
