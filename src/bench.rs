@@ -27,7 +27,7 @@ pub mod server;
 use crate::clock::{Clock, SystemClock};
 use crate::executor::Executors;
 use crate::ledger::sqlite::{SqliteLedger, WriterStats};
-use crate::ledger::{Claimed, EnqueueRequest, Ledger, LedgerError};
+use crate::ledger::{Claimed, EnqueueRequest, Enqueued, Ledger, LedgerError};
 use crate::worker::{RunOptions, Worker, WorkerEvent, WorkerReport};
 use leasehold_engine::driver::Outcome;
 use leasehold_engine::lease::WorkerConfig;
@@ -182,7 +182,7 @@ impl<L: Ledger> Ledger for CountingLedger<L> {
         self.inner.register_plan(spec, known_executors).await
     }
 
-    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<Enqueued, LedgerError> {
         Counts::bump(&self.counts.other_writes);
         self.inner.enqueue_with(plan, request).await
     }

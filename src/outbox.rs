@@ -92,7 +92,7 @@ use crate::ledger::mysql::outbox as mysql;
 use crate::ledger::postgres::outbox as postgres;
 #[cfg(feature = "sqlite")]
 use crate::ledger::sqlite::outbox as sqlite;
-use crate::ledger::{EnqueueRequest, LedgerError};
+use crate::ledger::{EnqueueRequest, Enqueued, LedgerError};
 use leasehold_engine::transition::Start;
 use leasehold_engine::{Action, AttemptRecord, Plan, PlanId, PlanSpec};
 use std::fmt;
@@ -204,18 +204,22 @@ impl Outbox {
         action: Action,
         start: Start,
     ) -> Result<AttemptRecord, LedgerError> {
-        self.enqueue_sqlite_with(tx, plan, EnqueueRequest::new(action).at(start))
+        Ok(self
+            .enqueue_sqlite_with(tx, plan, EnqueueRequest::new(action).at(start))?
+            .record)
     }
 
     /// [`Outbox::enqueue_sqlite`] of the attempt `request` describes: its action, when
-    /// its command becomes claimable, and the trace (`traceparent`) it joins.
+    /// its command becomes claimable, the trace (`traceparent`) it joins, and its
+    /// enqueue key: with the key of an earlier enqueue of the same request, it
+    /// answers that attempt (`created: false`) and writes nothing.
     #[cfg(feature = "sqlite")]
     pub fn enqueue_sqlite_with(
         &self,
         tx: &rusqlite::Connection,
         plan: &PlanId,
         request: EnqueueRequest,
-    ) -> Result<AttemptRecord, LedgerError> {
+    ) -> Result<Enqueued, LedgerError> {
         sqlite::enqueue(tx, plan, request, &*self.entropy, self.sqlite_now())
     }
 
@@ -253,19 +257,21 @@ impl Outbox {
         action: Action,
         start: Start,
     ) -> Result<AttemptRecord, LedgerError> {
-        self.enqueue_mysql_with(tx, plan, EnqueueRequest::new(action).at(start))
-            .await
+        let request = EnqueueRequest::new(action).at(start);
+        Ok(self.enqueue_mysql_with(tx, plan, request).await?.record)
     }
 
     /// [`Outbox::enqueue_mysql`] of the attempt `request` describes: its action, when
-    /// its command becomes claimable, and the trace (`traceparent`) it joins.
+    /// its command becomes claimable, the trace (`traceparent`) it joins, and its
+    /// enqueue key: with the key of an earlier enqueue of the same request, it
+    /// answers that attempt (`created: false`) and writes nothing.
     #[cfg(feature = "mysql")]
     pub async fn enqueue_mysql_with(
         &self,
         tx: &mut mysql_async::Transaction<'_>,
         plan: &PlanId,
         request: EnqueueRequest,
-    ) -> Result<AttemptRecord, LedgerError> {
+    ) -> Result<Enqueued, LedgerError> {
         mysql::enqueue(tx, plan, request, &*self.entropy, self.clock.as_deref()).await
     }
 
@@ -305,19 +311,21 @@ impl Outbox {
         action: Action,
         start: Start,
     ) -> Result<AttemptRecord, LedgerError> {
-        self.enqueue_postgres_with(tx, plan, EnqueueRequest::new(action).at(start))
-            .await
+        let request = EnqueueRequest::new(action).at(start);
+        Ok(self.enqueue_postgres_with(tx, plan, request).await?.record)
     }
 
     /// [`Outbox::enqueue_postgres`] of the attempt `request` describes: its action, when
-    /// its command becomes claimable, and the trace (`traceparent`) it joins.
+    /// its command becomes claimable, the trace (`traceparent`) it joins, and its
+    /// enqueue key: with the key of an earlier enqueue of the same request, it
+    /// answers that attempt (`created: false`) and writes nothing.
     #[cfg(feature = "postgres")]
     pub async fn enqueue_postgres_with(
         &self,
         tx: &mut tokio_postgres::Transaction<'_>,
         plan: &PlanId,
         request: EnqueueRequest,
-    ) -> Result<AttemptRecord, LedgerError> {
+    ) -> Result<Enqueued, LedgerError> {
         postgres::enqueue(tx, plan, request, &*self.entropy, self.clock.as_deref()).await
     }
 }

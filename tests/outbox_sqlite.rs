@@ -157,7 +157,7 @@ async fn an_enqueue_in_the_callers_trace_is_delivered_in_it() {
         .register_plan_sqlite(&tx, order_plan("o-7"), &executors.names())
         .unwrap();
     let request = EnqueueRequest::new(Action::Execute).traced(Some(caller));
-    let record = outbox.enqueue_sqlite_with(&tx, &plan.id, request).unwrap();
+    let record = outbox.enqueue_sqlite_with(&tx, &plan.id, request).unwrap().record;
     tx.commit().unwrap();
     let trace = record.attempt.trace.expect("a trace context");
     assert_eq!(trace, TraceContext::for_attempt(Some(&caller), &record.attempt.id));

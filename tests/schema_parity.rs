@@ -331,7 +331,9 @@ fn sqlite_schema() -> Schema {
                 .collect();
             match (origin.as_str(), unique) {
                 ("pk", _) => {}
-                ("u", _) => {
+                // A unique constraint, or a unique index (SQLite adds no unique column
+                // to an existing table: a migration creates the index instead).
+                ("u", _) | ("c", 1) => {
                     table.uniques.insert(columns);
                 }
                 ("c", 0) => {

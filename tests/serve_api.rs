@@ -1298,6 +1298,54 @@ async fn an_enqueue_joins_the_requests_trace_and_an_invalid_traceparent_starts_a
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_answers_the_first_attempt_and_refuses_another_request_with_422() {
+    let server = TestServer::start().await;
+    let op = Some(server.operator.as_str());
+    let plan = server.plan("keyed", 1).await;
+    let path = format!("/api/v1/plans/{}/attempts", plan.id);
+    let key = [("idempotency-key", "order-42")];
+    let first = call_with(&server, Method::POST, &path, op, Some(json!({})), &key).await;
+    assert_eq!(first.status.as_u16(), 201, "{}", first.body);
+    let (id, created) = (first.json()["attempt_id"].clone(), first.json()["created"].clone());
+    assert_eq!(
+        (id.clone(), created),
+        (first.json()["attempt"]["id"].clone(), json!(true))
+    );
+    let again = call_with(&server, Method::POST, &path, op, Some(json!({})), &key).await;
+    assert_eq!(again.status.as_u16(), 200, "{}", again.body);
+    assert_eq!(
+        (again.json()["attempt_id"].clone(), again.json()["created"].clone()),
+        (id.clone(), json!(false))
+    );
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(server.ledger.history(&plan.id).await.unwrap().len(), 1, "one attempt");
+    let other = call_with(&server, Method::POST, &path, op, Some(json!({"in": "10m"})), &key).await;
+    let problem = other.problem(422, "key_reused");
+    assert!(
+        problem["detail"].as_str().unwrap().contains(id.as_str().unwrap()),
+        "{problem}"
+    );
+    let long = "k".repeat(256);
+    let bad = call_with(
+        &server,
+        Method::POST,
+        &path,
+        op,
+        None,
+        &[("idempotency-key", long.as_str())],
+    )
+    .await;
+    let problem = bad.problem(400, "bad_input");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("Idempotency-Key: 256 characters"),
+        "{problem}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_enqueue_starts_at_once_at_an_instant_or_after_a_delay() {
     let server = TestServer::start().await;
     let op = Some(server.operator.as_str());

@@ -688,6 +688,8 @@ mod tests {
                 finished_at: None,
                 error: None,
                 trace: None,
+                enqueue_key: None,
+                request_sha256: None,
             },
             command: crate::model::Command {
                 id: CommandId::new(format!("cmd-{id}")),

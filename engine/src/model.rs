@@ -262,6 +262,14 @@ pub struct Attempt {
     /// enqueue's span (none on rows written before traces).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace::TraceContext>,
+    /// The enqueue key its caller gave ([`crate::transition::keyed`]): another enqueue
+    /// with this key answers this attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueue_key: Option<String>,
+    /// With an enqueue key: the SHA-256 of the request that enqueued it
+    /// ([`crate::transition::enqueue_request_sha256`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_sha256: Option<String>,
 }
 
 /// One step of one attempt, with its evidence.

@@ -8,7 +8,7 @@
 //! arguments; nothing here reads a clock or mints anything.
 
 use crate::canonical::{canonical_json, sha256_hex};
-use crate::ids::{AttemptId, CommandId, LeaseToken, Timestamp};
+use crate::ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
 use crate::model::{
     Action, Attempt, AttemptRecord, AttemptStatus, Command, CommandStatus, Plan, PlanStatus, Receipt, ReceiptStatus,
     Recovery,
@@ -92,6 +92,14 @@ pub enum Refusal {
         action: Action,
         /// Why.
         reason: String,
+    },
+    /// An enqueue whose key an earlier, different request used ([`keyed`]).
+    #[error("enqueue key {key:?} was used by another request (attempt {attempt}): a key names one request")]
+    KeyReused {
+        /// The key.
+        key: String,
+        /// The attempt the earlier request enqueued.
+        attempt: AttemptId,
     },
 }
 
@@ -203,6 +211,49 @@ pub struct NewIds {
     pub trace: Option<crate::trace::TraceContext>,
 }
 
+/// The longest enqueue key, in characters.
+pub const ENQUEUE_KEY_MAX: usize = 255;
+
+/// Refuses an enqueue key that is empty, longer than [`ENQUEUE_KEY_MAX`], or holds a
+/// character a name may not ([`crate::names`]); the message names `field`.
+pub fn check_enqueue_key(field: &str, key: &str) -> Result<(), String> {
+    let n = key.chars().count();
+    if n == 0 || n > ENQUEUE_KEY_MAX {
+        return Err(format!(
+            "{field}: {n} characters; an enqueue key has 1 to {ENQUEUE_KEY_MAX}"
+        ));
+    }
+    crate::names::check(field, key).map_err(|e| e.to_string())
+}
+
+/// The SHA-256 of an enqueue request as its caller gave it: the plan, the action and
+/// the start as asked for (`after` a delay, not the instant it came to). Two
+/// enqueues with one key are the same request exactly when these are equal; the
+/// trace context is not part of it (a retry may come from another span).
+pub fn enqueue_request_sha256(plan: &PlanId, action: Action, start: Start) -> String {
+    let request = serde_json::json!({"plan": plan, "action": action, "start": start});
+    crate::canonical::fingerprint(&request)
+}
+
+/// An enqueue with `key` and request hash `request_sha256`, given the attempt that
+/// holds the key already, if one does: none — enqueue a new attempt (`Ok(None)`);
+/// one enqueued by the same request — answer it (`Ok(Some)`), whatever it became;
+/// one enqueued by another request — refused, [`Refusal::KeyReused`].
+pub fn keyed<'a>(
+    existing: Option<&'a AttemptRecord>,
+    key: &str,
+    request_sha256: &str,
+) -> Result<Option<&'a AttemptRecord>, Refusal> {
+    match existing {
+        None => Ok(None),
+        Some(r) if r.attempt.request_sha256.as_deref() == Some(request_sha256) => Ok(Some(r)),
+        Some(r) => Err(Refusal::KeyReused {
+            key: key.to_owned(),
+            attempt: r.attempt.id.clone(),
+        }),
+    }
+}
+
 /// When an enqueued attempt's command becomes claimable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -277,6 +328,8 @@ pub fn enqueue_at(
         finished_at: None,
         error: None,
         trace: ids.trace,
+        enqueue_key: None,
+        request_sha256: None,
     };
     let receipts: Vec<Receipt> = steps
         .iter()

@@ -53,6 +53,8 @@ fn execute_writes_a_queued_attempt_pending_receipts_in_step_order_and_a_pending_
             finished_at: None,
             error: None,
             trace: None,
+            enqueue_key: None,
+            request_sha256: None,
         },
         command: Command {
             id: command_id(1),
@@ -331,4 +333,58 @@ fn a_follow_up_is_asked_of_the_plans_latest_attempt_in_the_right_state() {
         refused.to_string().contains("is not the latest attempt of plan"),
         "{refused}"
     );
+}
+
+#[test]
+fn an_enqueue_key_answers_the_same_request_and_refuses_another() {
+    let plan = resume_plan();
+    let mut first = enqueue(&plan, &[], Action::Execute, ids(1), at(90_000)).unwrap();
+    let sha = transition::enqueue_request_sha256(&plan.id, Action::Execute, transition::Start::Now);
+    first.attempt.enqueue_key = Some("k".into());
+    first.attempt.request_sha256 = Some(sha.clone());
+    assert_eq!(transition::keyed(None, "k", &sha), Ok(None), "a new key enqueues");
+    assert_eq!(
+        transition::keyed(Some(&first), "k", &sha),
+        Ok(Some(&first)),
+        "the same request answers"
+    );
+    let other = transition::enqueue_request_sha256(&plan.id, Action::Compensate, transition::Start::Now);
+    assert_eq!(
+        transition::keyed(Some(&first), "k", &other),
+        Err(Refusal::KeyReused {
+            key: "k".into(),
+            attempt: first.attempt.id.clone()
+        })
+    );
+}
+
+#[test]
+fn a_request_is_its_plan_action_and_start_as_asked_for() {
+    use transition::{enqueue_request_sha256 as sha, Start};
+    let plan = resume_plan();
+    let now = sha(&plan.id, Action::Execute, Start::Now);
+    assert_eq!(now, sha(&plan.id, Action::Execute, Start::Now));
+    let variants = [
+        sha(&plan.id, Action::Retry, Start::Now),
+        sha(&plan.id, Action::Execute, Start::After(1_000)),
+        sha(&plan.id, Action::Execute, Start::At(at(1_000))),
+        sha(&leasehold_engine::PlanId::new("pln-other"), Action::Execute, Start::Now),
+    ];
+    assert!(variants.iter().all(|v| *v != now), "each part counts");
+    assert_ne!(variants[1], sha(&plan.id, Action::Execute, Start::After(2_000)));
+}
+
+#[test]
+fn an_enqueue_key_is_one_to_255_visible_characters() {
+    use transition::check_enqueue_key as check;
+    assert!(check("--key", "order-42/grant").is_ok());
+    assert!(check("--key", &"k".repeat(255)).is_ok());
+    for (bad, why) in [
+        ("", "0 characters"),
+        (&*"k".repeat(256), "256 characters"),
+        ("a\u{200b}b", "--key"),
+    ] {
+        let e = check("--key", bad).unwrap_err();
+        assert!(e.contains(why) && e.contains("--key"), "{bad:?}: {e}");
+    }
 }

@@ -92,6 +92,10 @@ pub enum Bug {
     /// without its `traceparent`, as a ledger that does not store it would, so the
     /// attempt starts a trace of its own.
     EnqueueDropsTrace,
+    /// Enqueues lose their key: the db host forwards each enqueue without its enqueue
+    /// key, as a ledger that does not keep keys would, so a client that sends a
+    /// request again (its reply lost, or a second click) enqueues it again.
+    EnqueueIgnoresKey,
 }
 
 impl Bug {
@@ -116,6 +120,7 @@ impl Bug {
         Bug::RateIgnored,
         Bug::BreakerIgnored,
         Bug::EnqueueDropsTrace,
+        Bug::EnqueueIgnoresKey,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -140,6 +145,7 @@ impl Bug {
             Bug::RateIgnored => "rate-ignored",
             Bug::BreakerIgnored => "breaker-ignored",
             Bug::EnqueueDropsTrace => "enqueue-drops-trace",
+            Bug::EnqueueIgnoresKey => "enqueue-ignores-key",
         }
     }
 
@@ -170,6 +176,7 @@ impl Bug {
             Bug::RateIgnored => (21, "limited-targets"),
             Bug::BreakerIgnored => (22, "limited-targets"),
             Bug::EnqueueDropsTrace => (23, "mixed"),
+            Bug::EnqueueIgnoresKey => (24, "mixed"),
         }
     }
 }
@@ -183,7 +190,7 @@ impl Bug {
     pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
         Some(match self {
-            Bug::EnqueueDropsTrace => return None,
+            Bug::EnqueueDropsTrace | Bug::EnqueueIgnoresKey => return None,
             Bug::CompleteSkipsTokenCheck | Bug::HeartbeatIgnoresToken => (1, Resume),
             Bug::ReconcileStealsLiveLease | Bug::LeaseOnWorkerClock => (2, Resume),
             Bug::ReplayKeepsReceipts => (11, Replay),

@@ -35,6 +35,13 @@ pub struct ClientLog {
     /// Every trace an enqueue named, whatever its outcome (an enqueue whose reply was
     /// lost may have been applied).
     pub named: Vec<TraceContext>,
+    /// The attempts acknowledged to each enqueue key, one per acknowledged try (a
+    /// keyed request is sent again after an unknown outcome, and now and then after
+    /// an acknowledged one).
+    pub keys: BTreeMap<String, Vec<AttemptId>>,
+    /// Refusals of a keyed request that an earlier try had acknowledged, with the
+    /// refusal: the same key with the same request must answer, never be refused.
+    pub key_refusals: Vec<(String, String)>,
     /// Refused enqueues, with the refusal.
     pub refused: Vec<(PlanId, Action, String)>,
     /// Enqueues whose outcome is unknown.
@@ -78,8 +85,11 @@ async fn sleep_ms(ms: u64) {
 pub async fn enqueuer(ctx: ClientCtx, clients: ClientParams) -> turmoil::Result {
     let ledger = ctx.ledger("enqueuer");
     let mut rng = Rng::new(ctx.seed, "enqueuer");
-    // A stream of its own: the traces drawn leave the enqueuer's choices as they were.
+    // Streams of their own: the traces and keys drawn leave the enqueuer's choices as
+    // they were.
     let mut traces = Rng::new(ctx.seed, "traces");
+    let mut keys = Rng::new(ctx.seed, "enqueue-keys");
+    let mut sent = 0u64;
     let mut plans = Vec::new();
     for spec in plans::named(&clients.plans)? {
         loop {
@@ -106,8 +116,13 @@ pub async fn enqueuer(ctx: ClientCtx, clients: ClientParams) -> turmoil::Result 
         };
         let action = choose_action(&history, &mut rng);
         let start = choose_start(&clients, &mut rng);
-        let request = EnqueueRequest::new(action).at(start).traced(choose_parent(&mut traces));
-        enqueue_one(&ctx, &ledger, plan, request).await;
+        sent += 1;
+        let key = keys.chance(0.6).then(|| format!("key-{sent}"));
+        let request = EnqueueRequest::new(action)
+            .at(start)
+            .traced(choose_parent(&mut traces))
+            .keyed(key);
+        enqueue_keyed(&ctx, &ledger, plan, request, &mut keys).await;
     }
     ctx.log.borrow_mut().enqueuer_done = true;
     Ok(())
@@ -134,9 +149,38 @@ fn choose_parent(rng: &mut Rng) -> Option<TraceContext> {
     Some(TraceContext::parse(&text).expect("a well-formed traceparent"))
 }
 
+/// How one enqueue went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Acked,
+    Refused,
+    Unknown,
+}
+
+/// Enqueues; a keyed request is sent again once after an unknown outcome (as a client
+/// whose request timed out does), and now and then once more after an acknowledged
+/// one (a second click): each answer must name the same attempt.
+async fn enqueue_keyed(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: EnqueueRequest, rng: &mut Rng) {
+    let first = enqueue_one(ctx, ledger, plan, request.clone()).await;
+    let again = match first {
+        Sent::Unknown => true,
+        Sent::Acked => rng.chance(0.25),
+        Sent::Refused => false,
+    };
+    if request.key.is_some() && again {
+        enqueue_one(ctx, ledger, plan, request).await;
+    }
+}
+
 /// Enqueues one attempt and records how it went.
-async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: EnqueueRequest) {
-    let EnqueueRequest { action, start, parent } = request;
+async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: EnqueueRequest) -> Sent {
+    let EnqueueRequest {
+        action,
+        start,
+        parent,
+        ref key,
+    } = request;
+    let key = key.clone();
     ctx.log.borrow_mut().named.extend(parent);
     let starts = match start {
         Start::After(ms) => format!(", starts in {ms} ms"),
@@ -144,7 +188,16 @@ async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: 
         Start::Now => String::new(),
     };
     match ledger.enqueue_with(&plan.id, request).await {
-        Ok(record) => {
+        Ok(enqueued) => {
+            let record = enqueued.record;
+            if let Some(key) = key {
+                ctx.log
+                    .borrow_mut()
+                    .keys
+                    .entry(key)
+                    .or_default()
+                    .push(record.attempt.id.clone());
+            }
             if let Some(parent) = parent {
                 ctx.log.borrow_mut().traced.insert(record.attempt.id.clone(), parent);
             }
@@ -159,19 +212,23 @@ async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: 
                 .borrow_mut()
                 .acked
                 .push((plan.id.clone(), action, record.attempt.id));
+            Sent::Acked
         }
         Err(LedgerError::Refused(r)) => {
             ctx.trace
                 .line("enqueuer", format!("enqueue {action} of {} refused: {r}", plan.name));
-            ctx.log
-                .borrow_mut()
-                .refused
-                .push((plan.id.clone(), action, r.to_string()));
+            let mut log = ctx.log.borrow_mut();
+            if let Some(key) = key.filter(|k| log.keys.contains_key(k)) {
+                log.key_refusals.push((key, r.to_string()));
+            }
+            log.refused.push((plan.id.clone(), action, r.to_string()));
+            Sent::Refused
         }
         Err(e) => {
             ctx.trace
                 .line("enqueuer", format!("enqueue {action} of {} unknown: {e}", plan.name));
             ctx.log.borrow_mut().ambiguous += 1;
+            Sent::Unknown
         }
     }
 }

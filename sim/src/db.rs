@@ -31,9 +31,9 @@ use leasehold::clock::Clock;
 use leasehold::entropy::{Entropy, IdKind};
 use leasehold::ledger::memory::MemoryLedger;
 use leasehold::ledger::sqlite::SqliteCore;
-use leasehold::ledger::EnqueueRequest;
 use leasehold::ledger::WritesHook;
 use leasehold::ledger::{Claimed, Ledger, LedgerError};
+use leasehold::ledger::{EnqueueRequest, Enqueued};
 use leasehold_engine::canonical::{canonical_json, sha256_hex};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::{is_claimable, next_step};
@@ -526,6 +526,9 @@ pub struct DbState {
     pub latest: BTreeMap<AttemptId, Snap>,
     /// Every registered plan.
     pub plans: BTreeMap<PlanId, Plan>,
+    /// The attempts enqueues created, each with the enqueue key its request carried
+    /// as the db host received it.
+    pub keyed: BTreeMap<AttemptId, String>,
     /// Whether faults (lost replies) are on.
     pub faults_on: bool,
     /// Chance that a mutating request's reply is lost while faults are on.
@@ -606,6 +609,7 @@ impl DbState {
             events: Vec::new(),
             latest: BTreeMap::new(),
             plans: BTreeMap::new(),
+            keyed: BTreeMap::new(),
             faults_on: true,
             reply_loss,
             replies_lost: 0,
@@ -880,10 +884,12 @@ impl DbState {
                 action,
                 start,
                 parent,
+                key,
             } => {
                 let parent = parent.filter(|_| !self.bugs.contains(&Bug::EnqueueDropsTrace));
-                let request = EnqueueRequest::new(*action).at(*start).traced(parent);
-                self.enqueue(env, times, plan, request)
+                let forwarded = key.clone().filter(|_| !self.bugs.contains(&Bug::EnqueueIgnoresKey));
+                let request = EnqueueRequest::new(*action).at(*start).traced(parent).keyed(forwarded);
+                self.enqueue(env, times, plan, (request, key.as_deref()))
             }
             DbRequest::Claim(request) => {
                 let request = routed(&self.bugs, request);
@@ -936,15 +942,29 @@ impl DbState {
         env: &DbEnvelope,
         (db_now, decided_at): (Timestamp, Timestamp),
         plan: &PlanId,
-        request: EnqueueRequest,
+        (request, received_key): (EnqueueRequest, Option<&str>),
     ) -> Result<DbReply, LedgerError> {
         let count_before = self.plan_attempt_count(plan);
-        let result: Result<AttemptRecord, LedgerError> = call!(&self.backend, enqueue_with(plan, request));
+        let result: Result<Enqueued, LedgerError> = call!(&self.backend, enqueue_with(plan, request));
         let count_after = self.plan_attempt_count(plan);
+        if let Ok(Enqueued { record, created: false }) = &result {
+            // Answered for its key: nothing was written, so no transition is logged.
+            self.trace.line(
+                "db",
+                format!("enqueue from {} answered {} for its key", env.from, record.attempt.id),
+            );
+            return result.map(|e| DbReply::Enqueued {
+                record: e.record,
+                created: false,
+            });
+        }
         let (attempt, after) = match &result {
-            Ok(record) => {
+            Ok(Enqueued { record, .. }) => {
                 let snap = self.snap(record.clone());
                 self.latest.insert(record.attempt.id.clone(), snap.clone());
+                if let Some(key) = received_key {
+                    self.keyed.insert(record.attempt.id.clone(), key.to_owned());
+                }
                 (Some(record.attempt.id.clone()), Some(snap))
             }
             Err(_) => (None, None),
@@ -962,7 +982,10 @@ impl DbState {
             outcome,
             Some((count_before, count_after)),
         );
-        result.map(DbReply::Record)
+        result.map(|e| DbReply::Enqueued {
+            record: e.record,
+            created: e.created,
+        })
     }
 
     fn claim(
@@ -1067,6 +1090,10 @@ fn strip_tokens(reply: DbReply) -> DbReply {
     }
     match reply {
         DbReply::Record(r) => DbReply::Record(strip(r)),
+        DbReply::Enqueued { record, created } => DbReply::Enqueued {
+            record: strip(record),
+            created,
+        },
         DbReply::Records(rs) => DbReply::Records(rs.into_iter().map(strip).collect()),
         DbReply::Operator { reply, record } => DbReply::Operator {
             reply,

@@ -9,7 +9,7 @@
 //! healed and must converge. The [`checker`] proves twenty-three invariants on every run from
 //! what the hosts recorded (the model-based history check is [`history`], the delivery
 //! policy's invariants are [`delivery`], routing's is [`routing`], the per-target
-//! limits' are [`limits`], trace context's is [`traces`]); planted
+//! limits' are [`limits`], trace context's is [`traces`], enqueue keys' is [`keys`]); planted
 //! bugs ([`bugs`]) prove that it can fail; the run prints a hash of its event [`trace`], and the
 //! same seed always gives the same hash. [`runner`] runs many seeds on every core.
 //! [`model`] explores every interleaving of small configurations with the engine's
@@ -26,6 +26,7 @@ pub mod clock;
 pub mod db;
 pub mod delivery;
 pub mod history;
+pub mod keys;
 pub mod limits;
 pub mod model;
 pub mod plans;

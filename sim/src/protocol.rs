@@ -218,6 +218,8 @@ pub enum DbRequest {
         start: Start,
         /// The trace it joins.
         parent: Option<TraceContext>,
+        /// Its enqueue key.
+        key: Option<String>,
     },
     /// `Ledger::claim_batch` (one transaction in the db host).
     Claim(ClaimRequest),
@@ -344,6 +346,13 @@ pub enum DbReply {
     Claimed(Vec<WireClaimed>),
     /// One attempt's rows.
     Record(AttemptRecord),
+    /// An enqueue's attempt, and whether the enqueue created it.
+    Enqueued {
+        /// The attempt's rows.
+        record: AttemptRecord,
+        /// Created by this enqueue (not answered for its key).
+        created: bool,
+    },
     /// A worker request's reply.
     Worker(Reply),
     /// An operator request's reply, with the attempt's rows after it.

@@ -13,7 +13,7 @@ use crate::clock::SimClock;
 use crate::db::DB_PORT;
 use crate::protocol::{CallError, DbEnvelope, DbReply, DbRequest, DbResponse, Pool, WireLease};
 use leasehold::clock::Clock;
-use leasehold::ledger::{Claimed, EnqueueRequest, Ledger, LedgerError};
+use leasehold::ledger::{Claimed, EnqueueRequest, Enqueued, Ledger, LedgerError};
 use leasehold_engine::{
     AttemptId, AttemptRecord, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec, Reply, WorkerRequest,
 };
@@ -69,6 +69,7 @@ fn reply_kind(reply: &DbReply) -> &'static str {
         DbReply::Plans(_) => "plans",
         DbReply::Claimed(_) => "claimed",
         DbReply::Record(_) => "record",
+        DbReply::Enqueued { .. } => "enqueued",
         DbReply::Worker(_) => "worker",
         DbReply::Operator { .. } => "operator",
         DbReply::Records(_) => "records",
@@ -109,9 +110,21 @@ impl Ledger for RpcLedger {
         expect!(self, DbRequest::RetirePlan { id: id.clone() }, DbReply::Plan(p) => p)
     }
 
-    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
-        let EnqueueRequest { action, start, parent } = request;
-        expect!(self, DbRequest::Enqueue { plan: plan.clone(), action, start, parent }, DbReply::Record(r) => r)
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<Enqueued, LedgerError> {
+        let EnqueueRequest {
+            action,
+            start,
+            parent,
+            key,
+        } = request;
+        let request = DbRequest::Enqueue {
+            plan: plan.clone(),
+            action,
+            start,
+            parent,
+            key,
+        };
+        expect!(self, request, DbReply::Enqueued { record, created } => Enqueued { record, created })
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {

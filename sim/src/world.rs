@@ -697,6 +697,7 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
     violations.extend(crate::routing::claims_runnable(&db.events, &db.plans, w));
     violations.extend(crate::limits::check(&db.events, &target_limits(w)));
     violations.extend(crate::traces::carried(input.latest, input.clients, &input.target.calls));
+    violations.extend(crate::keys::once(&db.keyed, input.clients));
     for v in &violations {
         lines.push(format!("violation [{}] {}", v.invariant, v.message));
     }

@@ -121,6 +121,11 @@ enum Command {
         /// without it, the attempt starts a trace of its own.
         #[arg(long, value_name = "TRACEPARENT", value_parser = parse_traceparent)]
         traceparent: Option<TraceContext>,
+        /// An enqueue key (1 to 255 characters): run again with the same key and the
+        /// same request, it answers the attempt the first run created instead of
+        /// enqueuing another; with another request, it is refused (exit 2).
+        #[arg(long, value_name = "KEY", value_parser = parse_enqueue_key)]
+        key: Option<String>,
     },
     /// Claim and deliver commands until stopped (SIGINT/SIGTERM) or idle.
     Worker {
@@ -567,6 +572,8 @@ impl Failure {
 impl From<LedgerError> for Failure {
     fn from(e: LedgerError) -> Self {
         let code = match &e {
+            // A key is the caller's input: reusing one for another request is a usage error.
+            LedgerError::Refused(leasehold_engine::Refusal::KeyReused { .. }) => 2,
             LedgerError::Refused(_) => 3,
             LedgerError::InvalidPlan(_) | LedgerError::NotFound { .. } | LedgerError::BadInput(_) => 2,
             _ => 1,
@@ -683,8 +690,9 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             action,
             start,
             traceparent,
+            key,
         } => {
-            let request = EnqueueRequest::new(action.into()).traced(traceparent);
+            let request = EnqueueRequest::new(action.into()).traced(traceparent).keyed(key);
             recovery::enqueue(ledger.as_ref(), &plan, request, &start, json).await
         }
         Command::Worker {
@@ -1125,6 +1133,11 @@ fn read_capped(path: &Path, max: u64) -> Result<String, String> {
 }
 
 /// Parses plan text as JSON or TOML; the error is one line with its position.
+/// `--key`: an enqueue key, or why not.
+fn parse_enqueue_key(text: &str) -> Result<String, String> {
+    leasehold_engine::transition::check_enqueue_key("--key", text).map(|()| text.to_owned())
+}
+
 /// `--traceparent`: a W3C trace context, or why not.
 fn parse_traceparent(text: &str) -> Result<TraceContext, String> {
     TraceContext::parse(text.trim()).map_err(|e| e.reason.to_owned())

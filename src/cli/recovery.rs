@@ -56,8 +56,16 @@ pub(super) async fn enqueue<L: Ledger>(
 ) -> Outcome {
     let start = start.start(SystemClock.now())?;
     let plan = find_plan(ledger, plan).await?;
-    let record = ledger.enqueue_with(&plan.id, request.at(start)).await?;
-    emit(json, &record, || format!("{}\n", record.attempt.id));
+    let enqueued = ledger.enqueue_with(&plan.id, request.at(start)).await?;
+    let record = &enqueued.record;
+    emit(json, &enqueued, || format!("{}\n", record.attempt.id));
+    if !enqueued.created {
+        errln!(
+            "attempt {} was enqueued earlier with this key; nothing new was enqueued",
+            record.attempt.id
+        );
+        return Ok(());
+    }
     if start != Start::Now && record.command.available_at > record.attempt.created_at {
         errln!(
             "attempt {} is not delivered before {}",

@@ -362,6 +362,8 @@ mod props {
                             finished_at: maybe_at,
                             error,
                             trace: None,
+                            enqueue_key: None,
+                            request_sha256: None,
                         },
                         command: Command {
                             id: CommandId::new(cid),
@@ -459,6 +461,8 @@ mod tests {
                 finished_at: None,
                 error: None,
                 trace: None,
+                enqueue_key: None,
+                request_sha256: None,
             },
             command: Command {
                 id: CommandId::new("cmd-1"),

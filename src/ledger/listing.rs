@@ -560,6 +560,8 @@ mod tests {
                 finished_at: None,
                 error: None,
                 trace: None,
+                enqueue_key: None,
+                request_sha256: None,
             },
             command: Command {
                 id: CommandId::new(format!("cmd-{id}")),

@@ -12,11 +12,10 @@
 
 use super::fleet::WorkerRow;
 use super::limits::{self, Leases, LimitTable, TargetRow};
-use super::{Claimed, EnqueueRequest, Ledger, LedgerError};
+use super::{Claimed, EnqueueRequest, Enqueued, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::limits::TargetLimit;
-use leasehold_engine::transition::{self};
 use leasehold_engine::{
     AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, LeaseToken, OperatorRequest,
     Plan, PlanId, PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
@@ -453,7 +452,7 @@ impl Ledger for MemoryLedger {
         Ok(plan)
     }
 
-    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<Enqueued, LedgerError> {
         let now = self.clock.now();
         let mut state = self.lock();
         let plan = Self::plan_of(&state, plan)?;
@@ -465,10 +464,15 @@ impl Ledger for MemoryLedger {
             .filter_map(|id| state.attempts.get(id))
             .cloned()
             .collect();
-        let ids = super::new_attempt_ids(&*self.entropy, request.parent);
-        let record = transition::enqueue_at(&plan, &history, request.action, ids, now, request.start)?;
-        state.insert(record.clone());
-        Ok(record)
+        let keyed = request.key.as_ref().and_then(|key| {
+            let holds = |r: &&AttemptRecord| r.attempt.enqueue_key.as_ref() == Some(key);
+            state.attempts.values().find(holds).cloned()
+        });
+        let enqueued = super::decide_enqueue(&plan, &history, keyed.as_ref(), &request, (&*self.entropy, now))?;
+        if enqueued.created {
+            state.insert(enqueued.record.clone());
+        }
+        Ok(enqueued)
     }
 
     async fn claim_batch(&self, request: ClaimRequest) -> Result<Vec<Claimed>, LedgerError> {
@@ -603,7 +607,7 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::entropy::SeededEntropy;
     use crate::executor::Executors;
-    use leasehold_engine::transition::NewIds;
+    use leasehold_engine::transition::{self, NewIds};
     use leasehold_engine::{Action, Guard, Step};
 
     fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {

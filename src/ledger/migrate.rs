@@ -201,6 +201,14 @@ pub static SQLITE: &[Migration] = &[
         // Additive: a nullable column the previous release neither reads nor writes.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 14,
+        name: "enqueue_keys",
+        sql: include_str!("../../migrations/sqlite/0014_enqueue_keys.sql"),
+        // Additive: the previous release writes no key and reads none; a keyed
+        // attempt is, to it, an attempt like any other.
+        compat: Compat::Additive,
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.
@@ -482,8 +490,13 @@ mod tests {
         // The newest migration of each list is additive: a ledger this binary migrates
         // still accepts the code of the schema before it.
         let row = CompatRow::written(SQLITE, RELEASE).unwrap();
-        assert_eq!(row.version, 12);
-        assert_eq!(row.oldest_compatible, 11);
+        let newest = SQLITE.last().unwrap().version;
+        assert_eq!(row.version, newest);
+        assert!(row.oldest_compatible < newest, "{row:?}");
+        assert_eq!(
+            row.oldest_compatible, 11,
+            "target_limits, the newest breaking migration"
+        );
         assert_eq!(row.written_by, env!("CARGO_PKG_VERSION"));
     }
 

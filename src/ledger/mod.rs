@@ -56,7 +56,7 @@ pub use url::DbUrl;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::plan::PlanError;
-use leasehold_engine::transition::{Continued, NewIds, ReconcileOutcome, Start};
+use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome, Start};
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Decision, Lease,
     LeaseToken, OperatorRequest, Plan, PlanId, PlanSpec, Refusal, Reply, Request, Timestamp, TraceContext,
@@ -131,8 +131,8 @@ pub(crate) fn decide(
 }
 
 /// What an enqueue asks for besides its plan: the attempt's action, when its command
-/// becomes claimable, and the trace it joins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// becomes claimable, the trace it joins, and the key that makes it idempotent.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnqueueRequest {
     /// execute, retry or compensate.
     pub action: Action,
@@ -141,6 +141,12 @@ pub struct EnqueueRequest {
     /// The caller's trace context (`traceparent`): the attempt's trace is a child of
     /// it, or a new trace when there is none ([`TraceContext::for_attempt`]).
     pub parent: Option<TraceContext>,
+    /// The caller's enqueue key: an enqueue with the key of an earlier one answers
+    /// that one's attempt when it is the same request, and is refused
+    /// ([`Refusal::KeyReused`]) when it is another
+    /// ([`leasehold_engine::transition::keyed`]). 1 to 255 characters, none that a
+    /// name may not hold.
+    pub key: Option<String>,
 }
 
 impl EnqueueRequest {
@@ -150,6 +156,7 @@ impl EnqueueRequest {
             action,
             start: Start::Now,
             parent: None,
+            key: None,
         }
     }
 
@@ -162,6 +169,73 @@ impl EnqueueRequest {
     pub fn traced(self, parent: Option<TraceContext>) -> Self {
         Self { parent, ..self }
     }
+
+    /// With the enqueue key `key` (none: not idempotent).
+    pub fn keyed(self, key: Option<String>) -> Self {
+        Self { key, ..self }
+    }
+}
+
+/// What an enqueue answered: the attempt, and whether this enqueue created it (or
+/// answered the attempt an earlier enqueue with the same key created). As JSON: the
+/// record's fields with `attempt_id` and `created`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Enqueued {
+    /// The attempt's rows.
+    pub record: AttemptRecord,
+    /// Created by this enqueue.
+    pub created: bool,
+}
+
+impl serde::Serialize for Enqueued {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct View<'a> {
+            attempt_id: &'a AttemptId,
+            created: bool,
+            #[serde(flatten)]
+            record: &'a AttemptRecord,
+        }
+        View {
+            attempt_id: &self.record.attempt.id,
+            created: self.created,
+            record: &self.record,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// An enqueue of `plan` decided over its `history` and the attempt its key names
+/// already (`keyed`): that attempt answered, when the same request enqueued it, or
+/// a new attempt with fresh ids and the key stored with it.
+pub(crate) fn decide_enqueue(
+    plan: &Plan,
+    history: &[AttemptRecord],
+    keyed: Option<&AttemptRecord>,
+    request: &EnqueueRequest,
+    (entropy, now): (&dyn Entropy, Timestamp),
+) -> Result<Enqueued, LedgerError> {
+    let key = match &request.key {
+        Some(key) => {
+            transition::check_enqueue_key("enqueue key", key).map_err(LedgerError::BadInput)?;
+            let sha = transition::enqueue_request_sha256(&plan.id, request.action, request.start);
+            if let Some(existing) = transition::keyed(keyed, key, &sha)? {
+                return Ok(Enqueued {
+                    record: existing.clone(),
+                    created: false,
+                });
+            }
+            Some((key.clone(), sha))
+        }
+        None => None,
+    };
+    let ids = new_attempt_ids(entropy, request.parent);
+    let mut record = transition::enqueue_at(plan, history, request.action, ids, now, request.start)?;
+    if let Some((key, sha)) = key {
+        record.attempt.enqueue_key = Some(key);
+        record.attempt.request_sha256 = Some(sha);
+    }
+    Ok(Enqueued { record, created: true })
 }
 
 /// A new attempt's ids, drawn from `entropy` (attempt, then command), and its trace
@@ -348,16 +422,18 @@ pub trait Ledger: Send + Sync + 'static {
         action: Action,
         start: Start,
     ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
-        self.enqueue_with(plan, EnqueueRequest::new(action).at(start))
+        let enqueued = self.enqueue_with(plan, EnqueueRequest::new(action).at(start));
+        async move { Ok(enqueued.await?.record) }
     }
 
     /// Enqueues the attempt `request` describes: attempt, receipts and command in one
-    /// transaction, the attempt's trace context stored with it.
+    /// transaction, the attempt's trace context (and its key) stored with it; or, for
+    /// a key an earlier enqueue of the same request used, answers that attempt.
     fn enqueue_with(
         &self,
         plan: &PlanId,
         request: EnqueueRequest,
-    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send;
+    ) -> impl Future<Output = Result<Enqueued, LedgerError>> + Send;
 
     /// Claims up to `request.batch` claimable commands for `request.owner` under
     /// fresh leases of `request.lease_ms`, oldest `available_at` first, each decided

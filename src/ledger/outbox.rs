@@ -2,24 +2,23 @@
 //! ([`crate::outbox`]): the engine's decision, with ids drawn from the entropy in the
 //! order the ledgers draw them (plan; or attempt, then command).
 
-use super::{EnqueueRequest, LedgerError};
+use super::{EnqueueRequest, Enqueued, LedgerError};
 use crate::entropy::{Entropy, IdKind};
-use leasehold_engine::transition;
 use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec, Timestamp, Writes};
 
-/// The engine's enqueue of `plan` at `now` over its `history`, claimable from
-/// `start`: the new attempt's rows and the writes that insert them (`Guard::Absent`).
+/// The engine's enqueue of `plan` at `now` over its `history` and the attempt its
+/// key names (`keyed`) ([`super::decide_enqueue`]), with the writes that insert a new
+/// attempt (`Guard::Absent`); none when an earlier attempt is answered.
 pub(crate) fn decide_enqueue(
     plan: &Plan,
     history: &[AttemptRecord],
-    request: EnqueueRequest,
-    entropy: &dyn Entropy,
-    now: Timestamp,
-) -> Result<(AttemptRecord, Writes), LedgerError> {
-    let ids = super::new_attempt_ids(entropy, request.parent);
-    let record = transition::enqueue_at(plan, history, request.action, ids, now, request.start)?;
-    let writes = Writes::new_attempt(&record);
-    Ok((record, writes))
+    keyed: Option<&AttemptRecord>,
+    request: &EnqueueRequest,
+    (entropy, now): (&dyn Entropy, Timestamp),
+) -> Result<(Enqueued, Option<Writes>), LedgerError> {
+    let enqueued = super::decide_enqueue(plan, history, keyed, request, (entropy, now))?;
+    let writes = enqueued.created.then(|| Writes::new_attempt(&enqueued.record));
+    Ok((enqueued, writes))
 }
 
 /// The plan `spec` describes, validated against `known_executors`, with a fresh id,

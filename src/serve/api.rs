@@ -38,7 +38,7 @@ use axum::Json;
 use leasehold_engine::evidence::{compare, latest_successful_pair};
 use leasehold_engine::gate::gate;
 use leasehold_engine::limits::{Breaker, Rate, TargetLimit};
-use leasehold_engine::transition::{follow_up_of, ReconcileOutcome, Start};
+use leasehold_engine::transition::{check_enqueue_key, follow_up_of, ReconcileOutcome, Start};
 use leasehold_engine::{Action, AttemptId, AttemptRecord, AttemptStatus, Plan, PlanId, PlanSpec, TraceContext};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -266,26 +266,57 @@ fn parse_action(text: Option<&str>) -> Result<Action, Problem> {
 #[utoipa::path(post, path = "/api/v1/plans/{plan}/attempts", tag = "attempts", security(("token" = [])),
     params(("plan" = String, Path, description = "Plan id or name")),
     request_body(content = EnqueueBody),
-    responses((status = 201, description = "The new attempt's record (`command.available_at`: when it is claimable)", body = Value),
+    params(("plan" = String, Path, description = "Plan id or name"),
+        ("Idempotency-Key" = Option<String>, Header, description = "An enqueue key (1 to 255 characters): the same key with the same request answers the attempt the first request created"),
+        ("traceparent" = Option<String>, Header, description = "The W3C trace context the attempt joins")),
+    request_body(content = EnqueueBody),
+    responses((status = 201, description = "The new attempt's record (`command.available_at`: when it is claimable), its `attempt_id` and `created: true`", body = Value),
+        (status = 200, description = "The attempt an earlier request with this `Idempotency-Key` created (`created: false`, header `Idempotent-Replayed: true`)", body = Value),
         (status = 409, description = "Refused (an attempt is open, the plan is retired, …)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The `Idempotency-Key` was used by another request", body = Problem, content_type = "application/problem+json"),
         (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
 async fn enqueue(State(app): State<App>, headers: HeaderMap, Path(plan): Path<String>, bytes: Bytes) -> ApiResult {
     let who = app.require(&headers, Role::Operator).await?;
     let request: EnqueueBody = body(&bytes)?;
     let action = parse_action(request.action.as_deref())?;
     let start = start_of(request.at.as_deref(), request.after.as_deref())?;
+    let key = enqueue_key_of(&headers)?;
     let parent = traceparent_of(&headers);
     let plan = app.backend().find_plan(&plan).await?;
     let sent = trace::wall_now();
-    let request = EnqueueRequest::new(action).at(start).traced(parent);
-    let record = app.backend().enqueue_with(&plan.id, request).await?;
-    trace::report_enqueue(&record, parent.as_ref(), sent);
+    let request = EnqueueRequest::new(action).at(start).traced(parent).keyed(key);
+    let enqueued = app.backend().enqueue_with(&plan.id, request).await?;
+    let record = &enqueued.record;
+    if !enqueued.created {
+        audit(
+            &who,
+            "enqueue",
+            record.attempt.id.as_str(),
+            "answered for its Idempotency-Key",
+        );
+        let replayed = [("idempotent-replayed", "true")];
+        return Ok((StatusCode::OK, replayed, Json(to_json(&enqueued)?)).into_response());
+    }
+    trace::report_enqueue(record, parent.as_ref(), sent);
     let outcome = match start {
         Start::Now => action.as_str().to_owned(),
         _ => format!("{action} from {}", record.command.available_at),
     };
     audit(&who, "enqueue", record.attempt.id.as_str(), &outcome);
-    created(to_json(&record)?)
+    created(to_json(&enqueued)?)
+}
+
+/// The request's `Idempotency-Key`, if it has one; one that is not an enqueue key
+/// (1 to 255 visible characters) is refused, naming the header.
+fn enqueue_key_of(headers: &HeaderMap) -> Result<Option<String>, Problem> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .map_err(|_| Problem::bad_input("Idempotency-Key: not visible ASCII"))?;
+    check_enqueue_key("Idempotency-Key", key).map_err(Problem::bad_input)?;
+    Ok(Some(key.to_owned()))
 }
 
 /// Resolves the attempts a comparison compares: both given, or the latest two

@@ -5,7 +5,7 @@ use crate::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome};
 use crate::ledger::fleet::WorkerRow;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
-use crate::ledger::{find_plan, EnqueueRequest, Ledger, LedgerError};
+use crate::ledger::{find_plan, EnqueueRequest, Enqueued, Ledger, LedgerError};
 use crate::tokens::{create_token, Role, TokenInfo, TokenSecret, TokenStore};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::transition::ReconcileOutcome;
@@ -35,7 +35,7 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Ledger::enqueue`].
     fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord>;
     /// [`Ledger::enqueue_with`].
-    fn enqueue_with<'a>(&'a self, plan: &'a PlanId, request: EnqueueRequest) -> Fut<'a, AttemptRecord>;
+    fn enqueue_with<'a>(&'a self, plan: &'a PlanId, request: EnqueueRequest) -> Fut<'a, Enqueued>;
     /// [`retry_failed`].
     fn retry_failed<'a>(&'a self, filter: &'a BulkFilter, dry_run: bool) -> Fut<'a, BulkOutcome>;
     /// [`abort_open`], as `who`.
@@ -96,7 +96,7 @@ impl<L: Ledger + TokenStore> Backend for L {
     fn enqueue<'a>(&'a self, plan: &'a PlanId, action: Action) -> Fut<'a, AttemptRecord> {
         Box::pin(Ledger::enqueue(self, plan, action))
     }
-    fn enqueue_with<'a>(&'a self, plan: &'a PlanId, request: EnqueueRequest) -> Fut<'a, AttemptRecord> {
+    fn enqueue_with<'a>(&'a self, plan: &'a PlanId, request: EnqueueRequest) -> Fut<'a, Enqueued> {
         Box::pin(Ledger::enqueue_with(self, plan, request))
     }
     fn retry_failed<'a>(&'a self, filter: &'a BulkFilter, dry_run: bool) -> Fut<'a, BulkOutcome> {

@@ -10,6 +10,7 @@
 use crate::ledger::LedgerError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use leasehold_engine::Refusal;
 use serde::Serialize;
 
 /// The media type of every error answer.
@@ -83,6 +84,9 @@ impl Problem {
 impl From<LedgerError> for Problem {
     fn from(e: LedgerError) -> Self {
         match &e {
+            LedgerError::Refused(r @ Refusal::KeyReused { .. }) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "key_reused", r.to_string())
+            }
             LedgerError::Refused(r) => Self::new(StatusCode::CONFLICT, "refused", r.to_string()),
             LedgerError::InvalidPlan(p) => Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_plan", p.to_string()),
             LedgerError::NotFound { .. } => Self::not_found(e.to_string()),

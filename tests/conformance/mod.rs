@@ -24,11 +24,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod keys;
 mod limits;
 mod policy;
 mod retention;
 mod routing;
 mod traces;
+pub use keys::*;
 pub use limits::*;
 pub use policy::*;
 pub use retention::*;
@@ -154,6 +156,8 @@ macro_rules! conformance_suite {
             retention_keeps_a_compensation_and_the_guards_decide_as_before,
             an_attempt_keeps_the_trace_it_was_enqueued_in_through_every_read,
             an_attempt_enqueued_without_a_trace_starts_its_own,
+            an_enqueue_key_answers_the_first_attempt_and_refuses_another_request,
+            a_key_that_is_not_one_is_refused_as_bad_input,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,

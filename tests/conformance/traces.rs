@@ -14,7 +14,7 @@ pub async fn an_attempt_keeps_the_trace_it_was_enqueued_in_through_every_read<L:
     let id = register(l, "traced", "resume", 2).await;
     let caller = TraceContext::parse(CALLER).unwrap();
     let request = EnqueueRequest::new(Action::Execute).traced(Some(caller));
-    let enqueued = l.enqueue_with(&id, request).await.expect("enqueue");
+    let enqueued = l.enqueue_with(&id, request).await.expect("enqueue").record;
     let trace = enqueued.attempt.trace.expect("the attempt has a trace context");
     assert_eq!(trace, TraceContext::for_attempt(Some(&caller), &enqueued.attempt.id));
     assert_eq!(trace.trace_id(), caller.trace_id(), "the caller's trace");

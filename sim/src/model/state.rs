@@ -1125,6 +1125,8 @@ fn archived(r: &AttemptRecord, more: bool) -> Snap {
         finished_at: None,
         error: None,
         trace: None,
+        enqueue_key: None,
+        request_sha256: None,
     };
     let receipts = if more {
         r.receipts

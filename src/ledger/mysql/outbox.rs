@@ -25,8 +25,8 @@ use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::sql::session::{self, not_found};
-use crate::ledger::EnqueueRequest;
 use crate::ledger::LedgerError;
+use crate::ledger::{EnqueueRequest, Enqueued};
 use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
 use mysql_async::prelude::Queryable;
 use mysql_async::Transaction;
@@ -145,10 +145,10 @@ pub(crate) async fn enqueue(
     request: EnqueueRequest,
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
-) -> Result<AttemptRecord, LedgerError> {
+) -> Result<Enqueued, LedgerError> {
     check(tx).await.map_err(final_error)?;
     begin(tx).await?;
-    let out = insert_attempt(tx, plan, request, entropy, clock).await;
+    let out = insert_attempt(tx, plan, &request, entropy, clock).await;
     end(tx, out).await
 }
 
@@ -156,19 +156,25 @@ pub(crate) async fn enqueue(
 async fn insert_attempt(
     tx: &mut Transaction<'_>,
     plan: &PlanId,
-    request: EnqueueRequest,
+    request: &EnqueueRequest,
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
-) -> Result<AttemptRecord, TxError> {
+) -> Result<Enqueued, TxError> {
     let plan = session::read_plan(&mut MySession(&mut *tx), plan, true)
         .await?
         .ok_or_else(|| not_found("plan", plan))?;
     let at = now(tx, clock).await?;
     let history = session::read_history(&mut MySession(&mut *tx), &plan.id).await?;
     check_fresh(tx, &plan.id, &history).await?;
-    let (record, writes) = decide_enqueue(&plan, &history, request, entropy, at)?;
-    session::apply_writes(&mut MySession(tx), None, &writes).await?;
-    Ok(record)
+    let keyed = match &request.key {
+        Some(key) => session::read_keyed(&mut MySession(&mut *tx), key).await?,
+        None => None,
+    };
+    let (enqueued, writes) = decide_enqueue(&plan, &history, keyed.as_ref(), request, (entropy, at))?;
+    if let Some(writes) = writes {
+        session::apply_writes(&mut MySession(tx), None, &writes).await?;
+    }
+    Ok(enqueued)
 }
 
 /// Refuses a `history` (a plain read, from the transaction's snapshot) that lacks an

@@ -82,6 +82,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a nullable column the previous release neither reads nor writes.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 10,
+        name: "enqueue_keys",
+        sql: include_str!("../../../migrations/mysql/0010_enqueue_keys.sql"),
+        // Additive: the previous release writes no key and reads none; a keyed
+        // attempt is, to it, an attempt like any other.
+        compat: Compat::Additive,
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

@@ -31,9 +31,9 @@ use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::sql::ledger::{decide_enqueue_in, register_in, Decider};
 use crate::ledger::sql::session::{self, Session};
-use crate::ledger::EnqueueRequest;
 use crate::ledger::LedgerError;
-use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec};
+use crate::ledger::{EnqueueRequest, Enqueued};
+use leasehold_engine::{Plan, PlanId, PlanSpec};
 use std::sync::Mutex;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -255,12 +255,12 @@ pub(crate) async fn enqueue(
     request: EnqueueRequest,
     entropy: &dyn Entropy,
     clock: Option<&dyn Clock>,
-) -> Result<AttemptRecord, LedgerError> {
+) -> Result<Enqueued, LedgerError> {
     let by = Decider { entropy, clock };
     in_savepoint!(tx, Call::Enqueue, |caller| insert_attempt(
         &mut caller,
         plan,
-        request,
+        &request,
         &by
     ))
 }
@@ -271,11 +271,14 @@ pub(crate) async fn enqueue(
 async fn insert_attempt(
     c: &mut CallerSession<'_, '_>,
     plan: &PlanId,
-    request: EnqueueRequest,
+    request: &EnqueueRequest,
     by: &Decider<'_>,
-) -> Result<AttemptRecord, TxError> {
+) -> Result<Enqueued, TxError> {
     check(c).await?;
-    let (record, writes) = decide_enqueue_in(c, plan, request, by).await?;
+    let (enqueued, writes) = decide_enqueue_in(c, plan, request, by).await?;
+    let Some(writes) = writes else {
+        return Ok(enqueued);
+    };
     if let Err(e) = session::apply_writes(c, None, &writes).await {
         let stale = c.0.failure().is_some_and(|f| {
             f.code == SqlState::UNIQUE_VIOLATION && f.constraint.as_deref() == Some(ATTEMPT_NUMBER_KEY)
@@ -284,12 +287,12 @@ async fn insert_attempt(
             return Err(LedgerError::BadInput(format!(
                 "plan {plan}: this transaction's snapshot predates attempt {} (another session committed it after \
                  the snapshot was taken), so nothing was enqueued: {STALE_ADVICE}",
-                record.attempt.number
+                enqueued.record.attempt.number
             ))
             .into());
         }
         return Err(e);
     }
     c.announce().await?;
-    Ok(record)
+    Ok(enqueued)
 }

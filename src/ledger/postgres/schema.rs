@@ -71,6 +71,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // Additive: a nullable column the previous release neither reads nor writes.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 9,
+        name: "enqueue_keys",
+        sql: include_str!("../../../migrations/postgres/0009_enqueue_keys.sql"),
+        // Additive: the previous release writes no key and reads none; a keyed
+        // attempt is, to it, an attempt like any other.
+        compat: Compat::Additive,
+    },
 ];
 
 impl super::PostgresLedger {

@@ -33,7 +33,13 @@ async fn migrate_applies_once_and_the_schema_is_then_accepted() {
         missing.contains("holds no leasehold schema: run `leasehold migrate`"),
         "{missing}"
     );
-    assert_eq!(ledger.migrate().await.unwrap(), vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(
+        ledger.migrate().await.unwrap(),
+        super::schema::MIGRATIONS
+            .iter()
+            .map(|m| m.version)
+            .collect::<Vec<u32>>()
+    );
     assert_eq!(ledger.migrate().await.unwrap(), Vec::<u32>::new());
     ledger.check_schema().await.unwrap();
     let client = ledger.session().await.unwrap();
@@ -67,13 +73,20 @@ async fn concurrent_migrators_apply_each_migration_once() {
         results.push(run.await.expect("migrator task").expect("migrate"));
     }
     let applied: Vec<u32> = results.iter().flatten().copied().collect();
-    assert_eq!(applied, vec![1, 2, 3, 4, 5, 6, 7], "{results:?}");
+    assert_eq!(
+        applied,
+        super::schema::MIGRATIONS
+            .iter()
+            .map(|m| m.version)
+            .collect::<Vec<u32>>(),
+        "{results:?}"
+    );
     let client = ledgers[0].session().await.unwrap();
     let rows = client
         .query("SELECT version FROM schema_migrations", &[])
         .await
         .unwrap();
-    assert_eq!(rows.len(), 7);
+    assert_eq!(rows.len(), super::schema::MIGRATIONS.len());
 }
 
 #[tokio::test]
@@ -91,7 +104,11 @@ async fn a_newer_schema_is_refused_naming_both_versions() {
     assert!(matches!(e, LedgerError::BadInput(_)), "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains("schema version 99") && text.contains("this binary's 7"),
+        text.contains("schema version 99")
+            && text.contains(&format!(
+                "this binary's {}",
+                super::schema::MIGRATIONS.last().unwrap().version
+            )),
         "{text}"
     );
     let e = ledger.migrate().await.unwrap_err();

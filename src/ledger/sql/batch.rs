@@ -40,7 +40,7 @@ pub(crate) async fn apply_writes_batch<S: Session>(
     if update_rows(s, &COMMAND, &rows, Some(&first.guard)).await? != rows.len() as u64 {
         return Err(write::stale(&commands[0].id).into());
     }
-    let attempts: Vec<[Value<'_>; 10]> = writes
+    let attempts: Vec<[Value<'_>; 12]> = writes
         .iter()
         .filter_map(|w| w.attempt.as_ref())
         .map(attempt_values)

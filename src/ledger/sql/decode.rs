@@ -186,6 +186,8 @@ pub(crate) fn attempt<R: ColumnReader + ?Sized>(row: &mut R, base: usize) -> Res
         finished_at: c.opt_timestamp(7)?,
         error: c.opt_string(8)?,
         trace: c.opt_text_enum(9)?,
+        enqueue_key: c.opt_string(10)?,
+        request_sha256: c.opt_string(11)?,
     })
 }
 

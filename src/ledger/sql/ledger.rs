@@ -24,8 +24,8 @@ use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::prune::{Keep, PruneQuery};
-use crate::ledger::EnqueueRequest;
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
+use crate::ledger::{EnqueueRequest, Enqueued};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::{
     AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandStatus, Lease, OperatorRequest, Plan, PlanId,
@@ -379,7 +379,7 @@ impl<B: SqlBackend> SqlLedger<B> {
     /// Enqueues an attempt. The plan row is locked first where rows lock, so enqueues
     /// of one plan are serialized and the history read after the lock sees every
     /// earlier attempt; the enqueue announces new work in the same transaction.
-    async fn enqueue_once(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, TxError> {
+    async fn enqueue_once(&self, plan: &PlanId, request: &EnqueueRequest) -> Result<Enqueued, TxError> {
         in_tx!(self, TxKind::Write, |tx| enqueue_in(
             &mut tx,
             plan,
@@ -532,27 +532,39 @@ pub(crate) async fn register_in<S: Session>(
 pub(crate) async fn enqueue_in<S: Session>(
     tx: &mut S,
     plan: &PlanId,
-    request: EnqueueRequest,
+    request: &EnqueueRequest,
     by: &Decider<'_>,
-) -> Result<AttemptRecord, TxError> {
-    let (record, writes) = decide_enqueue_in(tx, plan, request, by).await?;
-    session::apply_writes(tx, None, &writes).await?;
-    tx.announce().await?;
-    Ok(record)
+) -> Result<Enqueued, TxError> {
+    let (enqueued, writes) = decide_enqueue_in(tx, plan, request, by).await?;
+    if let Some(writes) = writes {
+        session::apply_writes(tx, None, &writes).await?;
+        tx.announce().await?;
+    }
+    Ok(enqueued)
 }
 
-/// The reads and the decision of [`enqueue_in`]: the new attempt's rows and the
-/// writes that insert them.
+/// The reads and the decision of [`enqueue_in`]: the attempt, and the writes that
+/// insert it when it is new.
 pub(crate) async fn decide_enqueue_in<S: Session>(
     tx: &mut S,
     plan: &PlanId,
-    request: EnqueueRequest,
+    request: &EnqueueRequest,
     by: &Decider<'_>,
-) -> Result<(AttemptRecord, Writes), TxError> {
+) -> Result<(Enqueued, Option<Writes>), TxError> {
     let plan = session::plan_by_id(tx, plan, true).await?;
     let now = by.now(tx).await?;
     let history = session::read_history(tx, &plan.id).await?;
-    Ok(decide_enqueue(&plan, &history, request, by.entropy, now)?)
+    let keyed = match &request.key {
+        Some(key) => session::read_keyed(tx, key).await?,
+        None => None,
+    };
+    Ok(decide_enqueue(
+        &plan,
+        &history,
+        keyed.as_ref(),
+        request,
+        (by.entropy, now),
+    )?)
 }
 
 /// An attempt's rows, locked in lock order, with the database's now when asked for.
@@ -668,8 +680,8 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
         &self,
         plan: &PlanId,
         request: EnqueueRequest,
-    ) -> impl Future<Output = Result<AttemptRecord, LedgerError>> + Send {
-        async move { self.retry(|| self.enqueue_once(plan, request)).await }
+    ) -> impl Future<Output = Result<Enqueued, LedgerError>> + Send {
+        async move { self.retry(|| self.enqueue_once(plan, &request)).await }
     }
 
     fn claim_batch(&self, request: ClaimRequest) -> impl Future<Output = Result<Vec<Claimed>, LedgerError>> + Send {

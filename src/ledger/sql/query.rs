@@ -38,6 +38,8 @@ pub(crate) struct Queries {
     pub(crate) attempt_by_id: String,
     /// [`Queries::attempt_by_id`], locked.
     pub(crate) attempt_by_id_locked: String,
+    /// The id of the attempt an enqueue key names (`enqueue_key`).
+    pub(crate) attempt_by_enqueue_key: String,
     /// An attempt's command (`attempt_id`).
     pub(crate) command_of_attempt: String,
     /// An attempt's receipts by ordinal (`attempt_id`).
@@ -179,6 +181,7 @@ fn build(d: &'static Dialect) -> Queries {
         set_plan_status: format!("UPDATE plan SET status = {p1} WHERE id = {p2}"),
         attempt_by_id_locked: format!("{attempt_by_id}{lock}"),
         attempt_by_id,
+        attempt_by_enqueue_key: format!("SELECT id FROM attempt WHERE enqueue_key = {p1}"),
         command_of_attempt: format!("SELECT {command} FROM command WHERE attempt_id = {p1}"),
         receipts_of_attempt_locked: format!("{receipts_of_attempt}{lock}"),
         receipts_of_attempt,

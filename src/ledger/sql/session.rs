@@ -248,6 +248,19 @@ pub(crate) async fn read_record<S: Session>(s: &mut S, id: &AttemptId) -> Result
     }))
 }
 
+/// The attempt an enqueue key names, with its command and receipts (non-locking).
+pub(crate) async fn read_keyed<S: Session>(s: &mut S, key: &str) -> Result<Option<AttemptRecord>, TxError> {
+    let q = queries(s.dialect());
+    let id = query_one(s, &q.attempt_by_enqueue_key, &[Value::Text(key)], |r| {
+        decode::string(r, 0, "attempt row: column id")
+    })
+    .await?;
+    match id {
+        Some(id) => read_record(s, &AttemptId::new(id)).await,
+        None => Ok(None),
+    }
+}
+
 /// Every attempt of a plan with its command and receipts, by number (non-locking).
 pub(crate) async fn read_history<S: Session>(s: &mut S, plan: &PlanId) -> Result<Vec<AttemptRecord>, TxError> {
     let q = queries(s.dialect());

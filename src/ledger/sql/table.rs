@@ -80,6 +80,8 @@ pub(crate) static ATTEMPT: Table = Table {
         "finished_at",
         "error",
         "traceparent",
+        "enqueue_key",
+        "request_sha256",
     ],
     key: 1,
     mutable: &[4, 6, 7, 8],
@@ -174,7 +176,7 @@ pub(crate) fn plan_json(p: &Plan) -> Result<PlanJson, crate::ledger::LedgerError
 }
 
 /// An attempt's row.
-pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 10] {
+pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 12] {
     [
         Value::Text(a.id.as_str()),
         Value::Text(a.plan_id.as_str()),
@@ -186,6 +188,8 @@ pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 10] {
         Value::opt_ts(a.finished_at),
         Value::opt_text(a.error.as_deref()),
         Value::opt_text(a.trace.as_ref().map(|t| t.as_str())),
+        Value::opt_text(a.enqueue_key.as_deref()),
+        Value::opt_text(a.request_sha256.as_deref()),
     ]
 }
 

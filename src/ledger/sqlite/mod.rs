@@ -58,7 +58,7 @@ use super::fleet::WorkerRow;
 use super::limits::TargetRow;
 use super::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
 use super::migrate;
-use super::{Claimed, EnqueueRequest, Ledger, LedgerError};
+use super::{Claimed, EnqueueRequest, Enqueued, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
 use leasehold_engine::limits::TargetLimit;
@@ -350,7 +350,7 @@ impl Ledger for SqliteLedger {
         self.write(move |core| core.retire_plan(&id)).await
     }
 
-    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
+    async fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<Enqueued, LedgerError> {
         let plan = plan.clone();
         self.write(move |core| core.enqueue_with(&plan, request)).await
     }

@@ -14,9 +14,9 @@ use crate::entropy::Entropy;
 use crate::ledger::outbox::{decide_enqueue, decide_plan};
 use crate::ledger::sql::session;
 use crate::ledger::sql::Dialect;
-use crate::ledger::EnqueueRequest;
 use crate::ledger::LedgerError;
-use leasehold_engine::{AttemptRecord, Plan, PlanId, PlanSpec, Timestamp};
+use crate::ledger::{EnqueueRequest, Enqueued};
+use leasehold_engine::{Plan, PlanId, PlanSpec, Timestamp};
 use rusqlite::Connection;
 
 /// The savepoint each call runs under.
@@ -83,14 +83,20 @@ pub(crate) fn enqueue(
     request: EnqueueRequest,
     entropy: &dyn Entropy,
     now: Timestamp,
-) -> Result<AttemptRecord, LedgerError> {
+) -> Result<Enqueued, LedgerError> {
     let dialect = check(conn)?;
     let s = &mut SqliteSession::new(conn, dialect);
     savepoint(conn, || {
         let plan = sync(session::plan_by_id(s, plan, false))?;
         let history = sync(session::read_history(s, &plan.id))?;
-        let (record, writes) = decide_enqueue(&plan, &history, request, entropy, now)?;
-        sync(session::apply_writes(s, None, &writes))?;
-        Ok(record)
+        let keyed = match &request.key {
+            Some(key) => sync(session::read_keyed(s, key))?,
+            None => None,
+        };
+        let (enqueued, writes) = decide_enqueue(&plan, &history, keyed.as_ref(), &request, (entropy, now))?;
+        if let Some(writes) = writes {
+            sync(session::apply_writes(s, None, &writes))?;
+        }
+        Ok(enqueued)
     })
 }

@@ -152,7 +152,7 @@ fn migrate_is_idempotent_and_records_versions() {
     let clock = clock();
     let core = core_at(&path, &clock, 1);
     assert!(!table_exists(&core, "plan"), "opening must not create tables");
-    assert_eq!(core.migrate().unwrap(), vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(core.migrate().unwrap(), versions_from(1));
     assert_eq!(core.migrate().unwrap(), Vec::<u32>::new());
     assert!(table_exists(&core, "command") && table_exists(&core, "receipt"));
     let recorded = rows::recorded_migration(core.connection(), 1).unwrap();
@@ -192,10 +192,7 @@ async fn happy_path_on_a_file_survives_reopening() {
     let (_dir, path) = temp_db();
     let clock = clock();
     let ledger = SqliteLedger::open(&path, clock.clone(), Arc::new(SeededEntropy::new(7))).unwrap();
-    assert_eq!(
-        ledger.migrate().await.unwrap(),
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
-    );
+    assert_eq!(ledger.migrate().await.unwrap(), versions_from(1));
     let plan = ledger
         .register_plan(spec("rehearsal", "replay", 2), KNOWN)
         .await
@@ -261,10 +258,7 @@ async fn happy_path_on_a_file_survives_reopening() {
 #[tokio::test]
 async fn an_in_memory_ledger_keeps_its_one_connection() {
     let ledger = SqliteLedger::open(":memory:", clock(), Arc::new(SeededEntropy::new(1))).unwrap();
-    assert_eq!(
-        ledger.migrate().await.unwrap(),
-        vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
-    );
+    assert_eq!(ledger.migrate().await.unwrap(), versions_from(1));
     let plan = ledger.register_plan(spec("p", "resume", 1), KNOWN).await.unwrap();
     // Concurrent calls must all see the same database.
     let (a, b) = tokio::join!(ledger.plan(&plan.id), ledger.list_plans());
@@ -696,10 +690,7 @@ async fn eight_ledgers_race_for_a_thousand_commands_without_errors() {
     .await;
     let applied: Vec<Vec<u32>> = migrations.into_iter().map(|r| r.unwrap().unwrap()).collect();
     assert_eq!(
-        applied
-            .iter()
-            .filter(|v| **v == vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
-            .count(),
+        applied.iter().filter(|v| **v == versions_from(1)).count(),
         1,
         "{applied:?}"
     );
@@ -877,6 +868,15 @@ fn migrate_to(core: &SqliteCore, clock: &ManualClock, versions: usize) {
 }
 
 /// Three plans with one queued attempt each, on a migrated core, enqueued 1 ms
+/// The versions of the shipped SQLite migrations from `first` on.
+fn versions_from(first: u32) -> Vec<u32> {
+    crate::ledger::migrate::SQLITE
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| *v >= first)
+        .collect()
+}
+
 /// apart (so claimed in this order).
 fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
     (1..=3)
@@ -889,8 +889,9 @@ fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
         .collect()
 }
 
-/// Runs `f` on a core whose schema predates the plan's `retry_json` (version 9) and
-/// the routing columns (version 10), with those columns there for the while:
+/// Runs `f` on a core whose schema predates the plan's `retry_json` (version 9), the
+/// routing columns (version 10) and the attempt's trace context and enqueue key
+/// (versions 13 and 14), with those columns there for the while:
 /// today's code reads and writes rows with them, and these tests write and read the
 /// rows an older ledger held. The columns are dropped again before the migrations
 /// run, so they find the rows as such a ledger left them (a plan that sets no
@@ -898,7 +899,7 @@ fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
 fn before_version_9_and_10<T>(core: &SqliteCore, f: impl FnOnce() -> T) -> T {
     let conn = core.connection();
     for (table, column) in LATER_COLUMNS {
-        let kind = if table == "plan" {
+        let kind = if table == "plan" || table == "attempt" {
             "TEXT"
         } else {
             "TEXT NOT NULL DEFAULT ''"
@@ -918,10 +919,12 @@ fn before_version_9_and_10<T>(core: &SqliteCore, f: impl FnOnce() -> T) -> T {
     out
 }
 
-/// Records as a ledger before version 10 held them: without routes (today's code,
-/// run in [`before_version_9_and_10`], writes them into columns that go again).
+/// Records as a ledger before version 10 held them: without routes or trace contexts
+/// (today's code, run in [`before_version_9_and_10`], writes them into columns that go
+/// again).
 fn unrouted(mut records: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
     for r in &mut records {
+        r.attempt.trace = None;
         let c = &mut r.command;
         (c.queue, c.executor, c.target) = Default::default();
         for rc in &mut r.receipts {
@@ -933,7 +936,10 @@ fn unrouted(mut records: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
 
 /// The columns versions 9 and 10 add, which today's statements read (with version
 /// 11's table, which [`before_version_9_and_10`] adds for as long too).
-const LATER_COLUMNS: [(&str, &str); 7] = [
+const LATER_COLUMNS: [(&str, &str); 10] = [
+    ("attempt", "traceparent"),
+    ("attempt", "enqueue_key"),
+    ("attempt", "request_sha256"),
     ("plan", "retry_json"),
     ("plan", "queue"),
     ("command", "queue"),
@@ -1038,7 +1044,7 @@ fn migrations_2_and_3_keep_a_version_1_ledger_its_rows_and_its_claim_order() {
         let before: Vec<_> = plans.iter().map(|p| unrouted(core.history(p).unwrap())).collect();
         (plans, first, before)
     });
-    assert_eq!(core.migrate().unwrap(), vec![2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(core.migrate().unwrap(), versions_from(2));
     let after: Vec<_> = plans.iter().map(|p| core.history(p).unwrap()).collect();
     assert_eq!(after, before, "every row kept, value for value");
     assert_eq!(core.open_attempts().unwrap(), 3);
@@ -1468,7 +1474,7 @@ async fn a_migration_sent_among_claims_runs_alone_and_upgrades_the_ledger() {
         ledger.migrate(),
         eight_claims(&claims, "late"),
     );
-    assert_eq!(migrated.unwrap(), vec![3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(migrated.unwrap(), versions_from(3));
     // A claim that runs before the migration reads today's plan columns and limit
     // rows: it fails on the old schema, naming what is missing, and claims nothing.
     for early in before.iter().filter_map(|r| r.as_ref().err()) {
@@ -1813,7 +1819,7 @@ fn rows_written_before_version_6_keep_no_room_and_new_ones_get_it() {
             .map(|p| unrouted(core.history(&p.id).unwrap()))
             .collect()
     });
-    assert_eq!(core.migrate().unwrap(), vec![6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(core.migrate().unwrap(), versions_from(6));
     let after: Vec<_> = core
         .list_plans()
         .unwrap()

@@ -13,8 +13,8 @@ use crate::ledger::sql::ledger::{enqueue_in, register_in, Decider};
 use crate::ledger::sql::limits;
 use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::sql::{listing, Dialect};
-use crate::ledger::EnqueueRequest;
 use crate::ledger::{decide, Claimed, LedgerError};
+use crate::ledger::{EnqueueRequest, Enqueued};
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::{
     Action, AttemptId, AttemptRecord, Capabilities, ClaimRequest, Lease, OperatorRequest, Plan, PlanId, PlanSpec,
@@ -491,15 +491,16 @@ impl SqliteCore {
 
     /// Enqueues an attempt: attempt, receipts and command in one transaction.
     pub fn enqueue(&self, plan: &PlanId, action: Action) -> Result<AttemptRecord, LedgerError> {
-        self.enqueue_with(plan, EnqueueRequest::new(action))
+        Ok(self.enqueue_with(plan, EnqueueRequest::new(action))?.record)
     }
 
-    /// [`SqliteCore::enqueue`] of the attempt `request` describes.
-    pub fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<AttemptRecord, LedgerError> {
+    /// [`SqliteCore::enqueue`] of the attempt `request` describes, or the attempt an
+    /// earlier enqueue of the same request with its key created.
+    pub fn enqueue_with(&self, plan: &PlanId, request: EnqueueRequest) -> Result<Enqueued, LedgerError> {
         let tx = self.write_tx()?;
-        let record = sync(enqueue_in(&mut self.session(&tx), plan, request, &self.decider()))?;
+        let enqueued = sync(enqueue_in(&mut self.session(&tx), plan, &request, &self.decider()))?;
         tx.commit()?;
-        Ok(record)
+        Ok(enqueued)
     }
 
     /// Claims up to `batch` claimable commands for `owner` with a lease of
