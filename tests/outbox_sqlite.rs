@@ -14,7 +14,7 @@ use leasehold::ledger::sqlite::SqliteLedger;
 use leasehold::ledger::{EnqueueRequest, Ledger, LedgerError};
 use leasehold::outbox::rusqlite::{Connection, TransactionBehavior};
 use leasehold::outbox::Outbox;
-use leasehold::worker::{RunOptions, Worker};
+use leasehold::worker::{RunOptions, Worker, WorkerReport};
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +49,23 @@ async fn migrated() -> (TempDir, String, SqliteLedger) {
     let ledger = SqliteLedger::open(&path, Arc::new(SystemClock), Arc::new(OsEntropy)).expect("open");
     ledger.migrate().await.expect("migrate");
     (dir, path, ledger)
+}
+
+/// Runs a worker with `executors` until nothing is open; answers its report.
+async fn deliver_all(ledger: &Arc<SqliteLedger>, executors: Executors) -> WorkerReport {
+    let config = WorkerConfig::clamped(true, 10, 5, 5_000);
+    let worker = Worker::new(
+        "shop-worker",
+        Arc::clone(ledger),
+        Arc::new(executors),
+        Arc::new(SystemClock),
+        config,
+    );
+    let options = RunOptions {
+        until_idle: true,
+        grace_ms: 0,
+    };
+    worker.run(std::future::pending(), options).await
 }
 
 /// The application's connection, with its own `orders` table.
@@ -109,22 +126,7 @@ async fn committed_order_and_command_are_delivered_by_a_worker() {
     assert_eq!(counts(&other), [1, 1, 1, 1, 1]);
 
     let ledger = Arc::new(ledger);
-    let worker = Worker::new(
-        "shop-worker",
-        ledger.clone(),
-        Arc::new(executors),
-        Arc::new(SystemClock),
-        WorkerConfig::clamped(true, 10, 5, 5_000),
-    );
-    let report = worker
-        .run(
-            std::future::pending(),
-            RunOptions {
-                until_idle: true,
-                grace_ms: 0,
-            },
-        )
-        .await;
+    let report = deliver_all(&ledger, executors).await;
     assert_eq!((report.claimed, report.delivered, report.failed), (1, 1, 0));
     let delivered = ledger.attempt(&record.attempt.id).await.unwrap();
     assert_eq!(delivered.attempt.status, AttemptStatus::Succeeded);
@@ -162,23 +164,7 @@ async fn an_enqueue_in_the_callers_trace_is_delivered_in_it() {
     let trace = record.attempt.trace.expect("a trace context");
     assert_eq!(trace, TraceContext::for_attempt(Some(&caller), &record.attempt.id));
     let ledger = Arc::new(ledger);
-    let worker = Worker::new(
-        "w",
-        ledger.clone(),
-        Arc::new(executors),
-        Arc::new(SystemClock),
-        WorkerConfig::clamped(true, 10, 5, 5_000),
-    );
-    let report = worker
-        .run(
-            std::future::pending(),
-            RunOptions {
-                until_idle: true,
-                grace_ms: 0,
-            },
-        )
-        .await;
-    assert_eq!(report.delivered, 1);
+    assert_eq!(deliver_all(&ledger, executors).await.delivered, 1);
     assert_eq!(
         ledger.attempt(&record.attempt.id).await.unwrap().attempt.trace,
         Some(trace)

@@ -2,8 +2,10 @@
 //! once and stored only as digests, a first run that prints an admin token and a
 //! one-time login link, JSON logs without secrets, and a drain on SIGTERM.
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
+mod cli_support;
+
+use cli_support::Server;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_leasehold");
@@ -56,73 +58,18 @@ fn tokens_are_shown_once_listed_without_secrets_and_revoked() {
     assert_eq!(missing.status.code(), Some(2));
 }
 
-/// A `leasehold serve` child, killed if the test ends early.
-struct Server {
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(db: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .args(args)
-            .env("LEASEHOLD_DB", db)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// Stdout lines until one contains `needle` (within 30 s).
-    fn until(&self, needle: &str) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no line with {needle:?}; saw {seen:?}"));
-            let done = line.contains(needle);
-            seen.push(line);
-            if done {
-                return seen;
-            }
-        }
-    }
-
-    /// SIGTERM, then the exit status and all of stderr.
-    fn terminate(mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        let mut stderr = String::new();
-        self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-        let status = self.child.wait().unwrap();
-        (status, stderr)
-    }
+/// `leasehold serve ARGS` on the ledger `db`.
+fn serve(db: &str, args: &[&str]) -> Server {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve").args(args).env("LEASEHOLD_DB", db);
+    Server::spawn(cmd)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_run_prints_an_admin_token_and_a_login_link_that_work() {
     let dir = tempfile::tempdir().unwrap();
     let db = format!("sqlite://{}", dir.path().join("first.db").display());
-    let server = Server::start(
+    let server = serve(
         &db,
         &["--listen", "127.0.0.1:0", "--workers", "1", "--log-format", "json"],
     );
@@ -223,7 +170,7 @@ fn a_second_run_creates_no_token_and_a_taken_port_is_named() {
     assert!(leasehold(&db, &["token", "add", "ops", "--role", "admin"])
         .status
         .success());
-    let server = Server::start(&db, &["--listen", "127.0.0.1:0", "--workers", "0"]);
+    let server = serve(&db, &["--listen", "127.0.0.1:0", "--workers", "0"]);
     let lines = server.until("serving the console at");
     assert!(
         !lines.iter().any(|l| l.contains("lh_") || l.contains("/login?code=")),

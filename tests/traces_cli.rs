@@ -11,8 +11,11 @@ use axum::Router;
 use leasehold::engine::{AttemptId, TraceContext};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Output, Stdio};
+mod cli_support;
+
+use cli_support::Server;
+use std::io::{Read, Write};
+use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -277,70 +280,27 @@ fn an_invalid_traceparent_flag_exits_2_naming_it() {
     assert_eq!(db.ok(&["history", &plan, "--json"]).trim(), "[]", "nothing enqueued");
 }
 
-/// A `leasehold serve` child, killed if the test ends early.
-struct Server {
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
+/// `leasehold serve` on `db`, delivering and exporting.
+fn serve(db: &Db) -> Server {
+    let mut args = vec!["serve".to_owned(), "--listen".to_owned(), "127.0.0.1:0".to_owned()];
+    args.extend(db.delivery_flags());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::spawn(db.cmd(&args))
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(db: &Db) -> Self {
-        let mut args = vec!["serve".to_owned(), "--listen".to_owned(), "127.0.0.1:0".to_owned()];
-        args.extend(db.delivery_flags());
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut child = db
-            .cmd(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// The next stdout line (within 30 s).
-    fn line(&self) -> String {
-        self.lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("a line from serve")
-    }
-
-    /// The admin token and the API's address, from the first run's lines.
-    fn token_and_base(&self) -> (String, String) {
-        let (mut token, mut base) = (None, None);
-        while base.is_none() {
-            let line = self.line();
-            if line.starts_with("no API token existed") {
-                token = Some(self.line().trim().to_owned());
-            }
-            if let Some(rest) = line.strip_prefix("serving the console at ") {
-                base = rest.split("/attempts").next().map(str::to_owned);
-            }
+/// The admin token and the API's address, from a first run's lines.
+fn token_and_base(server: &Server) -> (String, String) {
+    let (mut token, mut base) = (None, None);
+    while base.is_none() {
+        let line = server.line();
+        if line.starts_with("no API token existed") {
+            token = Some(server.line().trim().to_owned());
         }
-        (token.expect("an admin token"), base.unwrap())
+        if let Some(rest) = line.strip_prefix("serving the console at ") {
+            base = rest.split("/attempts").next().map(str::to_owned);
+        }
     }
-
-    fn terminate(mut self) -> String {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        let mut stderr = String::new();
-        self.child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
-        assert!(self.child.wait().unwrap().success(), "{stderr}");
-        stderr
-    }
+    (token.expect("an admin token"), base.unwrap())
 }
 
 /// `POST path` with a bearer token and extra headers over one HTTP/1.1 connection;
@@ -382,14 +342,15 @@ fn serve_exports_the_enqueue_under_the_callers_span_and_the_delivery_under_it() 
     let (port, seen) = server();
     let db = Db::new(port);
     let plan = db.http_plan();
-    let server = Server::start(&db);
-    let (token, base) = server.token_and_base();
+    let server = serve(&db);
+    let (token, base) = token_and_base(&server);
     let path = format!("/api/v1/plans/{plan}/attempts");
     let (status, record) = post_api(&base, &path, &token, &[("traceparent", CALLER)]);
     assert_eq!(status, 201, "{record}");
     let attempt = record["attempt"]["id"].as_str().unwrap().to_owned();
     wait_succeeded(&db, &attempt);
-    server.terminate();
+    let (status, stderr) = server.terminate();
+    assert!(status.success(), "{stderr}");
     let caller = TraceContext::parse(CALLER).unwrap();
     let own = TraceContext::for_attempt(Some(&caller), &AttemptId::new(attempt.as_str()));
     let spans = spans(&seen);

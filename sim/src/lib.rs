@@ -6,7 +6,7 @@
 //! ([`rpc`]), a skewed clock ([`clock`]) and an executor that calls an idempotent
 //! target host ([`target`]), plus an enqueuer and an operator ([`clients`]). Faults
 //! from the seed's profile ([`profile`]) hit it during a safety phase; then it is
-//! healed and must converge. The [`checker`] proves twenty-three invariants on every run from
+//! healed and must converge. The [`checker`] proves twenty-four invariants on every run from
 //! what the hosts recorded (the model-based history check is [`history`], the delivery
 //! policy's invariants are [`delivery`], routing's is [`routing`], the per-target
 //! limits' are [`limits`], trace context's is [`traces`], enqueue keys' is [`keys`]); planted
