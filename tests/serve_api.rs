@@ -129,7 +129,7 @@ fn routes(plan: &str, attempt: &str, left: &str, right: &str) -> Vec<Route> {
             Method::POST,
             format!("/api/v1/plans/{plan}/attempts"),
             "/api/v1/plans/{plan}/attempts",
-            Some(Role::Operator),
+            Some(Role::Producer),
             Some(json!({})),
         ),
         (

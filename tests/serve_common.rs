@@ -23,6 +23,8 @@ pub struct TestServer {
     pub ledger: Arc<SqliteLedger>,
     pub app: App,
     pub viewer: String,
+    /// A producer's token: enqueue only.
+    pub producer: String,
     pub operator: String,
     pub admin: String,
     pub db_path: String,
@@ -53,6 +55,7 @@ impl TestServer {
         let mut secrets = Vec::new();
         for (name, role) in [
             ("viewer", Role::Viewer),
+            ("producer", Role::Producer),
             ("operator", Role::Operator),
             ("admin", Role::Admin),
         ] {
@@ -64,12 +67,13 @@ impl TestServer {
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let router = leasehold::serve::router(app.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
-        let [viewer, operator, admin]: [String; 3] = secrets.try_into().expect("three tokens");
+        let [viewer, producer, operator, admin]: [String; 4] = secrets.try_into().expect("four tokens");
         Self {
             base,
             ledger,
             app,
             viewer,
+            producer,
             operator,
             admin,
             db_path,
@@ -81,6 +85,7 @@ impl TestServer {
     pub fn token(&self, role: Role) -> &str {
         match role {
             Role::Viewer => &self.viewer,
+            Role::Producer => &self.producer,
             Role::Operator => &self.operator,
             Role::Admin => &self.admin,
         }

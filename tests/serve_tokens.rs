@@ -54,6 +54,16 @@ async fn tokens_behave<S: TokenStore>(store: &S) {
         create_token(store, "ci", Role::Admin, t1).await,
         Err(LedgerError::BadInput(_))
     ));
+    // Every role is stored and read back as it is.
+    for (n, role) in Role::ALL.iter().enumerate() {
+        let name = format!("role-{role}");
+        let (stored, secret) = create_token(store, &name, *role, t1.plus_ms(n as u64)).await.unwrap();
+        assert_eq!(stored.role, *role);
+        assert_eq!(
+            store.token_by_hash(&secret.hash()).await.unwrap().map(|t| t.role),
+            Some(*role)
+        );
+    }
 }
 
 #[tokio::test]

@@ -493,6 +493,7 @@ enum TokenCommand {
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum RoleArg {
     Viewer,
+    Producer,
     Operator,
     Admin,
 }
@@ -501,6 +502,7 @@ impl From<RoleArg> for Role {
     fn from(r: RoleArg) -> Self {
         match r {
             RoleArg::Viewer => Role::Viewer,
+            RoleArg::Producer => Role::Producer,
             RoleArg::Operator => Role::Operator,
             RoleArg::Admin => Role::Admin,
         }

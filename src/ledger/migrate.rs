@@ -209,6 +209,14 @@ pub static SQLITE: &[Migration] = &[
         // attempt is, to it, an attempt like any other.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 15,
+        name: "producer_role",
+        sql: include_str!("../../migrations/sqlite/0015_producer_role.sql"),
+        // Additive: the previous release reads and writes tokens as before; a
+        // producer token is one it does not know, and refuses.
+        compat: Compat::Additive,
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

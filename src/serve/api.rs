@@ -276,7 +276,7 @@ fn parse_action(text: Option<&str>) -> Result<Action, Problem> {
         (status = 422, description = "The `Idempotency-Key` was used by another request", body = Problem, content_type = "application/problem+json"),
         (status = 400, body = Problem), (status = 401, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)))]
 async fn enqueue(State(app): State<App>, headers: HeaderMap, Path(plan): Path<String>, bytes: Bytes) -> ApiResult {
-    let who = app.require(&headers, Role::Operator).await?;
+    let who = app.require(&headers, Role::Producer).await?;
     let request: EnqueueBody = body(&bytes)?;
     let action = parse_action(request.action.as_deref())?;
     let start = start_of(request.at.as_deref(), request.after.as_deref())?;

@@ -383,9 +383,16 @@ impl App {
         if who.role.allows(role) {
             Ok(who)
         } else {
+            let allowed: Vec<&str> = Role::ALL
+                .iter()
+                .filter(|r| r.allows(role))
+                .map(|r| r.as_str())
+                .collect();
             Err(Problem::forbidden(format!(
-                "this needs the {role} role; token {} is {}",
-                who.name, who.role
+                "this needs the {} role; token {} is {}",
+                allowed.join(" or "),
+                who.name,
+                who.role
             )))
         }
     }

@@ -12,7 +12,7 @@
 //! (`migrations/sqlite/0004_api_tokens.sql`, `migrations/mysql/0003_api_tokens.sql`,
 //! `migrations/postgres/0001_init.sql`):
 //! `name` (primary key, at most [`NAME_MAX_CHARS`] characters), `role` (`viewer`,
-//! `operator` or `admin`), `sha256` (64 lowercase hex digits, unique), `created_at`
+//! `producer`, `operator` or `admin`), `sha256` (64 lowercase hex digits, unique), `created_at`
 //! and `revoked_at` (milliseconds since the Unix epoch; `revoked_at` NULL while
 //! active). Every operation is one plain SQL statement.
 
@@ -31,12 +31,16 @@ use std::str::FromStr;
 /// The longest token name, in characters.
 pub const NAME_MAX_CHARS: usize = 64;
 
-/// What a token may do. Each role includes the ones before it.
+/// What a token may do. `viewer`, `operator` and `admin` each include the ones before
+/// them; `producer` may enqueue attempts and nothing else (it reads nothing), and
+/// `operator` and `admin` may do what it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Reads and metrics.
     Viewer,
+    /// Enqueue only: a program that hands work to leasehold.
+    Producer,
     /// Viewer, plus enqueue, reconcile, abort, retry and compensate.
     Operator,
     /// Operator, plus plans and tokens.
@@ -44,13 +48,14 @@ pub enum Role {
 }
 
 impl Role {
-    /// Every role, weakest first.
-    pub const ALL: &'static [Role] = &[Role::Viewer, Role::Operator, Role::Admin];
+    /// Every role.
+    pub const ALL: &'static [Role] = &[Role::Viewer, Role::Producer, Role::Operator, Role::Admin];
 
     /// The stored and printed name.
     pub const fn as_str(self) -> &'static str {
         match self {
             Role::Viewer => "viewer",
+            Role::Producer => "producer",
             Role::Operator => "operator",
             Role::Admin => "admin",
         }
@@ -58,7 +63,11 @@ impl Role {
 
     /// Whether this role may do what `needed` may.
     pub fn allows(self, needed: Role) -> bool {
-        self >= needed
+        match (self, needed) {
+            (Role::Producer, needed) => needed == Role::Producer,
+            (role, Role::Producer) => role >= Role::Operator,
+            (role, needed) => role >= needed,
+        }
     }
 }
 
@@ -75,7 +84,7 @@ impl FromStr for Role {
             .iter()
             .copied()
             .find(|r| r.as_str() == s)
-            .ok_or_else(|| LedgerError::BadInput(format!("role: {s:?} is not viewer, operator or admin")))
+            .ok_or_else(|| LedgerError::BadInput(format!("role: {s:?} is not viewer, producer, operator or admin")))
     }
 }
 

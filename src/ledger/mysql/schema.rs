@@ -90,6 +90,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // attempt is, to it, an attempt like any other.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 11,
+        name: "producer_role",
+        sql: include_str!("../../../migrations/mysql/0011_producer_role.sql"),
+        // Additive: the previous release reads and writes tokens as before; a
+        // producer token is one it does not know, and refuses.
+        compat: Compat::Additive,
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

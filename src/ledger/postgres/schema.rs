@@ -79,6 +79,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // attempt is, to it, an attempt like any other.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 10,
+        name: "producer_role",
+        sql: include_str!("../../../migrations/postgres/0010_producer_role.sql"),
+        // Additive: the previous release reads and writes tokens as before; a
+        // producer token is one it does not know, and refuses.
+        compat: Compat::Additive,
+    },
 ];
 
 impl super::PostgresLedger {
