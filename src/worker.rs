@@ -692,8 +692,8 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                             last_write = op;
                         }
                         let mut call = self.write(request, claim.cloned());
-                        if ends {
-                            call = traced_write(spans.end_write(op), call);
+                        if let Some(span) = ends.then(|| spans.end_write(op)).filter(|s| !s.is_disabled()) {
+                            call = traced_write(span, call);
                         }
                         let sent = WriteSent {
                             at: now,

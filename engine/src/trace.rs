@@ -133,6 +133,9 @@ impl TraceContext {
             reason,
         };
         let bytes = value.as_bytes();
+        if !value.is_ascii() {
+            return Err(refuse("it is not ASCII"));
+        }
         if bytes.len() < 55 {
             return Err(refuse("too short"));
         }
@@ -148,18 +151,25 @@ impl TraceContext {
         if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' {
             return Err(refuse("its fields are not separated by '-'"));
         }
-        let trace_id =
-            lower_hex::<16>(&value[3..35]).ok_or_else(|| refuse("the trace id is not 32 lowercase hex digits"))?;
-        let span_id =
-            lower_hex::<8>(&value[36..52]).ok_or_else(|| refuse("the parent id is not 16 lowercase hex digits"))?;
-        let flags = lower_hex::<1>(&value[53..55]).ok_or_else(|| refuse("the flags are not 2 lowercase hex digits"))?;
-        if trace_id == [0; 16] {
+        let hex_field = |range: std::ops::Range<usize>, reason| {
+            let field = &bytes[range];
+            match field.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) {
+                true => Ok(field.iter().any(|&b| b != b'0')),
+                false => Err(refuse(reason)),
+            }
+        };
+        if !hex_field(3..35, "the trace id is not 32 lowercase hex digits")? {
             return Err(refuse("the trace id is all zeros"));
         }
-        if span_id == [0; 8] {
+        if !hex_field(36..52, "the parent id is not 16 lowercase hex digits")? {
             return Err(refuse("the parent id is all zeros"));
         }
-        Ok(TraceContext::new(trace_id, span_id, flags[0]))
+        hex_field(53..55, "the flags are not 2 lowercase hex digits")?;
+        // Version 00's fields, as they are: a later version's are read as version 00.
+        let mut text = [0u8; 55];
+        text.copy_from_slice(&bytes[..55]);
+        text[..2].copy_from_slice(b"00");
+        Ok(TraceContext { text })
     }
 }
 
@@ -256,10 +266,24 @@ mod tests {
                 "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
                 "later version",
             ),
+            ("0é-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "not ASCII"),
+            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-é", "not ASCII"),
         ];
         for (value, reason) in cases {
             let e = TraceContext::parse(value).unwrap_err();
             assert!(e.to_string().contains(reason), "{value:?}: {e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Parsing is total: any text is a context or a refusal, never a panic, and a
+        /// context prints back as a value that parses to itself.
+        #[test]
+        fn parsing_any_text_answers_and_round_trips(text in "(0[0-9a-f]-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})|\\PC{0,70}") {
+            if let Ok(t) = TraceContext::parse(&text) {
+                proptest::prop_assert_eq!(TraceContext::parse(t.as_str()).unwrap(), t);
+                proptest::prop_assert_eq!(t.as_str().len(), 55);
+            }
         }
     }
 

@@ -3,8 +3,7 @@
 -- A `producer` token may enqueue attempts and nothing else: the role check of
 -- `api_token` admits it. The check was created without a name, and MariaDB and MySQL
 -- name such a check differently (`CONSTRAINT_1`, `api_token_chk_1`): it is found by
--- table in information_schema and dropped by the name found. Run again, it finds and
--- replaces the named check, like every migration here.
+-- table in information_schema and dropped by the name found.
 SET @leasehold_role_check = (
     SELECT CONSTRAINT_NAME FROM information_schema.TABLE_CONSTRAINTS
     WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = 'api_token' AND CONSTRAINT_TYPE = 'CHECK'
