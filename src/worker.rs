@@ -683,17 +683,9 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                     }
                     DriverAction::Ledger(request) => {
                         let ends = driver.ends_attempt(&request);
-                        let claim = self
-                            .claim_next
-                            .as_ref()
-                            .filter(|_| ends && !self.stopping.load(Ordering::Relaxed));
-                        let op = request.kind();
+                        let (op, call) = self.send(request, ends, &mut spans);
                         if op != WorkerOp::Heartbeat {
                             last_write = op;
-                        }
-                        let mut call = self.write(request, claim.cloned());
-                        if let Some(span) = ends.then(|| spans.end_write(op)).filter(|s| !s.is_disabled()) {
-                            call = traced_write(span, call);
                         }
                         let sent = WriteSent {
                             at: now,
@@ -825,6 +817,22 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                 });
             }
             _ => {}
+        }
+    }
+
+    /// Sends a worker request: one that `ends` the attempt claims the worker's next
+    /// command in the same write (unless the worker is stopping) and has a span of
+    /// its own, when spans are taken.
+    fn send(&self, request: WorkerRequest, ends: bool, spans: &mut DeliveryTrace) -> (WorkerOp, WriteCall<'_>) {
+        let claim = self
+            .claim_next
+            .as_ref()
+            .filter(|_| ends && !self.stopping.load(Ordering::Relaxed));
+        let op = request.kind();
+        let call = self.write(request, claim.cloned());
+        match ends.then(|| spans.end_write(op)).filter(|s| !s.is_disabled()) {
+            Some(span) => (op, traced_write(span, call)),
+            None => (op, call),
         }
     }
 
