@@ -34,8 +34,19 @@ impl Drop for Driver {
     }
 }
 
-/// chromedriver on a port it picked (`--port=0`), read from its first lines.
+/// chromedriver on a port it picked (`--port=0`), read from its first lines. One that
+/// exits before it says its port (seen once on a loaded machine, while another test
+/// started its own) is started once more; one that says nothing in time fails the test.
 fn start_chromedriver(path: &str) -> (Driver, u16) {
+    match try_chromedriver(path) {
+        Ok(started) => started,
+        Err(first) => try_chromedriver(path)
+            .unwrap_or_else(|again| panic!("chromedriver did not say its port: {first}, then {again}")),
+    }
+}
+
+/// One start of chromedriver: its port, or why it said none.
+fn try_chromedriver(path: &str) -> Result<(Driver, u16), std::sync::mpsc::RecvTimeoutError> {
     use std::io::BufRead;
     let mut child = std::process::Command::new(path)
         .arg("--port=0")
@@ -54,11 +65,8 @@ fn start_chromedriver(path: &str) -> (Driver, u16) {
             }
         }
     });
-    let port = rx
-        .recv_timeout(WAIT)
-        .expect("chromedriver did not say its port in time")
-        .expect("chromedriver's port is a number");
-    (driver, port)
+    let port = rx.recv_timeout(WAIT)?.expect("chromedriver's port is a number");
+    Ok((driver, port))
 }
 
 async fn browser(port: u16, profile: &std::path::Path) -> Client {
