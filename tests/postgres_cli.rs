@@ -85,9 +85,9 @@ fn an_unmigrated_postgres_ledger_is_refused_until_migrated() {
     }
     let out = leasehold(&url, &["migrate"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let shipped: Vec<String> = leasehold::ledger::postgres::schema::MIGRATIONS
+    let shipped: Vec<String> = leasehold::ledger::migrate::versions(leasehold::ledger::postgres::schema::MIGRATIONS)
         .iter()
-        .map(|m| m.version.to_string())
+        .map(u32::to_string)
         .collect();
     assert_eq!(
         text(&out.stdout).trim(),

@@ -255,6 +255,11 @@ pub fn check_list(migrations: &[Migration]) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// The versions of `migrations`, in their order.
+pub fn versions(migrations: &[Migration]) -> Vec<u32> {
+    migrations.iter().map(|m| m.version).collect()
+}
+
 /// The oldest schema version whose code may run on a database migrated up to
 /// `newest` with `migrations`: the version of the newest breaking migration at or
 /// below `newest` (the additive ones after it change nothing that code relies on);

@@ -187,6 +187,14 @@ pub struct Enqueued {
     pub created: bool,
 }
 
+impl Enqueued {
+    /// The writes that insert the attempt (`Guard::Absent`) when this enqueue created
+    /// it; none when it answered an earlier one.
+    pub(crate) fn writes(&self) -> Option<Writes> {
+        self.created.then(|| Writes::new_attempt(&self.record))
+    }
+}
+
 impl serde::Serialize for Enqueued {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         #[derive(serde::Serialize)]

@@ -23,7 +23,8 @@ use super::schema;
 use super::session::MySession;
 use crate::clock::Clock;
 use crate::entropy::Entropy;
-use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::decide_enqueue;
+use crate::ledger::outbox::decide_plan;
 use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::LedgerError;
 use crate::ledger::{EnqueueRequest, Enqueued};
@@ -170,8 +171,8 @@ async fn insert_attempt(
         Some(key) => session::read_keyed(&mut MySession(&mut *tx), key).await?,
         None => None,
     };
-    let (enqueued, writes) = decide_enqueue(&plan, &history, keyed.as_ref(), request, (entropy, at))?;
-    if let Some(writes) = writes {
+    let enqueued = decide_enqueue(&plan, &history, keyed.as_ref(), request, (entropy, at))?;
+    if let Some(writes) = enqueued.writes() {
         session::apply_writes(&mut MySession(tx), None, &writes).await?;
     }
     Ok(enqueued)

@@ -524,10 +524,7 @@ async fn concurrent_migrators_apply_each_version_once() {
     applied.sort();
     assert_eq!(
         applied,
-        super::schema::MIGRATIONS
-            .iter()
-            .map(|m| m.version)
-            .collect::<Vec<u32>>(),
+        crate::ledger::migrate::versions(super::schema::MIGRATIONS),
         "every version applied exactly once"
     );
     let mut conn = ledgers[0].pooled_connection().await.map_err(|_| ()).unwrap();

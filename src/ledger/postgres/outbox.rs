@@ -275,8 +275,8 @@ async fn insert_attempt(
     by: &Decider<'_>,
 ) -> Result<Enqueued, TxError> {
     check(c).await?;
-    let (enqueued, writes) = decide_enqueue_in(c, plan, request, by).await?;
-    let Some(writes) = writes else {
+    let enqueued = decide_enqueue_in(c, plan, request, by).await?;
+    let Some(writes) = enqueued.writes() else {
         return Ok(enqueued);
     };
     if let Err(e) = session::apply_writes(c, None, &writes).await {

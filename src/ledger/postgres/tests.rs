@@ -35,10 +35,7 @@ async fn migrate_applies_once_and_the_schema_is_then_accepted() {
     );
     assert_eq!(
         ledger.migrate().await.unwrap(),
-        super::schema::MIGRATIONS
-            .iter()
-            .map(|m| m.version)
-            .collect::<Vec<u32>>()
+        crate::ledger::migrate::versions(super::schema::MIGRATIONS)
     );
     assert_eq!(ledger.migrate().await.unwrap(), Vec::<u32>::new());
     ledger.check_schema().await.unwrap();
@@ -75,10 +72,7 @@ async fn concurrent_migrators_apply_each_migration_once() {
     let applied: Vec<u32> = results.iter().flatten().copied().collect();
     assert_eq!(
         applied,
-        super::schema::MIGRATIONS
-            .iter()
-            .map(|m| m.version)
-            .collect::<Vec<u32>>(),
+        crate::ledger::migrate::versions(super::schema::MIGRATIONS),
         "{results:?}"
     );
     let client = ledgers[0].session().await.unwrap();

@@ -19,10 +19,11 @@ use super::session::{self, not_found, Session};
 use super::{limits, TxError};
 use crate::clock::Clock;
 use crate::entropy::Entropy;
+use crate::ledger::decide_enqueue;
 use crate::ledger::fleet::WorkerRow;
 use crate::ledger::limits::TargetRow;
 use crate::ledger::listing::{AttemptCounts, AttemptPage, AttemptQuery, PlanRow};
-use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::outbox::decide_plan;
 use crate::ledger::prune::{Keep, PruneQuery};
 use crate::ledger::{decide, Claimed, Ledger, LedgerError};
 use crate::ledger::{EnqueueRequest, Enqueued};
@@ -535,22 +536,22 @@ pub(crate) async fn enqueue_in<S: Session>(
     request: &EnqueueRequest,
     by: &Decider<'_>,
 ) -> Result<Enqueued, TxError> {
-    let (enqueued, writes) = decide_enqueue_in(tx, plan, request, by).await?;
-    if let Some(writes) = writes {
+    let enqueued = decide_enqueue_in(tx, plan, request, by).await?;
+    if let Some(writes) = enqueued.writes() {
         session::apply_writes(tx, None, &writes).await?;
         tx.announce().await?;
     }
     Ok(enqueued)
 }
 
-/// The reads and the decision of [`enqueue_in`]: the attempt, and the writes that
-/// insert it when it is new.
+/// The reads and the decision of [`enqueue_in`]: the attempt, new or answered for
+/// its key ([`Enqueued::writes`] inserts a new one).
 pub(crate) async fn decide_enqueue_in<S: Session>(
     tx: &mut S,
     plan: &PlanId,
     request: &EnqueueRequest,
     by: &Decider<'_>,
-) -> Result<(Enqueued, Option<Writes>), TxError> {
+) -> Result<Enqueued, TxError> {
     let plan = session::plan_by_id(tx, plan, true).await?;
     let now = by.now(tx).await?;
     let history = session::read_history(tx, &plan.id).await?;

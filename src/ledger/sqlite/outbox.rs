@@ -11,7 +11,8 @@
 
 use super::rows::{self, sync, SqlResult, SqliteSession};
 use crate::entropy::Entropy;
-use crate::ledger::outbox::{decide_enqueue, decide_plan};
+use crate::ledger::decide_enqueue;
+use crate::ledger::outbox::decide_plan;
 use crate::ledger::sql::session;
 use crate::ledger::sql::Dialect;
 use crate::ledger::LedgerError;
@@ -93,8 +94,8 @@ pub(crate) fn enqueue(
             Some(key) => sync(session::read_keyed(s, key))?,
             None => None,
         };
-        let (enqueued, writes) = decide_enqueue(&plan, &history, keyed.as_ref(), &request, (entropy, now))?;
-        if let Some(writes) = writes {
+        let enqueued = decide_enqueue(&plan, &history, keyed.as_ref(), &request, (entropy, now))?;
+        if let Some(writes) = enqueued.writes() {
             sync(session::apply_writes(s, None, &writes))?;
         }
         Ok(enqueued)

@@ -867,16 +867,14 @@ fn migrate_to(core: &SqliteCore, clock: &ManualClock, versions: usize) {
     tx.commit().unwrap();
 }
 
-/// Three plans with one queued attempt each, on a migrated core, enqueued 1 ms
 /// The versions of the shipped SQLite migrations from `first` on.
 fn versions_from(first: u32) -> Vec<u32> {
-    crate::ledger::migrate::SQLITE
-        .iter()
-        .map(|m| m.version)
-        .filter(|v| *v >= first)
-        .collect()
+    let mut all = crate::ledger::migrate::versions(crate::ledger::migrate::SQLITE);
+    all.retain(|v| *v >= first);
+    all
 }
 
+/// Three plans with one queued attempt each, on a migrated core, enqueued 1 ms
 /// apart (so claimed in this order).
 fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
     (1..=3)
