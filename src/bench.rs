@@ -334,6 +334,8 @@ pub fn plan_spec(name: String, steps: u32) -> PlanSpec {
     PlanSpec {
         name,
         queue: None,
+        input: None,
+        on_failure: None,
         recovery: "resume".to_owned(),
         volatile_fields: Vec::new(),
         steps: (1..=steps.max(1))

@@ -855,7 +855,7 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
     fn execute(&self, ordinal: u32, spans: &mut DeliveryTrace) -> Boxed<'_, ExecutorResult> {
         let record = &self.claimed.record;
         let receipt = record.receipt(ordinal);
-        let step = receipt.and_then(|r| self.claimed.plan.step(&r.step_code)).cloned();
+        let step = receipt.and_then(|r| AttemptRecord::step_of(&self.claimed.plan, r));
         let traced = step.as_ref().map(|s| spans.step(ordinal, s));
         let request = step.zip(receipt).map(|(step, receipt)| ExecRequest {
             plan_id: self.claimed.plan.id.clone(),
@@ -951,6 +951,8 @@ mod tests {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
         let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(3))));
         let spec = PlanSpec {
+            input: None,
+            on_failure: None,
             name: "two".into(),
             queue: None,
             recovery: "resume".into(),
@@ -1038,6 +1040,8 @@ mod tests {
         let clock = Arc::new(ManualClock::new(Timestamp::from_millis(1_000_000)));
         let ledger = Arc::new(MemoryLedger::new(clock.clone(), Arc::new(SeededEntropy::new(6))));
         let spec = PlanSpec {
+            input: None,
+            on_failure: None,
             name: "huge".into(),
             queue: None,
             recovery: "resume".into(),

@@ -474,6 +474,12 @@ fn completeness_problems(side: &str, plan: &Plan, record: &AttemptRecord) -> Vec
 pub fn compare(plan: &Plan, left: &AttemptRecord, right: &AttemptRecord) -> Comparison {
     let mut problems = completeness_problems("left", plan, left);
     problems.extend(completeness_problems("right", plan, right));
+    if left.attempt.input_sha256 != right.attempt.input_sha256 {
+        problems.push(format!(
+            "attempts {} and {} ran different inputs: only attempts of the same input rehearse the same change",
+            left.attempt.id, right.attempt.id
+        ));
+    }
     let steps = |r: &AttemptRecord| -> Vec<(u32, String, ReceiptStatus)> {
         by_ordinal(&r.receipts)
             .into_iter()
@@ -503,8 +509,8 @@ pub fn compare(plan: &Plan, left: &AttemptRecord, right: &AttemptRecord) -> Comp
 }
 
 /// The default pair to compare: the two highest-numbered SUCCEEDED forward
-/// (execute or retry) attempts of `plan` in `history`, older first. `None` when
-/// there are fewer than two.
+/// (execute or retry) attempts of `plan` in `history` with the newest one's input,
+/// older first. `None` when there are fewer than two.
 pub fn latest_successful_pair<'a>(
     plan: &Plan,
     history: &'a [AttemptRecord],
@@ -518,6 +524,9 @@ pub fn latest_successful_pair<'a>(
         })
         .collect();
     succeeded.sort_by_key(|r| r.attempt.number);
+    if let Some(newest) = succeeded.last().map(|r| r.attempt.input_sha256.clone()) {
+        succeeded.retain(|r| r.attempt.input_sha256 == newest);
+    }
     match succeeded.as_slice() {
         [.., older, newer] => Some((older, newer)),
         _ => None,
@@ -549,6 +558,7 @@ mod tests {
     fn receipt(attempt: &str, ordinal: u32, code: &str, evidence: Value) -> Receipt {
         let text = canonical_json(&evidence);
         Receipt {
+            payload: None,
             attempt_id: AttemptId::new(attempt),
             ordinal,
             step_code: code.into(),
@@ -678,6 +688,9 @@ mod tests {
     fn record(p: &Plan, id: &str, number: u32, receipts: Vec<Receipt>) -> AttemptRecord {
         AttemptRecord {
             attempt: crate::model::Attempt {
+                input: None,
+                input_sha256: None,
+                order_key: None,
                 id: AttemptId::new(id),
                 plan_id: p.id.clone(),
                 number,

@@ -13,8 +13,9 @@
 //!    receipt (attempt id, ordinal, step code).
 //! 5. `matches-baseline` — its semantic fingerprint equals the baseline's. The
 //!    baseline is the previous successful delivered attempt: the highest-numbered
-//!    forward attempt below the latest that is SUCCEEDED with its command DELIVERED.
-//!    When there is none, the latest sets the baseline and the check passes. A
+//!    forward attempt below the latest that is SUCCEEDED with its command DELIVERED
+//!    and, for a template ([`crate::input`]), ran the same input (a rehearsal of the
+//!    same change). When there is none, the latest sets the baseline and the check passes. A
 //!    baseline whose own evidence fails verification blocks.
 //!
 //! The overall verdict is PASS only if every check passes.
@@ -455,6 +456,7 @@ fn baseline_of<'a>(forward: &[&'a AttemptRecord], latest: &AttemptRecord) -> Opt
         .rev()
         .find(|r| {
             r.attempt.number < latest.attempt.number
+                && r.attempt.input_sha256 == latest.attempt.input_sha256
                 && r.attempt.status == AttemptStatus::Succeeded
                 && r.command.status == CommandStatus::Delivered
         })
@@ -485,7 +487,13 @@ fn matches_baseline(
         }
         Some(base) => compare_with_baseline(plan, latest, base),
         None => {
-            let reason = format!("latest {me} is the first successful delivered attempt: it sets the baseline");
+            let of_input = if latest.attempt.input_sha256.is_some() {
+                " with its input"
+            } else {
+                ""
+            };
+            let reason =
+                format!("latest {me} is the first successful delivered attempt{of_input}: it sets the baseline");
             (
                 Check::new(CheckName::MatchesBaseline, true, reason),
                 Vec::new(),
@@ -593,6 +601,7 @@ mod tests {
             .map(|((code, ev), ordinal)| {
                 let text = canonical_json(ev);
                 Receipt {
+                    payload: None,
                     attempt_id: id.clone(),
                     ordinal,
                     step_code: (*code).into(),
@@ -611,6 +620,9 @@ mod tests {
             .collect();
         AttemptRecord {
             attempt: Attempt {
+                input: None,
+                input_sha256: None,
+                order_key: None,
                 id: id.clone(),
                 plan_id: PlanId::new("pln-1"),
                 number: n,

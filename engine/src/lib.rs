@@ -13,10 +13,12 @@ pub mod driver;
 pub mod evidence;
 pub mod gate;
 pub mod ids;
+pub mod input;
 pub mod lease;
 pub mod limits;
 pub mod model;
 pub mod names;
+pub mod order;
 pub mod plan;
 pub mod policy;
 pub mod request;
@@ -26,7 +28,7 @@ pub mod transition;
 
 pub use ids::{AttemptId, CommandId, LeaseToken, PlanId, Timestamp};
 pub use model::{
-    Action, Attempt, AttemptRecord, AttemptStatus, Command, CommandStatus, Lease, Plan, PlanStatus, Receipt,
+    Action, Attempt, AttemptRecord, AttemptStatus, Command, CommandStatus, Lease, OnFailure, Plan, PlanStatus, Receipt,
     ReceiptStatus, Recovery, Step,
 };
 pub use plan::{PlanError, PlanSpec};

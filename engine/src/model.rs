@@ -127,6 +127,19 @@ text_enum!(
         Failed => "FAILED",
         /// The attempt was aborted.
         Aborted => "ABORTED",
+        /// Behind an open attempt with the same order key ([`crate::order`]): not
+        /// claimable until the one ahead ends.
+        Waiting => "WAITING",
+    }
+);
+text_enum!(
+    /// What an ordered key does when the attempt ahead ends without succeeding
+    /// ([`crate::order`]).
+    OnFailure {
+        /// The attempts behind it do not run: they are aborted, naming it.
+        Block => "block",
+        /// The next one runs.
+        Continue => "continue",
     }
 );
 
@@ -203,6 +216,12 @@ pub struct Plan {
     /// The queue its attempts go to (none: [`crate::route::DEFAULT_QUEUE`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// Its `[input]` table: set, the plan is a template ([`crate::input`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<crate::input::InputSchema>,
+    /// What an ordered key does when an attempt fails (a template's; none: block).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<OnFailure>,
     /// SHA-256 of the canonical JSON of everything but `id` and `status`.
     pub fingerprint: String,
     /// When it was registered (ledger clock).
@@ -210,6 +229,16 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Whether it declares `[input]`: each attempt brings its own.
+    pub fn is_template(&self) -> bool {
+        self.input.is_some()
+    }
+
+    /// What an ordered key does when an attempt ahead fails.
+    pub fn on_failure(&self) -> OnFailure {
+        self.on_failure.unwrap_or(OnFailure::Block)
+    }
+
     /// The queue its attempts go to.
     pub fn queue(&self) -> &str {
         self.queue.as_deref().unwrap_or(crate::route::DEFAULT_QUEUE)
@@ -270,6 +299,16 @@ pub struct Attempt {
     /// ([`crate::transition::enqueue_request_sha256`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_sha256: Option<String>,
+    /// A template's attempt: its input, as canonical JSON ([`crate::input`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// The SHA-256 of `input`: attempts with equal ones ran the same change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_sha256: Option<String>,
+    /// Its order key ([`crate::order`]): one attempt per (plan, key) is open and
+    /// claimable at a time, in enqueue order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_key: Option<String>,
 }
 
 /// One step of one attempt, with its evidence.
@@ -290,6 +329,10 @@ pub struct Receipt {
     /// written before routing).
     #[serde(default)]
     pub target: String,
+    /// A template's step: its payload resolved from the attempt's input, as
+    /// canonical JSON, frozen at enqueue (none: the plan step's own payload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
     /// Lifecycle.
     pub status: ReceiptStatus,
     /// Canonical JSON of the executor's evidence.
@@ -359,6 +402,17 @@ impl AttemptRecord {
     /// The receipt at this ordinal.
     pub fn receipt(&self, ordinal: u32) -> Option<&Receipt> {
         self.receipts.iter().find(|r| r.ordinal == ordinal)
+    }
+
+    /// The step a receipt runs, as its executor sees it: the plan's step, with the
+    /// receipt's frozen payload where it has one. `None` for a step code the plan
+    /// lacks or a frozen payload that is not JSON (a damaged row).
+    pub fn step_of(plan: &Plan, receipt: &Receipt) -> Option<Step> {
+        let mut step = plan.step(&receipt.step_code)?.clone();
+        if let Some(text) = &receipt.payload {
+            step.payload = serde_json::from_str(text).ok()?;
+        }
+        Some(step)
     }
 }
 

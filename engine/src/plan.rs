@@ -5,6 +5,8 @@
 
 use crate::canonical::fingerprint;
 use crate::ids::{AttemptId, PlanId, Timestamp};
+use crate::input::{InputError, InputSchema};
+use crate::model::OnFailure;
 use crate::model::{Plan, PlanStatus, Recovery, Step};
 use crate::names::Forbidden;
 use crate::policy::{PolicyError, RetrySpec};
@@ -44,6 +46,14 @@ pub struct PlanSpec {
     /// The queue its attempts go to ([`crate::route`]); none: the default queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<String>,
+    /// Its `[input]` table: each attempt brings input of these fields, and step
+    /// payloads refer to it ([`crate::input`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<InputSchema>,
+    /// A template's rule for ordered keys when an attempt ends without succeeding:
+    /// `block` (the default) or `continue` ([`crate::order`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<String>,
 }
 
 /// Why a plan is invalid. Each names the field at fault.
@@ -152,6 +162,9 @@ pub enum PlanError {
     /// A delivery policy value is zero, negative or inconsistent.
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    /// The `[input]` table, a `$input` reference or `on_failure` is invalid.
+    #[error(transparent)]
+    Input(#[from] InputError),
     /// The stored fingerprint does not match the plan's content.
     #[error("fingerprint: stored {stored} but the content hashes to {computed}")]
     FingerprintMismatch {
@@ -224,6 +237,7 @@ impl PlanSpec {
         if let Some(queue) = &self.queue {
             check_name("queue", queue)?;
         }
+        let on_failure = checked_input(self.input.as_ref(), self.on_failure.as_deref(), &self.steps)?;
         let retry = checked_policy(self.retry.as_ref(), "retry")?;
         let mut steps = self.steps;
         for (index, step) in steps.iter_mut().enumerate() {
@@ -236,6 +250,8 @@ impl PlanSpec {
             volatile_fields: &self.volatile_fields,
             retry: retry.as_ref(),
             queue: self.queue.as_deref(),
+            input: self.input.as_ref(),
+            on_failure,
         };
         let fingerprint = plan_fingerprint(&content);
         Ok(Plan {
@@ -247,10 +263,40 @@ impl PlanSpec {
             volatile_fields: self.volatile_fields,
             retry,
             queue: self.queue,
+            input: self.input,
+            on_failure,
             fingerprint,
             created_at: now,
         })
     }
+}
+
+/// A template's `[input]` table and `on_failure`, and every `$input` reference in
+/// the steps' payloads, checked; answers `on_failure` parsed. `on_failure` is a
+/// template's only: a plan without input runs one attempt at a time.
+fn checked_input(
+    schema: Option<&InputSchema>,
+    on_failure: Option<&str>,
+    steps: &[Step],
+) -> Result<Option<OnFailure>, PlanError> {
+    if let Some(schema) = schema {
+        crate::input::check_schema(schema)?;
+    }
+    crate::input::check_references(schema, steps.iter().map(|s| &s.payload).enumerate())?;
+    let Some(text) = on_failure else {
+        return Ok(None);
+    };
+    let field = |reason: String| InputError {
+        field: "on_failure".to_owned(),
+        reason,
+    };
+    let parsed: OnFailure = text
+        .parse()
+        .map_err(|_| field(format!("{text:?} is not a rule (expected block or continue)")))?;
+    if schema.is_none() {
+        return Err(field("only a plan with [input] has ordered keys to rule".to_owned()).into());
+    }
+    Ok(Some(parsed))
 }
 
 /// A step's target: set by hand only where the executor does not derive it
@@ -327,6 +373,10 @@ pub struct Content<'a> {
     pub retry: Option<&'a RetrySpec>,
     /// Its queue, if it names one.
     pub queue: Option<&'a str>,
+    /// Its `[input]` table, if it is a template.
+    pub input: Option<&'a InputSchema>,
+    /// Its `on_failure`, if it sets one.
+    pub on_failure: Option<OnFailure>,
 }
 
 impl<'a> Content<'a> {
@@ -339,13 +389,15 @@ impl<'a> Content<'a> {
             volatile_fields: &plan.volatile_fields,
             retry: plan.retry.as_ref(),
             queue: plan.queue.as_deref(),
+            input: plan.input.as_ref(),
+            on_failure: plan.on_failure,
         }
     }
 }
 
 /// SHA-256 of the canonical JSON of a plan's content (everything but id and status).
-/// A delivery policy, a step's target and a queue count where set; a plan without
-/// any hashes as it did before they existed.
+/// A delivery policy, a step's target, a queue, an `[input]` table and `on_failure`
+/// count where set; a plan without any hashes as it did before they existed.
 pub fn plan_fingerprint(c: &Content<'_>) -> String {
     let step = |s: &Step| {
         let mut v = json!({"code": s.code, "executor": s.executor, "payload": s.payload});
@@ -368,6 +420,12 @@ pub fn plan_fingerprint(c: &Content<'_>) -> String {
     }
     if let Some(q) = c.queue {
         content["queue"] = json!(q);
+    }
+    if let Some(input) = c.input {
+        content["input"] = json!(input);
+    }
+    if let Some(rule) = c.on_failure {
+        content["on_failure"] = json!(rule);
     }
     fingerprint(&content)
 }

@@ -211,28 +211,44 @@ pub struct NewIds {
     pub trace: Option<crate::trace::TraceContext>,
 }
 
-/// The longest enqueue key, in characters.
+/// The longest enqueue key or order key, in characters.
 pub const ENQUEUE_KEY_MAX: usize = 255;
 
-/// Refuses an enqueue key that is empty, longer than [`ENQUEUE_KEY_MAX`], or holds a
-/// character a name may not ([`crate::names`]); the message names `field`.
+/// Refuses an enqueue key or an order key that is empty, longer than
+/// [`ENQUEUE_KEY_MAX`], or holds a character a name may not ([`crate::names`]);
+/// the message names `field`.
 pub fn check_enqueue_key(field: &str, key: &str) -> Result<(), String> {
     let n = key.chars().count();
     if n == 0 || n > ENQUEUE_KEY_MAX {
-        return Err(format!(
-            "{field}: {n} characters; an enqueue key has 1 to {ENQUEUE_KEY_MAX}"
-        ));
+        return Err(format!("{field}: {n} characters; a key has 1 to {ENQUEUE_KEY_MAX}"));
     }
     crate::names::check(field, key).map_err(|e| e.to_string())
 }
 
-/// The SHA-256 of an enqueue request as its caller gave it: the plan, the action and
-/// the start as asked for (`after` a delay, not the instant it came to). Two
-/// enqueues with one key are the same request exactly when these are equal; the
-/// trace context is not part of it (a retry may come from another span).
-pub fn enqueue_request_sha256(plan: &PlanId, action: Action, start: Start) -> String {
-    let request = serde_json::json!({"plan": plan, "action": action, "start": start});
+/// The SHA-256 of an enqueue request as its caller gave it: the plan, the action,
+/// the start as asked for (`after` a delay, not the instant it came to) and, for a
+/// template, the input's fingerprint and the order key where given. Two enqueues
+/// with one key are the same request exactly when these are equal; the trace
+/// context is not part of it (a retry may come from another span).
+pub fn enqueue_request_sha256(plan: &PlanId, action: Action, start: Start, template: TemplateKey<'_>) -> String {
+    let mut request = serde_json::json!({"plan": plan, "action": action, "start": start});
+    if let Some(sha) = template.input_sha256 {
+        request["input_sha256"] = serde_json::json!(sha);
+    }
+    if let Some(key) = template.order_key {
+        request["order_key"] = serde_json::json!(key);
+    }
     crate::canonical::fingerprint(&request)
+}
+
+/// What a template's enqueue adds to its request's hash ([`enqueue_request_sha256`]):
+/// nothing for a plan without input.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateKey<'a> {
+    /// The input's fingerprint.
+    pub input_sha256: Option<&'a str>,
+    /// The order key.
+    pub order_key: Option<&'a str>,
 }
 
 /// An enqueue with `key` and request hash `request_sha256`, given the attempt that
@@ -302,10 +318,14 @@ pub fn enqueue_at(
     start: Start,
 ) -> Result<AttemptRecord, Refusal> {
     let refuse = |reason: String| Refusal::Guard { action, reason };
-    if plan.status != PlanStatus::Ready {
-        return Err(refuse(format!("plan {} is {}", plan.id, plan.status)));
+    ready(plan, action)?;
+    if plan.is_template() {
+        return Err(refuse(format!(
+            "plan {} is a template: its attempts are execute attempts with input of their own \
+             (enqueue the input again to run it again)",
+            plan.id
+        )));
     }
-    verify_fingerprint(plan).map_err(|e| refuse(format!("plan {}: {e}", plan.id)))?;
     let mut ordered: Vec<&AttemptRecord> = history.iter().collect();
     ordered.sort_by_key(|r| r.attempt.number);
     let latest = ordered.last().copied();
@@ -317,6 +337,85 @@ pub fn enqueue_at(
     }
     let steps = enqueue_steps(plan, &ordered, action)?;
     let number = latest.map_or(1, |l| l.attempt.number + 1);
+    Ok(new_record(
+        plan,
+        &steps,
+        (number, action),
+        ids,
+        start.available_at(now),
+        now,
+    ))
+}
+
+/// What a template's enqueue brings besides its plan: the input, checked and
+/// resolved ([`crate::input::prepare`]), its order key, and what the ledger read.
+#[derive(Debug, Clone, Copy)]
+pub struct TemplateEnqueue<'a> {
+    /// The input and the payloads it resolves.
+    pub input: &'a crate::input::Prepared,
+    /// Its order key ([`crate::order`]), if any.
+    pub order_key: Option<&'a str>,
+    /// The plan's highest attempt number (0 for none).
+    pub latest_number: u32,
+    /// An open attempt of the plan with this order key, if there is one.
+    pub ahead: Option<&'a AttemptRecord>,
+}
+
+/// Enqueue of a template's attempt: always `execute`, every step, each receipt
+/// with its payload resolved from the input; the attempt records its input and
+/// its fingerprint. With an attempt open ahead on its order key, its command is
+/// WAITING ([`crate::order`]): claimable only once the ones ahead have ended.
+pub fn enqueue_template(
+    plan: &Plan,
+    t: TemplateEnqueue<'_>,
+    ids: NewIds,
+    now: Timestamp,
+    start: Start,
+) -> Result<AttemptRecord, Refusal> {
+    ready(plan, Action::Execute)?;
+    if !plan.is_template() {
+        return Err(Refusal::Guard {
+            action: Action::Execute,
+            reason: format!("plan {} declares no [input]", plan.id),
+        });
+    }
+    let steps: Vec<&str> = plan.steps.iter().map(|s| s.code.as_str()).collect();
+    let at = start.available_at(now);
+    let mut record = new_record(plan, &steps, (t.latest_number + 1, Action::Execute), ids, at, now);
+    record.attempt.input = Some(t.input.text.clone());
+    record.attempt.input_sha256 = Some(t.input.sha256.clone());
+    record.attempt.order_key = t.order_key.map(str::to_owned);
+    for r in &mut record.receipts {
+        r.payload = t.input.payloads.get(&r.step_code).cloned();
+    }
+    let waits = t
+        .ahead
+        .is_some_and(|a| !a.attempt.status.is_terminal() && a.attempt.order_key.as_deref() == t.order_key);
+    if t.order_key.is_some() && waits {
+        record.command.status = CommandStatus::Waiting;
+    }
+    Ok(record)
+}
+
+/// A plan that accepts attempts: READY, its content matching its fingerprint.
+fn ready(plan: &Plan, action: Action) -> Result<(), Refusal> {
+    let refuse = |reason: String| Refusal::Guard { action, reason };
+    if plan.status != PlanStatus::Ready {
+        return Err(refuse(format!("plan {} is {}", plan.id, plan.status)));
+    }
+    verify_fingerprint(plan).map_err(|e| refuse(format!("plan {}: {e}", plan.id)))
+}
+
+/// A new attempt (`number`, `action`) of `plan` over `steps`, its receipts PENDING
+/// and its command PENDING from `available_at`.
+fn new_record(
+    plan: &Plan,
+    steps: &[&str],
+    (number, action): (u32, Action),
+    ids: NewIds,
+    available_at: Timestamp,
+    now: Timestamp,
+) -> AttemptRecord {
     let attempt = Attempt {
         id: ids.attempt.clone(),
         plan_id: plan.id.clone(),
@@ -330,6 +429,9 @@ pub fn enqueue_at(
         trace: ids.trace,
         enqueue_key: None,
         request_sha256: None,
+        input: None,
+        input_sha256: None,
+        order_key: None,
     };
     let receipts: Vec<Receipt> = steps
         .iter()
@@ -343,6 +445,7 @@ pub fn enqueue_at(
                 idempotency_key: idempotency_key(&ids.attempt, ordinal, code),
                 executor: route.executor,
                 target: route.target,
+                payload: None,
                 status: ReceiptStatus::Pending,
                 evidence: None,
                 evidence_sha256: None,
@@ -358,7 +461,7 @@ pub fn enqueue_at(
         id: ids.command,
         attempt_id: ids.attempt,
         status: CommandStatus::Pending,
-        available_at: start.available_at(now),
+        available_at,
         lease_owner: None,
         lease_token: None,
         lease_until: None,
@@ -370,11 +473,11 @@ pub fn enqueue_at(
         executor: first.map(|r| r.executor.clone()).unwrap_or_default(),
         target: first.map(|r| r.target.clone()).unwrap_or_default(),
     };
-    Ok(AttemptRecord {
+    AttemptRecord {
         attempt,
         command,
         receipts,
-    })
+    }
 }
 
 /// Whether an operator who names `record` may ask for its follow-up `action` (a

@@ -10,6 +10,7 @@ use leasehold_engine::{
 
 fn pending_receipt(attempt: u32, ordinal: u32, code: &str) -> Receipt {
     Receipt {
+        payload: None,
         attempt_id: attempt_id(attempt),
         ordinal,
         step_code: code.to_owned(),
@@ -43,6 +44,9 @@ fn execute_writes_a_queued_attempt_pending_receipts_in_step_order_and_a_pending_
     let record = allowed(enqueue(&plan, &[], Action::Execute, ids(1), at(ENQUEUED_MS)));
     let expected = AttemptRecord {
         attempt: Attempt {
+            input: None,
+            input_sha256: None,
+            order_key: None,
             id: attempt_id(1),
             plan_id: plan.id.clone(),
             number: 1,
@@ -339,7 +343,7 @@ fn a_follow_up_is_asked_of_the_plans_latest_attempt_in_the_right_state() {
 fn an_enqueue_key_answers_the_same_request_and_refuses_another() {
     let plan = resume_plan();
     let mut first = enqueue(&plan, &[], Action::Execute, ids(1), at(90_000)).unwrap();
-    let sha = transition::enqueue_request_sha256(&plan.id, Action::Execute, transition::Start::Now);
+    let sha = transition::enqueue_request_sha256(&plan.id, Action::Execute, transition::Start::Now, Default::default());
     first.attempt.enqueue_key = Some("k".into());
     first.attempt.request_sha256 = Some(sha.clone());
     assert_eq!(transition::keyed(None, "k", &sha), Ok(None), "a new key enqueues");
@@ -348,7 +352,8 @@ fn an_enqueue_key_answers_the_same_request_and_refuses_another() {
         Ok(Some(&first)),
         "the same request answers"
     );
-    let other = transition::enqueue_request_sha256(&plan.id, Action::Compensate, transition::Start::Now);
+    let other =
+        transition::enqueue_request_sha256(&plan.id, Action::Compensate, transition::Start::Now, Default::default());
     assert_eq!(
         transition::keyed(Some(&first), "k", &other),
         Err(Refusal::KeyReused {
@@ -359,19 +364,34 @@ fn an_enqueue_key_answers_the_same_request_and_refuses_another() {
 }
 
 #[test]
-fn a_request_is_its_plan_action_and_start_as_asked_for() {
-    use transition::{enqueue_request_sha256 as sha, Start};
+fn a_request_is_its_plan_action_start_input_and_order_key_as_asked_for() {
+    use transition::{enqueue_request_sha256, Start, TemplateKey};
+    let sha = |plan: &leasehold_engine::PlanId, action, start| {
+        enqueue_request_sha256(plan, action, start, TemplateKey::default())
+    };
     let plan = resume_plan();
     let now = sha(&plan.id, Action::Execute, Start::Now);
     assert_eq!(now, sha(&plan.id, Action::Execute, Start::Now));
+    let templated = |input: Option<&str>, order_key: Option<&str>| {
+        let key = TemplateKey {
+            input_sha256: input,
+            order_key,
+        };
+        enqueue_request_sha256(&plan.id, Action::Execute, Start::Now, key)
+    };
     let variants = [
         sha(&plan.id, Action::Retry, Start::Now),
         sha(&plan.id, Action::Execute, Start::After(1_000)),
         sha(&plan.id, Action::Execute, Start::At(at(1_000))),
         sha(&leasehold_engine::PlanId::new("pln-other"), Action::Execute, Start::Now),
+        templated(Some("aa"), None),
+        templated(Some("aa"), Some("k")),
+        templated(None, Some("k")),
     ];
     assert!(variants.iter().all(|v| *v != now), "each part counts");
     assert_ne!(variants[1], sha(&plan.id, Action::Execute, Start::After(2_000)));
+    assert_ne!(variants[4], templated(Some("bb"), None), "the input counts");
+    assert_ne!(variants[5], templated(Some("aa"), Some("j")), "the order key counts");
 }
 
 #[test]

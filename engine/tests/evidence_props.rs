@@ -95,6 +95,7 @@ fn receipts(evidence: &[Value]) -> Vec<Receipt> {
         .map(|(ev, ordinal)| {
             let text = canonical_json(ev);
             Receipt {
+                payload: None,
                 attempt_id: AttemptId::new("att-props"),
                 ordinal,
                 step_code: codes[(ordinal - 1) as usize].to_owned(),

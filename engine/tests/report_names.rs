@@ -41,6 +41,8 @@ fn each_gate_check_has_its_kebab_case_name_in_report_order() {
 #[test]
 fn a_gate_report_finds_each_check_by_its_name() {
     let spec = leasehold_engine::PlanSpec {
+        input: None,
+        on_failure: None,
         name: "p".into(),
         queue: None,
         recovery: "resume".into(),

@@ -7,6 +7,7 @@ use leasehold_engine::{AttemptId, Receipt, ReceiptStatus};
 
 fn receipt(evidence: &str, sha: &str) -> Receipt {
     Receipt {
+        payload: None,
         attempt_id: AttemptId::new("att-1"),
         ordinal: 1,
         step_code: "a".into(),

@@ -179,6 +179,7 @@ async fn enqueue_one(ctx: &ClientCtx, ledger: &RpcLedger, plan: &Plan, request: 
         start,
         parent,
         ref key,
+        ..
     } = request;
     let key = key.clone();
     ctx.log.borrow_mut().named.extend(parent);

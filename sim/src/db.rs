@@ -885,10 +885,17 @@ impl DbState {
                 start,
                 parent,
                 key,
+                input,
+                order_key,
             } => {
                 let parent = parent.filter(|_| !self.bugs.contains(&Bug::EnqueueDropsTrace));
                 let forwarded = key.clone().filter(|_| !self.bugs.contains(&Bug::EnqueueIgnoresKey));
-                let request = EnqueueRequest::new(*action).at(*start).traced(parent).keyed(forwarded);
+                let request = EnqueueRequest::new(*action)
+                    .at(*start)
+                    .traced(parent)
+                    .keyed(forwarded)
+                    .with_input(input.clone())
+                    .ordered(order_key.clone());
                 self.enqueue(env, times, plan, (request, key.as_deref()))
             }
             DbRequest::Claim(request) => {

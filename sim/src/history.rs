@@ -802,6 +802,8 @@ mod tests {
     /// A plan of three durable steps, with this delivery policy.
     fn plan_with(recovery: &str, retry: Option<leasehold_engine::RetrySpec>) -> Plan {
         let spec = leasehold_engine::PlanSpec {
+            input: None,
+            on_failure: None,
             name: "p".into(),
             queue: None,
             recovery: recovery.into(),

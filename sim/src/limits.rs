@@ -254,6 +254,8 @@ mod tests {
 
     fn record(id: &str) -> AttemptRecord {
         let spec = PlanSpec {
+            input: None,
+            on_failure: None,
             name: "p".into(),
             queue: None,
             recovery: "resume".into(),

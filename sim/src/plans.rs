@@ -75,6 +75,8 @@ pub fn small_policy() -> RetrySpec {
 
 fn spec(name: &str, recovery: &str, steps: Vec<Step>, retry: RetrySpec) -> PlanSpec {
     PlanSpec {
+        input: None,
+        on_failure: None,
         name: name.into(),
         queue: None,
         recovery: recovery.into(),
@@ -252,6 +254,7 @@ fn compute_reference(plan: &Plan) -> String {
             let sbx = (s.executor == SANDBOX).then_some(sandbox.as_str());
             let text = canonical_json(&evidence(s, &key, sbx, "reference", &applied));
             Receipt {
+                payload: None,
                 attempt_id: attempt.clone(),
                 ordinal,
                 step_code: s.code.clone(),

@@ -220,6 +220,10 @@ pub enum DbRequest {
         parent: Option<TraceContext>,
         /// Its enqueue key.
         key: Option<String>,
+        /// A template's input.
+        input: Option<serde_json::Value>,
+        /// A template's order key.
+        order_key: Option<String>,
     },
     /// `Ledger::claim_batch` (one transaction in the db host).
     Claim(ClaimRequest),

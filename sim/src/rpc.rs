@@ -116,6 +116,8 @@ impl Ledger for RpcLedger {
             start,
             parent,
             key,
+            input,
+            order_key,
         } = request;
         let request = DbRequest::Enqueue {
             plan: plan.clone(),
@@ -123,6 +125,8 @@ impl Ledger for RpcLedger {
             start,
             parent,
             key,
+            input,
+            order_key,
         };
         expect!(self, request, DbReply::Enqueued { record, created } => Enqueued { record, created })
     }

@@ -279,6 +279,8 @@ mod props {
         )
             .prop_map(
                 |((id, name, fingerprint, created_at), status, recovery, steps, (volatile, retry))| Plan {
+                    input: None,
+                    on_failure: None,
                     id: PlanId::new(id),
                     name,
                     status,
@@ -315,6 +317,7 @@ mod props {
         )
             .prop_map(
                 |((attempt, ordinal, code, key), status, (evidence, sha, error), (started, finished))| Receipt {
+                    payload: None,
                     attempt_id: AttemptId::new(attempt),
                     ordinal,
                     step_code: code,
@@ -352,6 +355,9 @@ mod props {
                 )| {
                     AttemptRecord {
                         attempt: Attempt {
+                            input: None,
+                            input_sha256: None,
+                            order_key: None,
                             id: AttemptId::new(id.clone()),
                             plan_id: PlanId::new(plan),
                             number,
@@ -451,6 +457,9 @@ mod tests {
     fn queued(delivery_count: u32, available_at: i64) -> AttemptRecord {
         AttemptRecord {
             attempt: Attempt {
+                input: None,
+                input_sha256: None,
+                order_key: None,
                 id: AttemptId::new("att-1"),
                 plan_id: PlanId::new("pln-1"),
                 number: 1,

@@ -474,6 +474,8 @@ mod tests {
     #[test]
     fn plan_validation_accepts_registered_names_only() {
         let spec = |executor: &str| leasehold_engine::PlanSpec {
+            input: None,
+            on_failure: None,
             name: "p".into(),
             queue: None,
             recovery: "resume".into(),

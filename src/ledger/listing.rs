@@ -550,6 +550,9 @@ mod tests {
         let at = Timestamp::from_millis(ms);
         AttemptRecord {
             attempt: Attempt {
+                input: None,
+                input_sha256: None,
+                order_key: None,
                 id: AttemptId::new(id),
                 plan_id: PlanId::new("plan"),
                 number: 1,

@@ -16,6 +16,7 @@ use super::{Claimed, EnqueueRequest, Enqueued, Ledger, LedgerError};
 use crate::clock::Clock;
 use crate::entropy::{Entropy, IdKind};
 use leasehold_engine::limits::TargetLimit;
+use leasehold_engine::order;
 use leasehold_engine::{
     AttemptId, AttemptRecord, Capabilities, ClaimRequest, CommandId, CommandStatus, Lease, LeaseToken, OperatorRequest,
     Plan, PlanId, PlanSpec, PlanStatus, Reply, Request, Timestamp, WorkerRequest, Writes,
@@ -86,6 +87,8 @@ struct ClaimIndex {
     pending: BTreeSet<(Timestamp, CommandId, AttemptId)>,
     /// PROCESSING commands by `lease_until`: the expired ones are a prefix.
     leased: BTreeSet<(Timestamp, AttemptId)>,
+    /// How many commands are WAITING behind an order key.
+    waiting: usize,
 }
 
 /// Where a record sits in the [`ClaimIndex`]: its command's slot (the command id
@@ -94,6 +97,7 @@ struct ClaimIndex {
 enum Slot {
     Pending(Timestamp),
     Leased(Timestamp),
+    Waiting,
     Neither,
 }
 
@@ -103,16 +107,17 @@ impl Slot {
         match (c.status, c.lease_until) {
             (CommandStatus::Pending, _) => Slot::Pending(c.available_at),
             (CommandStatus::Processing, Some(until)) => Slot::Leased(until),
+            (CommandStatus::Waiting, _) => Slot::Waiting,
             _ => Slot::Neither,
         }
     }
 }
 
 impl ClaimIndex {
-    /// Attempts QUEUED or RUNNING, counted by their commands (PENDING or PROCESSING,
-    /// which always holds a lease), as every backend counts them.
+    /// Attempts QUEUED or RUNNING, counted by their commands (PENDING, WAITING or
+    /// PROCESSING, which always holds a lease), as every backend counts them.
     fn open(&self) -> u64 {
-        (self.pending.len() + self.leased.len()) as u64
+        (self.pending.len() + self.leased.len() + self.waiting) as u64
     }
 
     fn add(&mut self, record: &AttemptRecord, slot: Slot) {
@@ -124,6 +129,7 @@ impl ClaimIndex {
             Slot::Leased(until) => {
                 self.leased.insert((until, id.clone()));
             }
+            Slot::Waiting => self.waiting += 1,
             Slot::Neither => {}
         }
     }
@@ -137,6 +143,7 @@ impl ClaimIndex {
             Slot::Leased(until) => {
                 self.leased.remove(&(until, id.clone()));
             }
+            Slot::Waiting => self.waiting -= 1,
             Slot::Neither => {}
         }
     }
@@ -216,6 +223,81 @@ fn apply_writes(record: &mut AttemptRecord, writes: Writes) {
 }
 
 impl State {
+    /// The attempts an enqueue of `plan` decides over: every one of a plan without
+    /// input; a template's latest and its open ones with `order_key`.
+    fn enqueue_history(&self, plan: &Plan, order_key: Option<&str>) -> Vec<AttemptRecord> {
+        let all = self
+            .by_plan
+            .get(&plan.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.attempts.get(id));
+        if !plan.is_template() {
+            return all.cloned().collect();
+        }
+        let mut latest: Option<&AttemptRecord> = None;
+        let mut chosen = Vec::new();
+        for r in all {
+            if latest.is_none_or(|l| l.attempt.number < r.attempt.number) {
+                latest = Some(r);
+            }
+            let open = !r.attempt.status.is_terminal();
+            if open && order_key.is_some() && r.attempt.order_key.as_deref() == order_key {
+                chosen.push(r.clone());
+            }
+        }
+        chosen.extend(latest.cloned());
+        chosen
+    }
+
+    /// Applies writes to an attempt's record under their guard ([`ClaimIndex::apply`]);
+    /// writes that end the head of an order key decide the attempts waiting behind it
+    /// ([`order::after_end`]) in the same step.
+    fn write(&mut self, id: &AttemptId, writes: Writes) -> Result<(), LedgerError> {
+        let record = self
+            .attempts
+            .get_mut(id)
+            .ok_or_else(|| MemoryLedger::not_found("attempt", id))?;
+        let ordered = writes.attempt.as_ref().is_some_and(|a| a.order_key.is_some());
+        let before = ordered.then(|| record.clone());
+        self.index.apply(record, writes)?;
+        match before {
+            Some(before) if order::ends_head(&before, record) => {
+                let after = record.clone();
+                self.follow_order(&after)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn follow_order(&mut self, head: &AttemptRecord) -> Result<(), LedgerError> {
+        let plan = MemoryLedger::plan_of(self, &head.attempt.plan_id)?;
+        let waiting: Vec<AttemptRecord> = self
+            .by_plan
+            .get(&plan.id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.attempts.get(id))
+            .filter(|r| r.command.status == CommandStatus::Waiting && r.attempt.order_key == head.attempt.order_key)
+            .cloned()
+            .collect();
+        let now = head.attempt.finished_at.unwrap_or(head.attempt.created_at);
+        for writes in order::after_end(&plan, head, &waiting, now) {
+            let Some(next) = waiting
+                .iter()
+                .find(|r| writes.command.as_ref().is_some_and(|c| c.id == r.command.id))
+            else {
+                continue;
+            };
+            let record = self
+                .attempts
+                .get_mut(&next.attempt.id)
+                .ok_or_else(|| MemoryLedger::not_found("attempt", &next.attempt.id))?;
+            self.index.apply(record, writes)?;
+        }
+        Ok(())
+    }
+
     /// Stores a new record and indexes it.
     fn insert(&mut self, record: AttemptRecord) {
         let id = record.attempt.id.clone();
@@ -338,11 +420,11 @@ impl MemoryLedger {
             decided = state.limits.worker_write(&leases, worker, record, decided, now)?;
         }
         let (writes, reply) = decided;
+        state.write(attempt, writes)?;
         let record = state
             .attempts
-            .get_mut(attempt)
+            .get(attempt)
             .ok_or_else(|| Self::not_found("attempt", attempt))?;
-        state.index.apply(record, writes)?;
         Ok(answer(reply, record))
     }
 
@@ -384,11 +466,11 @@ impl MemoryLedger {
                 }
             }
             let plan = plan.clone();
+            state.write(&attempt_id, writes)?;
             let record = state
                 .attempts
-                .get_mut(&attempt_id)
+                .get(&attempt_id)
                 .ok_or_else(|| Self::not_found("attempt", &attempt_id))?;
-            state.index.apply(record, writes)?;
             let claim = Claimed {
                 lease: Lease {
                     command_id,
@@ -456,14 +538,7 @@ impl Ledger for MemoryLedger {
         let now = self.clock.now();
         let mut state = self.lock();
         let plan = Self::plan_of(&state, plan)?;
-        let history: Vec<AttemptRecord> = state
-            .by_plan
-            .get(&plan.id)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| state.attempts.get(id))
-            .cloned()
-            .collect();
+        let history = state.enqueue_history(&plan, request.order_key.as_deref());
         let keyed = request.key.as_ref().and_then(|key| {
             let holds = |r: &&AttemptRecord| r.attempt.enqueue_key.as_ref() == Some(key);
             state.attempts.values().find(holds).cloned()
@@ -612,6 +687,8 @@ mod tests {
 
     fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
         PlanSpec {
+            input: None,
+            on_failure: None,
             name: name.to_owned(),
             queue: None,
             recovery: recovery.to_owned(),

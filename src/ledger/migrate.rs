@@ -217,6 +217,14 @@ pub static SQLITE: &[Migration] = &[
         // producer token is one it does not know, and refuses.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 16,
+        name: "templates",
+        sql: include_str!("../../migrations/sqlite/0016_templates.sql"),
+        // Breaking: the previous release would deliver a template's step with its
+        // `{"$input": …}` references unresolved, and cannot read a WAITING command.
+        compat: Compat::Breaking,
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.

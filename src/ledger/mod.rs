@@ -54,6 +54,7 @@ pub use sql::SqlLedger;
 pub use url::DbUrl;
 
 use crate::entropy::{Entropy, IdKind};
+use leasehold_engine::input::Prepared;
 use leasehold_engine::limits::TargetLimit;
 use leasehold_engine::plan::PlanError;
 use leasehold_engine::transition::{self, Continued, NewIds, ReconcileOutcome, Start};
@@ -131,7 +132,8 @@ pub(crate) fn decide(
 }
 
 /// What an enqueue asks for besides its plan: the attempt's action, when its command
-/// becomes claimable, the trace it joins, and the key that makes it idempotent.
+/// becomes claimable, the trace it joins, the key that makes it idempotent and, for
+/// a template, its input and order key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnqueueRequest {
     /// execute, retry or compensate.
@@ -147,6 +149,13 @@ pub struct EnqueueRequest {
     /// ([`leasehold_engine::transition::keyed`]). 1 to 255 characters, none that a
     /// name may not hold.
     pub key: Option<String>,
+    /// A template's input ([`leasehold_engine::input`]): checked against the plan's
+    /// `[input]`, resolved into each step's payload and frozen on the receipts. None
+    /// for a template takes `{}`; a plan without `[input]` takes none.
+    pub input: Option<serde_json::Value>,
+    /// A template's order key ([`leasehold_engine::order`]): attempts with the same
+    /// one run one at a time, in enqueue order.
+    pub order_key: Option<String>,
 }
 
 impl EnqueueRequest {
@@ -157,6 +166,8 @@ impl EnqueueRequest {
             start: Start::Now,
             parent: None,
             key: None,
+            input: None,
+            order_key: None,
         }
     }
 
@@ -173,6 +184,16 @@ impl EnqueueRequest {
     /// With the enqueue key `key` (none: not idempotent).
     pub fn keyed(self, key: Option<String>) -> Self {
         Self { key, ..self }
+    }
+
+    /// With a template's input (none: `{}` for a template).
+    pub fn with_input(self, input: Option<serde_json::Value>) -> Self {
+        Self { input, ..self }
+    }
+
+    /// With the order key `order_key` (none: runs beside the template's others).
+    pub fn ordered(self, order_key: Option<String>) -> Self {
+        Self { order_key, ..self }
     }
 }
 
@@ -215,7 +236,9 @@ impl serde::Serialize for Enqueued {
 
 /// An enqueue of `plan` decided over its `history` and the attempt its key names
 /// already (`keyed`): that attempt answered, when the same request enqueued it, or
-/// a new attempt with fresh ids and the key stored with it.
+/// a new attempt with fresh ids and the key stored with it. For a template,
+/// `history` need only hold its latest attempt and the open one with the request's
+/// order key (what the SQL ledgers read for it).
 pub(crate) fn decide_enqueue(
     plan: &Plan,
     history: &[AttemptRecord],
@@ -223,10 +246,15 @@ pub(crate) fn decide_enqueue(
     request: &EnqueueRequest,
     (entropy, now): (&dyn Entropy, Timestamp),
 ) -> Result<Enqueued, LedgerError> {
+    let input = template_input(plan, request)?;
     let key = match &request.key {
         Some(key) => {
             transition::check_enqueue_key("enqueue key", key).map_err(LedgerError::BadInput)?;
-            let sha = transition::enqueue_request_sha256(&plan.id, request.action, request.start);
+            let template = transition::TemplateKey {
+                input_sha256: input.as_ref().map(|i| i.sha256.as_str()),
+                order_key: request.order_key.as_deref(),
+            };
+            let sha = transition::enqueue_request_sha256(&plan.id, request.action, request.start, template);
             if let Some(existing) = transition::keyed(keyed, key, &sha)? {
                 return Ok(Enqueued {
                     record: existing.clone(),
@@ -238,12 +266,49 @@ pub(crate) fn decide_enqueue(
         None => None,
     };
     let ids = new_attempt_ids(entropy, request.parent);
-    let mut record = transition::enqueue_at(plan, history, request.action, ids, now, request.start)?;
+    let mut record = match &input {
+        Some(input) if request.action == Action::Execute => {
+            let template = transition::TemplateEnqueue {
+                input,
+                order_key: request.order_key.as_deref(),
+                latest_number: history.iter().map(|r| r.attempt.number).max().unwrap_or(0),
+                ahead: history
+                    .iter()
+                    .find(|r| !r.attempt.status.is_terminal() && r.attempt.order_key == request.order_key),
+            };
+            transition::enqueue_template(plan, template, ids, now, request.start)?
+        }
+        _ => transition::enqueue_at(plan, history, request.action, ids, now, request.start)?,
+    };
     if let Some((key, sha)) = key {
         record.attempt.enqueue_key = Some(key);
         record.attempt.request_sha256 = Some(sha);
     }
     Ok(Enqueued { record, created: true })
+}
+
+/// A template's input, checked and resolved ([`leasehold_engine::input::prepare`]);
+/// none for a plan without `[input]`, which may be given neither input nor an
+/// order key. Errors name the field.
+fn template_input(plan: &Plan, request: &EnqueueRequest) -> Result<Option<Prepared>, LedgerError> {
+    if let Some(key) = &request.order_key {
+        transition::check_enqueue_key("order_key", key).map_err(LedgerError::BadInput)?;
+    }
+    if !plan.is_template() {
+        let given = match (&request.input, &request.order_key) {
+            (Some(_), _) => "input",
+            (None, Some(_)) => "order_key",
+            (None, None) => return Ok(None),
+        };
+        return Err(LedgerError::BadInput(format!(
+            "{given}: plan {} declares no [input], so its attempts take neither input nor an order key",
+            plan.id
+        )));
+    }
+    let empty = serde_json::Value::Object(serde_json::Map::new());
+    let input = request.input.as_ref().unwrap_or(&empty);
+    let prepared = leasehold_engine::input::prepare(plan, input).map_err(|e| LedgerError::BadInput(e.to_string()))?;
+    Ok(Some(prepared))
 }
 
 /// A new attempt's ids, drawn from `entropy` (attempt, then command), and its trace

@@ -221,7 +221,7 @@ fn attempt_badge(status: AttemptStatus) -> String {
 
 fn command_badge(status: CommandStatus) -> String {
     let class = match status {
-        CommandStatus::Pending => "queued",
+        CommandStatus::Pending | CommandStatus::Waiting => "queued",
         CommandStatus::Processing => "running",
         CommandStatus::Delivered => "succeeded",
         CommandStatus::Failed => "failed",

@@ -29,12 +29,14 @@ mod limits;
 mod policy;
 mod retention;
 mod routing;
+mod templates;
 mod traces;
 pub use keys::*;
 pub use limits::*;
 pub use policy::*;
 pub use retention::*;
 pub use routing::*;
+pub use templates::*;
 pub use traces::*;
 
 /// Where every test's ledger clock starts (2023-11-14T22:13:20Z).
@@ -158,6 +160,12 @@ macro_rules! conformance_suite {
             an_attempt_enqueued_without_a_trace_starts_its_own,
             an_enqueue_key_answers_the_first_attempt_and_refuses_another_request,
             a_key_that_is_not_one_is_refused_as_bad_input,
+            a_template_freezes_each_inputs_payloads_on_its_receipts_and_runs_them_side_by_side,
+            bad_input_is_refused_naming_the_field_and_writes_nothing,
+            an_order_key_runs_one_attempt_at_a_time_in_enqueue_order,
+            a_failed_head_blocks_its_key_or_lets_the_next_run_as_the_plan_says,
+            aborting_a_waiting_attempt_skips_it_and_the_order_goes_on,
+            an_enqueue_key_covers_the_input_and_the_order_key,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,
@@ -195,6 +203,8 @@ macro_rules! conformance_suite {
 /// A plan of `steps` dry-run steps named `step-1`, `step-2`, …
 pub fn spec(name: &str, recovery: &str, steps: usize) -> PlanSpec {
     PlanSpec {
+        input: None,
+        on_failure: None,
         name: name.to_owned(),
         queue: None,
         recovery: recovery.to_owned(),
@@ -259,11 +269,16 @@ async fn run_step<L: Ledger>(l: &L, lease: &Lease, owner: &str, ordinal: u32) {
 /// Claims the only claimable command and delivers every step.
 pub(crate) async fn deliver<L: Ledger>(l: &L, owner: &str) -> Claimed {
     let c = claim_one(l, owner).await;
+    finish_all(l, &c, owner).await;
+    c
+}
+
+/// Delivers every step of a claimed command and finishes it.
+pub(crate) async fn finish_all<L: Ledger>(l: &L, c: &Claimed, owner: &str) {
     for r in &c.record.receipts {
         run_step(l, &c.lease, owner, r.ordinal).await;
     }
     l.finish(&c.lease).await.expect("finish");
-    c
 }
 
 /// Claims the only claimable command, delivers the steps before `ordinal`, begins it

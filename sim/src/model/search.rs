@@ -146,6 +146,8 @@ fn model_plan(config: &Config, n: u32) -> Plan {
         })
         .collect();
     let spec = PlanSpec {
+        input: None,
+        on_failure: None,
         name: format!("model-{recovery}-{n}"),
         recovery: recovery.to_string(),
         volatile_fields: vec!["worker".into()],

@@ -1115,6 +1115,9 @@ fn archived(r: &AttemptRecord, more: bool) -> Snap {
     let t0 = at(0, 0);
     let a = &r.attempt;
     let attempt = leasehold_engine::Attempt {
+        input: None,
+        input_sha256: None,
+        order_key: None,
         id: a.id.clone(),
         plan_id: a.plan_id.clone(),
         number: a.number,

@@ -25,6 +25,7 @@ use crate::clock::Clock;
 use crate::entropy::Entropy;
 use crate::ledger::decide_enqueue;
 use crate::ledger::outbox::decide_plan;
+use crate::ledger::sql::order;
 use crate::ledger::sql::session::{self, not_found};
 use crate::ledger::LedgerError;
 use crate::ledger::{EnqueueRequest, Enqueued};
@@ -165,7 +166,8 @@ async fn insert_attempt(
         .await?
         .ok_or_else(|| not_found("plan", plan))?;
     let at = now(tx, clock).await?;
-    let history = session::read_history(&mut MySession(&mut *tx), &plan.id).await?;
+    let order_key = request.order_key.as_deref();
+    let history = order::read_enqueue_history(&mut MySession(&mut *tx), &plan, order_key).await?;
     check_fresh(tx, &plan.id, &history).await?;
     let keyed = match &request.key {
         Some(key) => session::read_keyed(&mut MySession(&mut *tx), key).await?,

@@ -98,6 +98,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // producer token is one it does not know, and refuses.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 12,
+        name: "templates",
+        sql: include_str!("../../../migrations/mysql/0012_templates.sql"),
+        // Breaking: the previous release would deliver a template's step with its
+        // `{"$input": …}` references unresolved, and cannot read a WAITING command.
+        compat: Compat::Breaking,
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

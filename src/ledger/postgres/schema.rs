@@ -87,6 +87,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // producer token is one it does not know, and refuses.
         compat: Compat::Additive,
     },
+    Migration {
+        version: 11,
+        name: "templates",
+        sql: include_str!("../../../migrations/postgres/0011_templates.sql"),
+        // Breaking: the previous release would deliver a template's step with its
+        // `{"$input": …}` references unresolved, and cannot read a WAITING command.
+        compat: Compat::Breaking,
+    },
 ];
 
 impl super::PostgresLedger {

@@ -40,7 +40,7 @@ pub(crate) async fn apply_writes_batch<S: Session>(
     if update_rows(s, &COMMAND, &rows, Some(&first.guard)).await? != rows.len() as u64 {
         return Err(write::stale(&commands[0].id).into());
     }
-    let attempts: Vec<[Value<'_>; 12]> = writes
+    let attempts: Vec<[Value<'_>; 15]> = writes
         .iter()
         .filter_map(|w| w.attempt.as_ref())
         .map(attempt_values)
@@ -48,7 +48,7 @@ pub(crate) async fn apply_writes_batch<S: Session>(
     if update_rows(s, &ATTEMPT, &attempts, None).await? != attempts.len() as u64 {
         return Err(LedgerError::Integrity("an attempt vanished during a transition".into()).into());
     }
-    let receipts: Vec<[Value<'_>; 13]> = writes.iter().flat_map(|w| &w.receipts).map(receipt_values).collect();
+    let receipts: Vec<[Value<'_>; 14]> = writes.iter().flat_map(|w| &w.receipts).map(receipt_values).collect();
     if update_rows(s, &RECEIPT, &receipts, None).await? != receipts.len() as u64 {
         return Err(LedgerError::Integrity("a receipt vanished during a transition".into()).into());
     }

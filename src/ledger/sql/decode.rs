@@ -169,6 +169,8 @@ fn plan_with_id<R: ColumnReader + ?Sized>(row: &mut R, base: usize, id: String) 
         fingerprint: c.string(6)?,
         created_at: c.timestamp(7)?,
         retry: c.opt_json(8)?,
+        input: c.opt_json(10)?,
+        on_failure: c.opt_text_enum(11)?,
     })
 }
 
@@ -188,6 +190,9 @@ pub(crate) fn attempt<R: ColumnReader + ?Sized>(row: &mut R, base: usize) -> Res
         trace: c.opt_text_enum(9)?,
         enqueue_key: c.opt_string(10)?,
         request_sha256: c.opt_string(11)?,
+        input: c.opt_string(12)?,
+        input_sha256: c.opt_string(13)?,
+        order_key: c.opt_string(14)?,
     })
 }
 
@@ -222,6 +227,7 @@ pub(crate) fn receipt<R: ColumnReader + ?Sized>(row: &mut R, base: usize) -> Res
         idempotency_key: c.string(3)?,
         executor: c.string(11)?,
         target: c.string(12)?,
+        payload: c.opt_string(13)?,
         status: c.text_enum(4)?,
         evidence: c.opt_string(5)?,
         evidence_sha256: c.opt_string(6)?,

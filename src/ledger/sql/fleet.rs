@@ -67,12 +67,12 @@ pub(crate) async fn read_workers<S: Session>(s: &mut S) -> Result<Vec<WorkerRow>
     .await
 }
 
-/// How many open attempts (PENDING or PROCESSING commands) a worker with
+/// How many open attempts (PENDING, PROCESSING or WAITING commands) a worker with
 /// `capabilities` could run: what its `until_idle` waits for. A command without a
 /// route (written before routing) counts.
 pub(crate) async fn count_open_for<S: Session>(s: &mut S, capabilities: &Capabilities) -> Result<u64, TxError> {
     let mut sql = Sql::new(s.dialect());
-    sql.push("SELECT COUNT(*) FROM command WHERE status IN ('PENDING', 'PROCESSING')");
+    sql.push("SELECT COUNT(*) FROM command WHERE status IN ('PENDING', 'PROCESSING', 'WAITING')");
     write::push_route_filter(&mut sql, "", capabilities);
     let n = query_one(s, &sql.text, &sql.values, |row| decode::scalar(row, 0, "open attempts"))
         .await?

@@ -441,6 +441,7 @@ impl<B: SqlBackend> SqlLedger<B> {
         let mut statements = super::write::plan(tx.dialect(), Some(&record), &limited.writes)?;
         statements.extend(limits::reset_statements(tx.dialect(), &limited.resets));
         tx.run(&statements).await?;
+        super::order::follow_order(tx, &record, &limited.writes).await?;
         self.backend.checkpoint(tx, Checkpoint::BeforeCommit).await?;
         Ok(limited.reply)
     }
@@ -554,7 +555,7 @@ pub(crate) async fn decide_enqueue_in<S: Session>(
 ) -> Result<Enqueued, TxError> {
     let plan = session::plan_by_id(tx, plan, true).await?;
     let now = by.now(tx).await?;
-    let history = session::read_history(tx, &plan.id).await?;
+    let history = super::order::read_enqueue_history(tx, &plan, request.order_key.as_deref()).await?;
     let keyed = match &request.key {
         Some(key) => session::read_keyed(tx, key).await?,
         None => None,

@@ -28,6 +28,7 @@ pub(crate) mod fleet;
 pub(crate) mod ledger;
 pub(crate) mod limits;
 pub(crate) mod listing;
+pub(crate) mod order;
 pub(crate) mod prune;
 pub(crate) mod query;
 pub(crate) mod ready;

@@ -40,6 +40,14 @@ pub(crate) struct Queries {
     pub(crate) attempt_by_id_locked: String,
     /// The id of the attempt an enqueue key names (`enqueue_key`).
     pub(crate) attempt_by_enqueue_key: String,
+    /// The id of a plan's highest-numbered attempt (`plan_id`).
+    pub(crate) latest_attempt_of_plan: String,
+    /// The id of the newest open attempt of a plan with an order key (`plan_id`,
+    /// `order_key`).
+    pub(crate) open_on_order_key: String,
+    /// The ids of the attempts of a plan with an order key whose command is
+    /// WAITING, by number, locked (`plan_id`, `order_key`).
+    pub(crate) waiting_on_order_key: String,
     /// An attempt's command (`attempt_id`).
     pub(crate) command_of_attempt: String,
     /// An attempt's receipts by ordinal (`attempt_id`).
@@ -90,13 +98,13 @@ impl Queries {
     }
 }
 
-/// The status of an open attempt's command: PENDING while it is QUEUED, PROCESSING
-/// while it is RUNNING (every transition writes the two together); `None` for an
-/// ended attempt.
+/// The statuses of an open attempt's command, as an SQL list: PENDING or WAITING
+/// (behind an order key) while it is QUEUED, PROCESSING while it is RUNNING (every
+/// transition writes the two together); `None` for an ended attempt.
 fn open_command_status(status: AttemptStatus) -> Option<&'static str> {
     match status {
-        AttemptStatus::Queued => Some("PENDING"),
-        AttemptStatus::Running => Some("PROCESSING"),
+        AttemptStatus::Queued => Some("'PENDING', 'WAITING'"),
+        AttemptStatus::Running => Some("'PROCESSING'"),
         _ => None,
     }
 }
@@ -182,6 +190,15 @@ fn build(d: &'static Dialect) -> Queries {
         attempt_by_id_locked: format!("{attempt_by_id}{lock}"),
         attempt_by_id,
         attempt_by_enqueue_key: format!("SELECT id FROM attempt WHERE enqueue_key = {p1}"),
+        latest_attempt_of_plan: format!("SELECT id FROM attempt WHERE plan_id = {p1} ORDER BY number DESC LIMIT 1"),
+        open_on_order_key: format!(
+            "SELECT id FROM attempt WHERE plan_id = {p1} AND order_key = {p2} AND status IN ('QUEUED', 'RUNNING') \
+             ORDER BY number DESC LIMIT 1"
+        ),
+        waiting_on_order_key: format!(
+            "SELECT a.id FROM attempt a JOIN command c ON c.attempt_id = a.id \
+             WHERE a.plan_id = {p1} AND a.order_key = {p2} AND c.status = 'WAITING' ORDER BY a.number{lock}"
+        ),
         command_of_attempt: format!("SELECT {command} FROM command WHERE attempt_id = {p1}"),
         receipts_of_attempt_locked: format!("{receipts_of_attempt}{lock}"),
         receipts_of_attempt,
@@ -201,16 +218,17 @@ fn build(d: &'static Dialect) -> Queries {
         // Two counts, one per arm: each is the range of one index (SQLite's and
         // PostgreSQL's partial indexes hold one status each).
         open_attempts: "SELECT (SELECT COUNT(*) FROM command WHERE status = 'PENDING') \
-                        + (SELECT COUNT(*) FROM command WHERE status = 'PROCESSING')"
+                        + (SELECT COUNT(*) FROM command WHERE status = 'PROCESSING') \
+                        + (SELECT COUNT(*) FROM command WHERE status = 'WAITING')"
             .to_owned(),
         capped_counts: AttemptStatus::ALL
             .iter()
             .map(|&s| {
-                let (table, status) = match open_command_status(s) {
-                    Some(command) => ("command", command),
-                    None => ("attempt", s.as_str()),
+                let (table, statuses) = match open_command_status(s) {
+                    Some(command) => ("command", command.to_owned()),
+                    None => ("attempt", format!("'{}'", s.as_str())),
                 };
-                format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE status = '{status}' LIMIT {p1}) t")
+                format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE status IN ({statuses}) LIMIT {p1}) t")
             })
             .collect(),
         capped_exhausted: format!(

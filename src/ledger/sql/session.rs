@@ -311,12 +311,17 @@ pub(crate) async fn count_open_attempts<S: Session>(s: &mut S) -> Result<u64, Tx
 /// Applies the engine's writes over `before`, the rows as locked in this transaction
 /// (`None` for `Guard::Absent`, an insert): [`write::plan`]. A guard that no longer
 /// holds answers [`leasehold_engine::Refusal::StaleToken`]; the caller then rolls the
-/// whole transaction back, so every row stays as it was.
+/// whole transaction back, so every row stays as it was. Writes that end the head
+/// of an order key decide the attempts behind it too ([`super::order::follow_order`]).
 pub(crate) async fn apply_writes<S: Session>(
     s: &mut S,
     before: Option<&AttemptRecord>,
     writes: &Writes,
 ) -> Result<(), TxError> {
     let statements = write::plan(s.dialect(), before, writes)?;
-    s.run(&statements).await
+    s.run(&statements).await?;
+    if let Some(before) = before {
+        super::order::follow_order(s, before, writes).await?;
+    }
+    Ok(())
 }

@@ -60,6 +60,8 @@ pub(crate) static PLAN: Table = Table {
         "created_at",
         "retry_json",
         "queue",
+        "input_json",
+        "on_failure",
     ],
     key: 1,
     mutable: &[2],
@@ -82,6 +84,9 @@ pub(crate) static ATTEMPT: Table = Table {
         "traceparent",
         "enqueue_key",
         "request_sha256",
+        "input_json",
+        "input_sha256",
+        "order_key",
     ],
     key: 1,
     mutable: &[4, 6, 7, 8],
@@ -133,6 +138,7 @@ pub(crate) static RECEIPT: Table = Table {
         "finished_at",
         "executor",
         "target",
+        "payload",
     ],
     key: 2,
     mutable: &[4, 5, 6, 7, 8, 9, 10],
@@ -143,7 +149,7 @@ pub(crate) static RECEIPT: Table = Table {
 
 /// A plan's row; `steps` and `volatile` are its JSON columns, encoded by the caller
 /// ([`plan_json`]).
-pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry): &'a PlanJson) -> [Value<'a>; 10] {
+pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry, input): &'a PlanJson) -> [Value<'a>; 12] {
     [
         Value::Text(p.id.as_str()),
         Value::Text(&p.name),
@@ -155,12 +161,14 @@ pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry): &'a PlanJso
         Value::ts(p.created_at),
         Value::opt_text(retry.as_deref()),
         Value::opt_text(p.queue.as_deref()),
+        Value::opt_text(input.as_deref()),
+        Value::opt_text(p.on_failure.map(|r| r.as_str())),
     ]
 }
 
-/// A plan's JSON columns: its steps, its volatile fields and its delivery policy
-/// (none when it sets none).
-pub(crate) type PlanJson = (String, String, Option<String>);
+/// A plan's JSON columns: its steps, its volatile fields, its delivery policy and
+/// its `[input]` table (each of the last two none when it sets none).
+pub(crate) type PlanJson = (String, String, Option<String>, Option<String>);
 
 /// A plan's JSON columns ([`PlanJson`]).
 pub(crate) fn plan_json(p: &Plan) -> Result<PlanJson, crate::ledger::LedgerError> {
@@ -172,11 +180,15 @@ pub(crate) fn plan_json(p: &Plan) -> Result<PlanJson, crate::ledger::LedgerError
         .retry
         .as_ref()
         .map(|r| leasehold_engine::canonical::canonical_json(&serde_json::json!(r)));
-    Ok((steps, volatile, retry))
+    let input = p
+        .input
+        .as_ref()
+        .map(|i| leasehold_engine::canonical::canonical_json(&serde_json::json!(i)));
+    Ok((steps, volatile, retry, input))
 }
 
 /// An attempt's row.
-pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 12] {
+pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 15] {
     [
         Value::Text(a.id.as_str()),
         Value::Text(a.plan_id.as_str()),
@@ -190,6 +202,9 @@ pub(crate) fn attempt_values(a: &Attempt) -> [Value<'_>; 12] {
         Value::opt_text(a.trace.as_ref().map(|t| t.as_str())),
         Value::opt_text(a.enqueue_key.as_deref()),
         Value::opt_text(a.request_sha256.as_deref()),
+        Value::opt_text(a.input.as_deref()),
+        Value::opt_text(a.input_sha256.as_deref()),
+        Value::opt_text(a.order_key.as_deref()),
     ]
 }
 
@@ -214,7 +229,7 @@ pub(crate) fn command_values(c: &Command) -> [Value<'_>; 14] {
 }
 
 /// A receipt's row.
-pub(crate) fn receipt_values(r: &Receipt) -> [Value<'_>; 13] {
+pub(crate) fn receipt_values(r: &Receipt) -> [Value<'_>; 14] {
     [
         Value::Text(r.attempt_id.as_str()),
         Value::Int(r.ordinal.into()),
@@ -229,5 +244,6 @@ pub(crate) fn receipt_values(r: &Receipt) -> [Value<'_>; 13] {
         Value::opt_ts(r.finished_at),
         Value::Text(&r.executor),
         Value::Text(&r.target),
+        Value::opt_text(r.payload.as_deref()),
     ]
 }

@@ -13,8 +13,8 @@ use super::rows::{self, sync, SqlResult, SqliteSession};
 use crate::entropy::Entropy;
 use crate::ledger::decide_enqueue;
 use crate::ledger::outbox::decide_plan;
-use crate::ledger::sql::session;
 use crate::ledger::sql::Dialect;
+use crate::ledger::sql::{order, session};
 use crate::ledger::LedgerError;
 use crate::ledger::{EnqueueRequest, Enqueued};
 use leasehold_engine::{Plan, PlanId, PlanSpec, Timestamp};
@@ -89,7 +89,7 @@ pub(crate) fn enqueue(
     let s = &mut SqliteSession::new(conn, dialect);
     savepoint(conn, || {
         let plan = sync(session::plan_by_id(s, plan, false))?;
-        let history = sync(session::read_history(s, &plan.id))?;
+        let history = sync(order::read_enqueue_history(s, &plan, request.order_key.as_deref()))?;
         let keyed = match &request.key {
             Some(key) => sync(session::read_keyed(s, key))?,
             None => None,

@@ -439,7 +439,20 @@ pub(super) fn update_writes(
             "an update needs a guard other than absent".into(),
         ));
     }
-    run(conn, &write::plan(d, Some(before), writes)?)
+    run(conn, &write::plan(d, Some(before), writes)?)?;
+    follow_order(conn, d, before, writes)
+}
+
+/// The attempts behind an order key's head that `writes` ended, decided and written
+/// ([`crate::ledger::sql::order::follow_order`]).
+fn follow_order(
+    conn: &Connection,
+    d: &'static Dialect,
+    before: &AttemptRecord,
+    writes: &Writes,
+) -> Result<(), LedgerError> {
+    let mut session = SqliteSession { conn, dialect: d };
+    sync(crate::ledger::sql::order::follow_order(&mut session, before, writes)).map(|_| ())
 }
 
 /// Applies the writes of several transitions (a claim's batch), each over the rows
