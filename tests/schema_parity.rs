@@ -85,6 +85,24 @@ const INDEXES: &[(&str, [Option<&str>; 3], &str)] = &[
         "the claims' indexes (MySQL's (status, available_at, id, attempt_id) holds both statuses)",
     ),
     (
+        "open attempts: QUEUED behind an order key, counted by their WAITING commands",
+        [
+            Some("command_waiting"),
+            Some("command_claimable"),
+            Some("command_waiting"),
+        ],
+        "MySQL has no partial index: its (status, available_at, id, attempt_id) holds WAITING too",
+    ),
+    (
+        "ordered keys: a template's attempts with an order key, by number",
+        [
+            Some("attempt_by_order_key"),
+            Some("attempt_by_order_key"),
+            Some("attempt_by_order_key"),
+        ],
+        "SQLite and PostgreSQL hold only the attempts with a key",
+    ),
+    (
         "target limits: a target's live leases, counted on every admission onto it",
         [
             Some("command_leased_by_target"),

@@ -27,3 +27,6 @@ CREATE INDEX attempt_by_order_key ON attempt (plan_id, order_key, number) WHERE 
 ALTER TABLE command DROP CONSTRAINT command_status_check;
 ALTER TABLE command ADD CONSTRAINT command_status_check
     CHECK (status IN ('PENDING', 'PROCESSING', 'DELIVERED', 'FAILED', 'ABORTED', 'WAITING'));
+
+-- Open attempts are counted by their commands, each status by an index of its own.
+CREATE INDEX command_waiting ON command (id) WHERE status = 'WAITING';

@@ -57,3 +57,5 @@ ALTER TABLE command_v16 RENAME TO command;
 CREATE INDEX command_pending ON command (available_at, id, queue, executor, target) WHERE status = 'PENDING';
 CREATE INDEX command_leased ON command (lease_until) WHERE status = 'PROCESSING';
 CREATE INDEX command_leased_by_target ON command (target, lease_until) WHERE status = 'PROCESSING';
+-- Open attempts are counted by their commands, each status by an index of its own.
+CREATE INDEX command_waiting ON command (id) WHERE status = 'WAITING';

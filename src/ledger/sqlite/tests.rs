@@ -888,8 +888,9 @@ fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
 }
 
 /// Runs `f` on a core whose schema predates the plan's `retry_json` (version 9), the
-/// routing columns (version 10) and the attempt's trace context and enqueue key
-/// (versions 13 and 14), with those columns there for the while:
+/// routing columns (version 10), the attempt's trace context and enqueue key
+/// (versions 13 and 14) and the template columns (version 16), with those columns
+/// there for the while:
 /// today's code reads and writes rows with them, and these tests write and read the
 /// rows an older ledger held. The columns are dropped again before the migrations
 /// run, so they find the rows as such a ledger left them (a plan that sets no
@@ -897,11 +898,8 @@ fn three_queued(core: &SqliteCore, clock: &ManualClock) -> Vec<PlanId> {
 fn before_version_9_and_10<T>(core: &SqliteCore, f: impl FnOnce() -> T) -> T {
     let conn = core.connection();
     for (table, column) in LATER_COLUMNS {
-        let kind = if table == "plan" || table == "attempt" {
-            "TEXT"
-        } else {
-            "TEXT NOT NULL DEFAULT ''"
-        };
+        let nullable = table == "plan" || table == "attempt" || column == "payload";
+        let kind = if nullable { "TEXT" } else { "TEXT NOT NULL DEFAULT ''" };
         conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind}"))
             .unwrap();
     }
@@ -932,10 +930,16 @@ fn unrouted(mut records: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
     records
 }
 
-/// The columns versions 9 and 10 add, which today's statements read (with version
-/// 11's table, which [`before_version_9_and_10`] adds for as long too).
-const LATER_COLUMNS: [(&str, &str); 10] = [
+/// The columns versions 9, 10, 13, 14 and 16 add, which today's statements read
+/// (with version 11's table, which [`before_version_9_and_10`] adds for as long too).
+const LATER_COLUMNS: [(&str, &str); 16] = [
     ("attempt", "traceparent"),
+    ("attempt", "input_json"),
+    ("attempt", "input_sha256"),
+    ("attempt", "order_key"),
+    ("plan", "input_json"),
+    ("plan", "on_failure"),
+    ("receipt", "payload"),
     ("attempt", "enqueue_key"),
     ("attempt", "request_sha256"),
     ("plan", "retry_json"),
