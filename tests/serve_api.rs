@@ -1913,3 +1913,44 @@ async fn the_targets_page_and_metrics_show_each_limited_target_s_load_and_breake
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_enqueues_a_templates_input_and_order_key_and_bad_input_is_a_400_naming_the_field() {
+    let server = TestServer::start().await;
+    let producer = Some(server.producer.as_str());
+    let spec: leasehold::engine::PlanSpec = serde_json::from_value(json!({
+        "name": "grants", "recovery": "resume",
+        "input": {"user": {"type": "string", "required": true}},
+        "steps": [{"code": "grant", "executor": "dry-run:v1", "payload": {"who": {"$input": "/user"}}}],
+    }))
+    .unwrap();
+    let plan = server
+        .ledger
+        .register_plan(spec, &leasehold::executor::Executors::new().names())
+        .await
+        .unwrap();
+    let path = format!("/api/v1/plans/{}/attempts", plan.id);
+    let body = |user: &str| Some(json!({"input": {"user": user}, "order_key": "ada"}));
+    let first = call(&server, Method::POST, &path, producer, body("ada")).await;
+    assert_eq!(first.status.as_u16(), 201, "{}", first.body);
+    assert_eq!(first.json()["receipts"][0]["payload"], r#"{"who":"ada"}"#);
+    let second = call(&server, Method::POST, &path, producer, body("ada")).await;
+    assert_eq!(second.json()["command"]["status"], "WAITING", "{}", second.body);
+    for (bad, says) in [
+        (json!({"input": {}}), "input.user: is required"),
+        (json!({"input": {"user": 1}}), "input.user: expected string"),
+        (json!({"input": {"user": "a"}, "order_key": ""}), "order_key:"),
+    ] {
+        let out = call(&server, Method::POST, &path, producer, Some(bad.clone())).await;
+        let problem = out.problem(400, "bad_input");
+        assert!(
+            problem["detail"].as_str().unwrap().starts_with(says),
+            "{bad}: {problem}"
+        );
+    }
+    assert_eq!(
+        server.ledger.history(&plan.id).await.unwrap().len(),
+        2,
+        "nothing else written"
+    );
+}

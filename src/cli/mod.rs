@@ -126,6 +126,15 @@ enum Command {
         /// enqueuing another; with another request, it is refused (exit 2).
         #[arg(long, value_name = "KEY", value_parser = parse_enqueue_key)]
         key: Option<String>,
+        /// A template's input: a JSON object of the fields its `[input]` declares, or
+        /// `@FILE` to read it from a file. Checked, resolved into the steps' payloads
+        /// and frozen on the attempt.
+        #[arg(long, value_name = "JSON|@FILE", value_parser = parse_input)]
+        input: Option<serde_json::Value>,
+        /// A template's order key (1 to 255 characters): attempts with the same key
+        /// run one at a time, in enqueue order.
+        #[arg(long = "order-key", value_name = "KEY", value_parser = parse_order_key)]
+        order_key: Option<String>,
     },
     /// Claim and deliver commands until stopped (SIGINT/SIGTERM) or idle.
     Worker {
@@ -693,8 +702,14 @@ async fn run<L: Ledger + TokenStore>(ledger: Arc<L>, command: Command, json: boo
             start,
             traceparent,
             key,
+            input,
+            order_key,
         } => {
-            let request = EnqueueRequest::new(action.into()).traced(traceparent).keyed(key);
+            let request = EnqueueRequest::new(action.into())
+                .traced(traceparent)
+                .keyed(key)
+                .with_input(input)
+                .ordered(order_key);
             recovery::enqueue(ledger.as_ref(), &plan, request, &start, json).await
         }
         Command::Worker {
@@ -1134,10 +1149,27 @@ fn read_capped(path: &Path, max: u64) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
 }
 
-/// Parses plan text as JSON or TOML; the error is one line with its position.
 /// `--key`: an enqueue key, or why not.
 fn parse_enqueue_key(text: &str) -> Result<String, String> {
     leasehold_engine::transition::check_enqueue_key("--key", text).map(|()| text.to_owned())
+}
+
+/// `--order-key`: an order key, or why not.
+fn parse_order_key(text: &str) -> Result<String, String> {
+    leasehold_engine::transition::check_enqueue_key("--order-key", text).map(|()| text.to_owned())
+}
+
+/// `--input`: JSON, given inline or as `@FILE` (a file of at most
+/// [`leasehold_engine::input::MAX_INPUT_BYTES`] and a little room for whitespace).
+fn parse_input(text: &str) -> Result<serde_json::Value, String> {
+    let text = match text.strip_prefix('@') {
+        Some(path) => {
+            let max = 2 * leasehold_engine::input::MAX_INPUT_BYTES as u64;
+            read_capped(Path::new(path), max).map_err(|e| format!("{path}: {e}"))?
+        }
+        None => text.to_owned(),
+    };
+    serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))
 }
 
 /// `--traceparent`: a W3C trace context, or why not.
@@ -1145,6 +1177,7 @@ fn parse_traceparent(text: &str) -> Result<TraceContext, String> {
     TraceContext::parse(text.trim()).map_err(|e| e.reason.to_owned())
 }
 
+/// Parses plan text as JSON or TOML; the error is one line with its position.
 fn parse_plan(text: &str, json: bool) -> Result<PlanSpec, String> {
     if json {
         return serde_json::from_str(text).map_err(|e| e.to_string());

@@ -11,7 +11,7 @@ use leasehold::ledger::bulk::{abort_open, retry_failed, BulkFilter, BulkOutcome,
 use leasehold::ledger::{find_plan, EnqueueRequest, Ledger, LedgerError};
 use leasehold::text::clean;
 use leasehold_engine::transition::{follow_up_of, Start};
-use leasehold_engine::{Action, AttemptId, Timestamp};
+use leasehold_engine::{Action, AttemptId, CommandStatus, Timestamp};
 use std::fmt::Write as _;
 
 /// `enqueue`'s start: at once, at a time, or after a while.
@@ -65,6 +65,13 @@ pub(super) async fn enqueue<L: Ledger>(
             record.attempt.id
         );
         return Ok(());
+    }
+    if record.command.status == CommandStatus::Waiting {
+        errln!(
+            "attempt {} waits for the attempts ahead of it on order key {:?}",
+            record.attempt.id,
+            record.attempt.order_key.as_deref().unwrap_or_default()
+        );
     }
     if start != Start::Now && record.command.available_at > record.attempt.created_at {
         errln!(

@@ -65,6 +65,11 @@ pub fn plan(p: &Plan) -> String {
     }
     let _ = writeln!(out, "registered  {}", p.created_at);
     let _ = writeln!(out, "retry       {}", policy(&resolve(p.retry.as_ref(), None)));
+    if let Some(input) = &p.input {
+        let fields: Vec<String> = input.iter().map(|(name, f)| input_field(name, f)).collect();
+        let _ = writeln!(out, "input       {}", c(fields.join(", ")));
+        let _ = writeln!(out, "on failure  {}", p.on_failure());
+    }
     let _ = writeln!(out, "steps:");
     for (i, s) in p.steps.iter().enumerate() {
         let _ = write!(out, "  {}. {} ({})", i + 1, c(&s.code), c(&s.executor));
@@ -74,6 +79,26 @@ pub fn plan(p: &Plan) -> String {
         out.push('\n');
     }
     out
+}
+
+/// An `[input]` field as `name (type, required, at most N bytes)`.
+fn input_field(name: &str, f: &leasehold_engine::input::InputField) -> String {
+    let mut traits = vec![f.kind.clone()];
+    if f.required {
+        traits.push("required".to_owned());
+    }
+    if let Some(max) = f.max_bytes {
+        traits.push(format!("at most {max} bytes"));
+    }
+    format!("{name} ({})", traits.join(", "))
+}
+
+/// `text` cut to at most `max` characters, with `…` when it was longer.
+fn clipped(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
 }
 
 /// A delivery policy on one line.
@@ -128,6 +153,17 @@ pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, waits_for: Option
     if let Some(t) = &a.trace {
         let _ = writeln!(out, "trace       {} (span {})", t.trace_id(), t.span_id());
     }
+    if let (Some(input), Some(sha)) = (&a.input, &a.input_sha256) {
+        let _ = writeln!(
+            out,
+            "input       {} (sha256 {})",
+            c(clipped(input, 200)),
+            short_sha(sha)
+        );
+    }
+    if let Some(key) = &a.order_key {
+        let _ = writeln!(out, "order key   {}", c(key));
+    }
     let _ = writeln!(out, "command     {} {}", c(&cmd.id), cmd.status);
     let _ = writeln!(
         out,
@@ -151,6 +187,9 @@ pub fn status(r: &AttemptRecord, policy: Option<&RetryPolicy>, waits_for: Option
             "  next delivery   {at} (in {}, {why})",
             super::when::span(at.millis_since(now))
         );
+    }
+    if cmd.status == CommandStatus::Waiting {
+        let _ = writeln!(out, "  waits for       the attempts ahead of it on its order key");
     }
     if let Some(why) = waits_for {
         let _ = writeln!(out, "  waits for       {}", c(why));

@@ -211,6 +211,14 @@ pub struct EnqueueBody {
     /// or a sum such as `1h30m`). Not with `at`.
     #[serde(default, rename = "in")]
     pub after: Option<String>,
+    /// A template's input: an object of the fields its `[input]` declares.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
+    /// A template's order key (1 to 255 characters): attempts with the same key
+    /// run one at a time, in enqueue order.
+    #[serde(default)]
+    pub order_key: Option<String>,
 }
 
 /// A text field as given: trimmed, and `None` when empty.
@@ -284,7 +292,12 @@ async fn enqueue(State(app): State<App>, headers: HeaderMap, Path(plan): Path<St
     let parent = traceparent_of(&headers);
     let plan = app.backend().find_plan(&plan).await?;
     let sent = trace::wall_now();
-    let request = EnqueueRequest::new(action).at(start).traced(parent).keyed(key);
+    let request = EnqueueRequest::new(action)
+        .at(start)
+        .traced(parent)
+        .keyed(key)
+        .with_input(request.input)
+        .ordered(request.order_key);
     let enqueued = app.backend().enqueue_with(&plan.id, request).await?;
     let record = &enqueued.record;
     if !enqueued.created {
