@@ -175,7 +175,7 @@ fn check_pointer(schema: &InputSchema, at: &str, pointer: &str) -> Result<(), In
     if below.is_some() && !matches!(field.kind.as_str(), "object" | "array") {
         return Err(error(
             at,
-            format!("{pointer:?} goes below field {name:?}, which is a {}", field.kind),
+            format!("{pointer:?} goes below field {name:?}, which is of type {}", field.kind),
         ));
     }
     Ok(())

@@ -294,6 +294,10 @@ fn template_input(plan: &Plan, request: &EnqueueRequest) -> Result<Option<Prepar
     if let Some(key) = &request.order_key {
         transition::check_enqueue_key("order_key", key).map_err(LedgerError::BadInput)?;
     }
+    if plan.is_template() && request.action != Action::Execute {
+        // Refused by the template's own guard ([`transition::enqueue_at`]).
+        return Ok(None);
+    }
     if !plan.is_template() {
         let given = match (&request.input, &request.order_key) {
             (Some(_), _) => "input",

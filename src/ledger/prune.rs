@@ -13,8 +13,7 @@
 //!   that is SUCCEEDED with its command DELIVERED;
 //! - the plan's latest SUCCEEDED attempt, and its latest SUCCEEDED forward attempt.
 //!
-//! Open attempts are never prunable (an open attempt is always its plan's highest,
-//! and the states are ended ones). Plans are never deleted. With that, the gate's
+//! Open attempts are never prunable (the states are ended ones). Plans are never deleted. With that, the gate's
 //! report and every enqueue guard's decision are the same after a prune as before
 //! it: both read only the latest forward attempt, the attempts above it, the
 //! baseline, and the latest attempt.
@@ -72,9 +71,17 @@ impl Keep {
         let forward = |r: &AttemptRecord| r.attempt.action.is_forward();
         let succeeded = |r: &AttemptRecord| r.attempt.status == AttemptStatus::Succeeded;
         let latest_forward = max(&forward);
+        // A template's baseline ran the latest's input ([`leasehold_engine::gate`]).
+        let input = latest_forward
+            .and_then(|lf| history.iter().find(|r| r.attempt.number == lf))
+            .map(|r| r.attempt.input_sha256.clone());
         let baseline = latest_forward.and_then(|lf| {
             max(&|r| {
-                forward(r) && succeeded(r) && r.command.status == CommandStatus::Delivered && r.attempt.number < lf
+                forward(r)
+                    && succeeded(r)
+                    && r.command.status == CommandStatus::Delivered
+                    && r.attempt.number < lf
+                    && input.as_ref() == Some(&r.attempt.input_sha256)
             })
         });
         Self {

@@ -166,6 +166,7 @@ macro_rules! conformance_suite {
             a_failed_head_blocks_its_key_or_lets_the_next_run_as_the_plan_says,
             aborting_a_waiting_attempt_skips_it_and_the_order_goes_on,
             an_enqueue_key_covers_the_input_and_the_order_key,
+            retention_keeps_a_templates_baseline_of_the_latest_input,
         );
         $crate::conformance_suite!(@multi_thread $factory;
             race_eight_claimers_claim_each_of_1000_commands_exactly_once,

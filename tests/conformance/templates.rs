@@ -250,3 +250,35 @@ pub async fn an_enqueue_key_covers_the_input_and_the_order_key<L: Ledger>(h: Har
     }
     assert_eq!(l.history(&id).await.unwrap().len(), 1);
 }
+
+pub async fn retention_keeps_a_templates_baseline_of_the_latest_input<L: Ledger>(h: Harness<L>) {
+    use leasehold::engine::gate::gate;
+    use leasehold::engine::{AttemptStatus, Timestamp};
+    use leasehold::ledger::prune::{prune, PruneOptions};
+    let l = &h.ledger;
+    let id = register_template(l, "retained", None).await;
+    // #1 ada (the baseline of #3), #2 bob, #3 ada (the latest), each delivered.
+    for user in ["ada", "bob", "ada"] {
+        enqueue(l, &id, json!({"user": user}), None).await;
+        deliver(l, "w").await;
+        h.advance_ms(1);
+    }
+    let plan = l.plan(&id).await.expect("plan");
+    let before = gate(&plan, &l.history(&id).await.expect("history"));
+    h.advance_ms(10 * 86_400_000);
+    let options = PruneOptions {
+        cutoff: Timestamp::from_millis(h.now().as_millis() - 1),
+        states: vec![AttemptStatus::Succeeded],
+        batch: 10,
+        dry_run: false,
+        rest_percent: 0,
+    };
+    assert_eq!(prune(l, &options, None).await.expect("prune"), 1, "bob's attempt only");
+    let kept: Vec<u32> = l.history(&id).await.unwrap().iter().map(|r| r.attempt.number).collect();
+    assert_eq!(kept, [1, 3], "the latest and the baseline of its input");
+    assert_eq!(
+        gate(&plan, &l.history(&id).await.expect("history")),
+        before,
+        "the gate is unchanged"
+    );
+}

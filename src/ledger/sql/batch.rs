@@ -17,7 +17,9 @@ use leasehold_engine::{AttemptRecord, Command, Guard, Writes};
 /// written is held already (the attempts and commands by the claim's locking reads,
 /// the receipts by theirs), so the order of the writes takes no lock in a new order:
 /// the commands go first, so that other claimers' reads of their candidates stop
-/// listing them as early as possible.
+/// listing them as early as possible. A write that ends the head of an order key
+/// (a claim that exhausts it) decides the attempts behind it after the batch
+/// ([`super::order::follow_order`]).
 pub(crate) async fn apply_writes_batch<S: Session>(
     s: &mut S,
     items: &[(&AttemptRecord, &Writes)],
@@ -51,6 +53,9 @@ pub(crate) async fn apply_writes_batch<S: Session>(
     let receipts: Vec<[Value<'_>; 14]> = writes.iter().flat_map(|w| &w.receipts).map(receipt_values).collect();
     if update_rows(s, &RECEIPT, &receipts, None).await? != receipts.len() as u64 {
         return Err(LedgerError::Integrity("a receipt vanished during a transition".into()).into());
+    }
+    for (before, w) in items {
+        super::order::follow_order(s, before, w).await?;
     }
     Ok(())
 }

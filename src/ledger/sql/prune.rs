@@ -48,7 +48,12 @@ pub(crate) async fn keep_of<S: Session>(s: &mut S, plan: &PlanId) -> Result<Keep
     let latest_forward = highest(s, plan, &fwd, None).await?;
     let baseline = match latest_forward {
         Some(lf) => {
-            let cond = format!("{fwd} AND a.status = 'SUCCEEDED' AND c.status = 'DELIVERED'");
+            // A template's baseline ran the latest's input (the number is a row's, never input).
+            let same_input = format!(
+                "COALESCE(a.input_sha256, '') = COALESCE((SELECT b.input_sha256 FROM attempt b \
+                 WHERE b.plan_id = a.plan_id AND b.number = {lf}), '')"
+            );
+            let cond = format!("{fwd} AND a.status = 'SUCCEEDED' AND c.status = 'DELIVERED' AND {same_input}");
             highest(s, plan, &cond, Some(lf)).await?
         }
         None => None,
