@@ -74,11 +74,15 @@ pub enum Op {
     Reconcile,
     /// [`OperatorRequest::Abort`].
     Abort,
+    /// A WAITING command released when the attempt ahead of it on its order key
+    /// ended ([`crate::order::after_end`]): no request names it, the transition that
+    /// ended the head decides it.
+    Release,
 }
 
 impl Op {
     /// Every operation.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Enqueue,
         Op::Claim,
         Op::ClaimAndBegin,
@@ -91,6 +95,7 @@ impl Op {
         Op::GiveBack,
         Op::Reconcile,
         Op::Abort,
+        Op::Release,
     ];
 
     /// The operation's printed name.
@@ -108,6 +113,7 @@ impl Op {
             Op::GiveBack => "give-back",
             Op::Reconcile => "reconcile",
             Op::Abort => "abort",
+            Op::Release => "release",
         }
     }
 

@@ -470,7 +470,8 @@ fn every_op_prints_its_one_spelling_and_knows_its_kind() {
             "finish",
             "give-back",
             "reconcile",
-            "abort"
+            "abort",
+            "release"
         ]
     );
     assert_eq!(format!("{:>8}|{:<8}|", Op::Fail, Op::Abort), "    fail|abort   |");

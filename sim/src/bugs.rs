@@ -96,6 +96,9 @@ pub enum Bug {
     /// key, as a ledger that does not keep keys would, so a client that sends a
     /// request again (its reply lost, or a second click) enqueues it again.
     EnqueueIgnoresKey,
+    /// The db host drops every enqueue's order key, as a ledger that does not
+    /// order keys would, so attempts with one key run side by side.
+    OrderKeyIgnored,
 }
 
 impl Bug {
@@ -121,6 +124,7 @@ impl Bug {
         Bug::BreakerIgnored,
         Bug::EnqueueDropsTrace,
         Bug::EnqueueIgnoresKey,
+        Bug::OrderKeyIgnored,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -146,6 +150,7 @@ impl Bug {
             Bug::BreakerIgnored => "breaker-ignored",
             Bug::EnqueueDropsTrace => "enqueue-drops-trace",
             Bug::EnqueueIgnoresKey => "enqueue-ignores-key",
+            Bug::OrderKeyIgnored => "order-key-ignored",
         }
     }
 
@@ -177,6 +182,7 @@ impl Bug {
             Bug::BreakerIgnored => (22, "limited-targets"),
             Bug::EnqueueDropsTrace => (23, "mixed"),
             Bug::EnqueueIgnoresKey => (24, "mixed"),
+            Bug::OrderKeyIgnored => (25, "ordered-keys"),
         }
     }
 }
@@ -190,7 +196,7 @@ impl Bug {
     pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
         Some(match self {
-            Bug::EnqueueDropsTrace | Bug::EnqueueIgnoresKey => return None,
+            Bug::EnqueueDropsTrace | Bug::EnqueueIgnoresKey | Bug::OrderKeyIgnored => return None,
             Bug::CompleteSkipsTokenCheck | Bug::HeartbeatIgnoresToken => (1, Resume),
             Bug::ReconcileStealsLiveLease | Bug::LeaseOnWorkerClock => (2, Resume),
             Bug::ReplayKeepsReceipts => (11, Replay),

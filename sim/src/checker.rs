@@ -600,7 +600,6 @@ fn enqueues(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
 /// reference; raw fingerprints differ; replay receipts share the last sandbox.
 fn fingerprints(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
     for plan in input.plans.values() {
-        let reference = plans::reference_fingerprint(plan);
         let mut raw: BTreeMap<String, &AttemptId> = BTreeMap::new();
         let successes = input.latest.values().filter(|s| {
             s.record.attempt.plan_id == plan.id
@@ -609,6 +608,8 @@ fn fingerprints(input: &CheckInput<'_>, push: &mut impl FnMut(u8, String)) {
         });
         for s in successes {
             let r = &s.record;
+            // A template's reference is that of the steps its input resolved.
+            let reference = plans::reference_fingerprint(&plans::as_run(plan, r));
             let semantic = semantic_fingerprint(plan, &r.receipts);
             if semantic != reference {
                 push(

@@ -89,6 +89,7 @@ pub async fn enqueuer(ctx: ClientCtx, clients: ClientParams) -> turmoil::Result 
     // they were.
     let mut traces = Rng::new(ctx.seed, "traces");
     let mut keys = Rng::new(ctx.seed, "enqueue-keys");
+    let mut users = Rng::new(ctx.seed, "order-keys");
     let mut sent = 0u64;
     let mut plans = Vec::new();
     for spec in plans::named(&clients.plans)? {
@@ -118,10 +119,20 @@ pub async fn enqueuer(ctx: ClientCtx, clients: ClientParams) -> turmoil::Result 
         let start = choose_start(&clients, &mut rng);
         sent += 1;
         let key = keys.chance(0.6).then(|| format!("key-{sent}"));
-        let request = EnqueueRequest::new(action)
+        let mut request = EnqueueRequest::new(action)
             .at(start)
             .traced(choose_parent(&mut traces))
             .keyed(key);
+        if plan.is_template() {
+            // A change to one of a few users, in order on the user's key.
+            let (input, order_key) = plans::template_input(users.pick(3) as u64, sent);
+            request = EnqueueRequest {
+                action: Action::Execute,
+                ..request
+            }
+            .with_input(Some(input))
+            .ordered(Some(order_key));
+        }
         enqueue_keyed(&ctx, &ledger, plan, request, &mut keys).await;
     }
     ctx.log.borrow_mut().enqueuer_done = true;

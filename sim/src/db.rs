@@ -529,6 +529,9 @@ pub struct DbState {
     /// The attempts enqueues created, each with the enqueue key its request carried
     /// as the db host received it.
     pub keyed: BTreeMap<AttemptId, String>,
+    /// The attempts enqueues created with an order key, each with its plan and the
+    /// order key its request carried as the db host received it.
+    pub ordered: BTreeMap<AttemptId, (PlanId, String)>,
     /// Whether faults (lost replies) are on.
     pub faults_on: bool,
     /// Chance that a mutating request's reply is lost while faults are on.
@@ -610,6 +613,7 @@ impl DbState {
             latest: BTreeMap::new(),
             plans: BTreeMap::new(),
             keyed: BTreeMap::new(),
+            ordered: BTreeMap::new(),
             faults_on: true,
             reply_loss,
             replies_lost: 0,
@@ -687,6 +691,43 @@ impl DbState {
     fn snap(&mut self, mut record: AttemptRecord) -> Snap {
         let token = record.command.lease_token.take().map(|t| self.ordinal_of(t.expose()));
         Snap { record, token }
+    }
+
+    /// Logs what a transition that ended the head of an order key did to the
+    /// attempts waiting behind it ([`leasehold_engine::order::after_end`], in the
+    /// same transaction): each WAITING attempt whose rows changed is read again and
+    /// logged as released (its command PENDING) or aborted (blocked).
+    fn follow_waiting(&mut self, env: &DbEnvelope, (db_now, decided_at): (Timestamp, Timestamp)) {
+        let waiting: Vec<(AttemptId, Snap)> = self
+            .latest
+            .iter()
+            .filter(|(_, s)| s.record.command.status == CommandStatus::Waiting)
+            .map(|(id, s)| (id.clone(), s.clone()))
+            .collect();
+        for (id, before) in waiting {
+            let Some(after) = self.read_snap(&id) else { continue };
+            if after == before {
+                continue;
+            }
+            let op = match after.record.command.status {
+                CommandStatus::Pending => Op::Release,
+                _ => Op::Abort,
+            };
+            self.latest.insert(id.clone(), after.clone());
+            let outcome = EventOutcome::Applied;
+            self.log(
+                (env, op),
+                db_now,
+                decided_at,
+                Some(id),
+                None,
+                None,
+                Some(before),
+                Some(after),
+                outcome,
+                None,
+            );
+        }
     }
 
     fn read_snap(&mut self, attempt: &AttemptId) -> Option<Snap> {
@@ -890,13 +931,19 @@ impl DbState {
             } => {
                 let parent = parent.filter(|_| !self.bugs.contains(&Bug::EnqueueDropsTrace));
                 let forwarded = key.clone().filter(|_| !self.bugs.contains(&Bug::EnqueueIgnoresKey));
+                let ordered = order_key.clone().filter(|_| !self.bugs.contains(&Bug::OrderKeyIgnored));
                 let request = EnqueueRequest::new(*action)
                     .at(*start)
                     .traced(parent)
                     .keyed(forwarded)
                     .with_input(input.clone())
-                    .ordered(order_key.clone());
-                self.enqueue(env, times, plan, (request, key.as_deref()))
+                    .ordered(ordered);
+                let enqueued = self.enqueue(env, times, plan, (request, key.as_deref()));
+                if let (Ok(DbReply::Enqueued { record, created: true }), Some(k)) = (&enqueued, order_key) {
+                    self.ordered
+                        .insert(record.attempt.id.clone(), (plan.clone(), k.clone()));
+                }
+                enqueued
             }
             DbRequest::Claim(request) => {
                 let request = routed(&self.bugs, request);
@@ -907,18 +954,25 @@ impl DbState {
                     // cannot be refused.
                     let _ = self.put_limit(limit);
                 }
+                self.follow_waiting(env, times);
                 claimed
             }
             DbRequest::Worker { lease, request } => {
                 let lease = lease.to_lease();
-                self.worker_op((env, request.op()), times, &lease, request.ordinal(), |b, l| {
+                let reply = self.worker_op((env, request.op()), times, &lease, request.ordinal(), |b, l| {
                     call!(b, worker(l, request.clone()))
-                })
-                .map(DbReply::Worker)
+                });
+                self.follow_waiting(env, times);
+                reply.map(DbReply::Worker)
             }
-            DbRequest::Operator { attempt, request } => self.operator_op((env, request.op()), times, attempt, |b| {
-                call!(b, operator(attempt, request.clone())).map(|(reply, record)| DbReply::Operator { reply, record })
-            }),
+            DbRequest::Operator { attempt, request } => {
+                let reply = self.operator_op((env, request.op()), times, attempt, |b| {
+                    call!(b, operator(attempt, request.clone()))
+                        .map(|(reply, record)| DbReply::Operator { reply, record })
+                });
+                self.follow_waiting(env, times);
+                reply
+            }
             DbRequest::Attempt { attempt } => call!(&self.backend, attempt(attempt)).map(DbReply::Record),
             DbRequest::History { plan } => call!(&self.backend, history(plan)).map(DbReply::Records),
             DbRequest::OpenAttempts => call!(&self.backend, open_attempts()).map(DbReply::Count),

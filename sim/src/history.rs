@@ -299,6 +299,14 @@ fn model(cx: Ctx<'_>, b: &Snap, a: &Snap) -> Result<Expected, String> {
             x.command = CommandStatus::Aborted;
             x.token = Token::Cleared;
         }
+        Op::Release => {
+            // The attempt ahead on its order key ended: a WAITING command becomes
+            // claimable, nothing else changes.
+            if b.record.command.status != CommandStatus::Waiting {
+                return Err(format!("a release applied to a {} command", b.record.command.status));
+            }
+            x.command = CommandStatus::Pending;
+        }
         Op::Enqueue => return Err(format!("{} is not a transition of the table", cx.op)),
     }
     Ok(x)
@@ -530,8 +538,10 @@ fn tok(t: Option<u32>) -> String {
 
 fn enqueued_ok(a: &Snap) -> Result<(), String> {
     let r = &a.record;
+    // An attempt with an order key may wait behind an open one.
+    let waits = r.attempt.order_key.is_some() && r.command.status == CommandStatus::Waiting;
     if r.attempt.status != AttemptStatus::Queued
-        || r.command.status != CommandStatus::Pending
+        || !(r.command.status == CommandStatus::Pending || waits)
         || r.command.delivery_count != 0
         || a.token.is_some()
     {

@@ -29,6 +29,7 @@ pub mod history;
 pub mod keys;
 pub mod limits;
 pub mod model;
+pub mod ordered;
 pub mod plans;
 pub mod profile;
 pub mod protocol;

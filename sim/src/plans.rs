@@ -43,6 +43,18 @@ fn step(code: &str, executor: &str, delay_ms: u64, extra: Value) -> Step {
     }
 }
 
+/// The template whose attempts carry input and order keys ([`template_input`]).
+pub const TEMPLATE_PLAN: &str = "grants";
+
+/// The input and order key of a change to user `user` (one of a few, so that
+/// changes to one user queue behind each other), the `n`th enqueued.
+pub fn template_input(user: u64, n: u64) -> (Value, String) {
+    (
+        json!({"user": format!("u{user}"), "change": format!("c{n}")}),
+        format!("u{user}"),
+    )
+}
+
 /// The plans the classic fault profiles deliver: [`specs`] by name.
 pub const CLASSIC_PLANS: &[&str] = &["ledger-sync", "rehearsal", "flaky-sync"];
 
@@ -159,6 +171,7 @@ pub fn specs() -> Vec<PlanSpec> {
             ],
             small_policy(),
         ),
+        grants(),
         spec(
             "dead-deadline",
             "resume",
@@ -170,6 +183,46 @@ pub fn specs() -> Vec<PlanSpec> {
             },
         ),
     ]
+}
+
+/// The template: a grant of a change to a user, then its record, on the durable
+/// target; each attempt's input names the user and the change.
+fn grants() -> PlanSpec {
+    let who = json!({"who": {"$input": "/user"}, "change": {"$input": "/change"}});
+    let mut spec = spec(
+        TEMPLATE_PLAN,
+        "resume",
+        vec![
+            step("grant", DURABLE, 200, who),
+            step("record", DURABLE, 150, json!({})),
+        ],
+        classic_policy(),
+    );
+    spec.input = Some(
+        serde_json::from_value(json!({
+            "user": {"type": "string", "required": true},
+            "change": {"type": "string", "required": true},
+        }))
+        .expect("an [input] table"),
+    );
+    spec
+}
+
+/// `plan` as `record` runs it: a template's steps with the payloads its receipts
+/// froze (and a fingerprint of the plan and the input together, so that the
+/// reference of each input is its own); any other plan as it is.
+pub fn as_run(plan: &Plan, record: &leasehold_engine::AttemptRecord) -> Plan {
+    let Some(input) = record.attempt.input_sha256.as_deref().filter(|_| plan.is_template()) else {
+        return plan.clone();
+    };
+    let mut run = plan.clone();
+    run.steps = record
+        .receipts
+        .iter()
+        .filter_map(|r| leasehold_engine::AttemptRecord::step_of(plan, r))
+        .collect();
+    run.fingerprint = format!("{}:{input}", plan.fingerprint);
+    run
 }
 
 /// The plans named, in the order named, or the first name no plan has.

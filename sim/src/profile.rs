@@ -33,6 +33,7 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "flaky-targets",
         include_str!("../../scenarios/faults/flaky-targets.toml"),
     ),
+    ("ordered-keys", include_str!("../../scenarios/faults/ordered-keys.toml")),
 ];
 
 /// A fault profile.

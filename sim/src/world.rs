@@ -698,6 +698,7 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
     violations.extend(crate::limits::check(&db.events, &target_limits(w)));
     violations.extend(crate::traces::carried(input.latest, input.clients, &input.target.calls));
     violations.extend(crate::keys::once(&db.keyed, input.clients));
+    violations.extend(crate::ordered::one_at_a_time(&db.events, &db.ordered, &db.latest));
     for v in &violations {
         lines.push(format!("violation [{}] {}", v.invariant, v.message));
     }
