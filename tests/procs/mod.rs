@@ -1,4 +1,4 @@
-//! What the real-process tests share (`chaos.rs`, `delivery_policy.rs`, `mixed_fleet.rs`,
+//! What the real-process tests share (`chaos.rs`, `ordered_chaos.rs`, `delivery_policy.rs`, `mixed_fleet.rs`,
 //! `limited_fleet.rs`): a runtime,
 //! one run at a time, a fresh migrated ledger on each backend beside its target's
 //! store, and `leasehold` child processes whose output is collected as it comes.
