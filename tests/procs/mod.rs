@@ -1,5 +1,5 @@
-//! What the real-process tests share (`chaos.rs`, `ordered_chaos.rs`, `delivery_policy.rs`, `mixed_fleet.rs`,
-//! `limited_fleet.rs`): a runtime,
+//! What the real-process tests share (`chaos.rs`, `ordered_chaos.rs`,
+//! `delivery_policy.rs`, `mixed_fleet.rs`, `limited_fleet.rs`): a runtime,
 //! one run at a time, a fresh migrated ledger on each backend beside its target's
 //! store, and `leasehold` child processes whose output is collected as it comes.
 // Each test file uses its part of this.
