@@ -15,7 +15,7 @@ use leasehold::engine::{Action, AttemptStatus, CommandStatus, PlanSpec};
 use leasehold::entropy::OsEntropy;
 use leasehold::executor::{ExecRequest, Executor, Executors};
 use leasehold::ledger::sqlite::SqliteLedger;
-use leasehold::ledger::Ledger;
+use leasehold::ledger::{EnqueueRequest, Ledger};
 use leasehold::outbox::rusqlite::{Connection, TransactionBehavior};
 use leasehold::outbox::Outbox;
 use leasehold::worker::{RunOptions, Worker, WorkerReport};
@@ -103,16 +103,20 @@ impl fmt::Display for Outcome {
     }
 }
 
-/// The plan that delivers one order: one step for the CRM, its payload the order.
-/// A plan per order (the engine allows one open attempt per plan).
-fn delivery_plan(order: &str, total_cents: i64) -> Result<PlanSpec, serde_json::Error> {
+/// The template that delivers every order: one step for the CRM, its payload the
+/// order's own input (`{"$input": …}`, resolved and frozen on each attempt).
+fn delivery_template() -> Result<PlanSpec, serde_json::Error> {
     serde_json::from_value(json!({
-        "name": format!("deliver-order-{order}"),
+        "name": "deliver-order",
         "recovery": "resume",
+        "input": {
+            "order": {"type": "string", "required": true},
+            "total_cents": {"type": "integer", "required": true}
+        },
         "steps": [{
             "code": "push-to-crm",
             "executor": "acme-crm:v1",
-            "payload": {"order": order, "total_cents": total_cents}
+            "payload": {"order": {"$input": "/order"}, "total_cents": {"$input": "/total_cents"}}
         }],
     }))
 }
@@ -134,8 +138,11 @@ fn place_order(
         "INSERT INTO orders (id, total_cents) VALUES (?1, ?2)",
         (order, total_cents),
     )?;
-    let plan = outbox.register_plan_sqlite(&tx, delivery_plan(order, total_cents)?, &executors.names())?;
-    let record = outbox.enqueue_sqlite(&tx, &plan.id, Action::Execute)?;
+    // The same content answers the same plan: one template for every order.
+    let plan = outbox.register_plan_sqlite(&tx, delivery_template()?, &executors.names())?;
+    let input = json!({"order": order, "total_cents": total_cents});
+    let request = EnqueueRequest::new(Action::Execute).with_input(Some(input));
+    let record = outbox.enqueue_sqlite_with(&tx, &plan.id, request)?.record;
     if decline.is_some() {
         tx.rollback()?; // the order row and the outbox rows go together
         return Ok(None);

@@ -10,7 +10,8 @@
 //! command are durable together and a [`crate::worker::Worker`] on the same database
 //! delivers the command; if it rolls back, neither exists. [`Outbox::register_plan_sqlite`],
 //! [`Outbox::register_plan_mysql`] and [`Outbox::register_plan_postgres`] register a
-//! plan in the same transaction (a plan per order, whose step payloads carry the order).
+//! plan in the same transaction: one template whose step payloads refer to each
+//! attempt's input ([`crate::ledger::EnqueueRequest::with_input`], docs/templates.md).
 //!
 //! Contract:
 //! - the database must hold a ledger schema this release can use: the same check as
@@ -19,7 +20,8 @@
 //!   on, is refused with [`LedgerError::BadInput`] before anything is read or written;
 //! - the engine decides, exactly as for [`crate::ledger::Ledger::enqueue`]: the plan
 //!   must exist ([`LedgerError::NotFound`]) and be READY, with no attempt still open
-//!   for `execute` ([`LedgerError::Refused`]);
+//!   for `execute` unless it is a template ([`LedgerError::Refused`]), and a
+//!   template's input must fit its `[input]` table ([`LedgerError::BadInput`]);
 //! - each call runs under a savepoint of the caller's transaction: when it fails,
 //!   nothing of it is left in the transaction, and the caller's own writes stay as
 //!   they were (the caller decides whether to commit them anyway; on PostgreSQL the
@@ -49,6 +51,7 @@
 //! ```
 //! use leasehold::engine::{Action, PlanSpec};
 //! use leasehold::executor::Executors;
+//! use leasehold::ledger::EnqueueRequest;
 //! use leasehold::outbox::Outbox;
 //! use leasehold::outbox::rusqlite::{Connection, TransactionBehavior};
 //! # use leasehold::ledger::{Ledger, sqlite::SqliteLedger};
@@ -68,17 +71,20 @@
 //! let outbox = Outbox::new();
 //! let executors = Executors::new(); // the workers' registry
 //! let spec: PlanSpec = serde_json::from_value(serde_json::json!({
-//!     "name": "deliver-order-o-1",
+//!     "name": "deliver-order",
 //!     "recovery": "resume",
-//!     "steps": [{"code": "notify", "executor": "dry-run:v1", "payload": {"order": "o-1"}}],
+//!     "input": {"order": {"type": "string", "required": true}},
+//!     "steps": [{"code": "notify", "executor": "dry-run:v1", "payload": {"order": {"$input": "/order"}}}],
 //! }))?;
 //!
 //! let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
 //! tx.execute("INSERT INTO orders (id, total_cents) VALUES ('o-1', 4200)", [])?;
 //! let plan = outbox.register_plan_sqlite(&tx, spec, &executors.names())?;
-//! let record = outbox.enqueue_sqlite(&tx, &plan.id, Action::Execute)?;
+//! let input = serde_json::json!({"order": "o-1"});
+//! let request = EnqueueRequest::new(Action::Execute).with_input(Some(input));
+//! let record = outbox.enqueue_sqlite_with(&tx, &plan.id, request)?.record;
 //! tx.commit()?; // the order and its delivery, together
-//! assert_eq!(record.receipts.len(), 1);
+//! assert_eq!(record.receipts[0].payload.as_deref(), Some(r#"{"order":"o-1"}"#));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

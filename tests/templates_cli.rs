@@ -149,3 +149,48 @@ fn a_reference_to_an_undeclared_field_is_refused_at_registration() {
     let plans = db.ok(&["plan", "list"]);
     assert!(!plans.contains("orders"), "{plans}");
 }
+
+/// Ten thousand orders, each with its own input, through one template: one plan
+/// registered, every attempt delivered with the payload its input resolved.
+#[test]
+fn ten_thousand_inputs_deliver_through_one_template() {
+    use leasehold::clock::SystemClock;
+    use leasehold::engine::{Action, AttemptStatus};
+    use leasehold::entropy::OsEntropy;
+    use leasehold::ledger::sqlite::SqliteLedger;
+    use leasehold::ledger::{EnqueueRequest, Ledger};
+    use std::sync::Arc;
+    const ORDERS: u64 = 10_000;
+    let db = Db::new();
+    assert!(add_template(&db, TEMPLATE).status.success());
+    let path = db.path("ledger.db");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ledger = SqliteLedger::open(path.to_str().unwrap(), Arc::new(SystemClock), Arc::new(OsEntropy)).unwrap();
+    let plan = runtime.block_on(ledger.plans_named("orders")).unwrap().remove(0);
+    for order in 0..ORDERS {
+        let request = EnqueueRequest::new(Action::Execute).with_input(Some(json!({"order": order})));
+        runtime.block_on(ledger.enqueue_with(&plan.id, request)).unwrap();
+    }
+    db.ok(&["worker", "--until-idle", "--batch", "32"]);
+    let history = runtime.block_on(ledger.history(&plan.id)).unwrap();
+    assert_eq!(history.len() as u64, ORDERS);
+    assert!(history.iter().all(|r| r.attempt.status == AttemptStatus::Succeeded));
+    let mut orders: Vec<u64> = history
+        .iter()
+        .map(|r| {
+            let payload: Value = serde_json::from_str(r.receipts[0].payload.as_deref().unwrap()).unwrap();
+            payload["order"].as_u64().unwrap()
+        })
+        .collect();
+    orders.sort_unstable();
+    assert_eq!(
+        orders,
+        (0..ORDERS).collect::<Vec<_>>(),
+        "each order delivered with its own input"
+    );
+    assert_eq!(
+        runtime.block_on(ledger.list_plans()).unwrap().len(),
+        1,
+        "one plan registered"
+    );
+}
