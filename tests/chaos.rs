@@ -40,11 +40,12 @@ use leasehold::receiver::Effects;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[path = "procs/mod.rs"]
 mod procs;
+
+use procs::{Draws, Killable as Proc};
 
 /// Attempts delivered per backend, and the steps of each.
 const ATTEMPTS: usize = 36;
@@ -80,66 +81,6 @@ fn postgres_chaos_every_key_is_applied_once_and_nothing_fenced_is_written() {
     let _alone = procs::alone();
     let runtime = procs::runtime();
     procs::on_postgres(&runtime, "lh_chaos_", Chaos::new("postgres", &runtime));
-}
-
-/// A worker or target process: its output, and what the schedule did to it.
-struct Proc {
-    id: String,
-    child: Child,
-    out: procs::Output,
-    killed: bool,
-    pauses: u32,
-    paused_until: Option<Instant>,
-}
-
-impl Proc {
-    fn spawn(id: &str, args: &[&str]) -> Self {
-        let (child, out) = procs::spawn(args);
-        Self {
-            id: id.to_owned(),
-            child,
-            out,
-            killed: false,
-            pauses: 0,
-            paused_until: None,
-        }
-    }
-
-    fn signal(&self, sig: &str) {
-        assert!(self.try_signal(sig), "kill -{sig} {}", self.id);
-    }
-
-    /// Sends `sig`; `false` when the process is gone (it exited on its own).
-    fn try_signal(&self, sig: &str) -> bool {
-        Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run kill")
-            .success()
-    }
-
-    fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    fn lines(&self) -> Vec<String> {
-        self.out.lines()
-    }
-
-    /// Waits (bounded) for the first output line containing `needle`.
-    fn wait_for_line(&self, needle: &str, within: Duration) -> String {
-        self.out.wait_for_line(&self.id, needle, within)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SIGKILL ends a stopped process too.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl procs::Scenario for Chaos<'_> {
@@ -197,19 +138,6 @@ fn parse_log(id: &str, lines: &[String]) -> Vec<(AttemptId, Logged)> {
         }
     }
     events
-}
-
-/// A seeded source of the schedule's choices.
-struct Draws(SeededEntropy);
-
-impl Draws {
-    fn below(&self, n: u64) -> u64 {
-        self.0.next_u64() % n.max(1)
-    }
-
-    fn ms(&self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
-    }
 }
 
 /// One backend's run.

@@ -58,11 +58,13 @@ use leasehold::receiver::Effects;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 #[path = "procs/mod.rs"]
 mod procs;
+
+use procs::{Draws, Killable as Proc};
 
 /// Users, each one order key.
 const USERS: usize = 8;
@@ -108,64 +110,9 @@ fn postgres_ordered_chaos_each_users_changes_apply_once_in_enqueue_order() {
     procs::on_postgres(&runtime, "lh_ordered_chaos_", Ordered::new("postgres", &runtime));
 }
 
-/// A worker or target process, and whether the schedule killed it.
-struct Proc {
-    id: String,
-    child: Child,
-    out: procs::Output,
-    killed: bool,
-}
-
-impl Proc {
-    fn spawn(id: &str, args: &[&str]) -> Self {
-        let (child, out) = procs::spawn(args);
-        Self {
-            id: id.to_owned(),
-            child,
-            out,
-            killed: false,
-        }
-    }
-
-    /// Sends `sig`; `false` when the process is gone (it exited on its own).
-    fn try_signal(&self, sig: &str) -> bool {
-        Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .stderr(Stdio::null())
-            .status()
-            .expect("run kill")
-            .success()
-    }
-
-    fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl procs::Scenario for Ordered<'_> {
     fn run<L: Ledger>(self, ledger: &L, ledger_url: &str, target_url: &str) {
         Ordered::run(&self, ledger, ledger_url, target_url);
-    }
-}
-
-/// A seeded source of the schedule's choices.
-struct Draws(SeededEntropy);
-
-impl Draws {
-    fn below(&self, n: u64) -> u64 {
-        self.0.next_u64() % n.max(1)
-    }
-
-    fn ms(&self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo + 1))
     }
 }
 

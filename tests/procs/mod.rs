@@ -217,6 +217,93 @@ impl Drop for Proc {
     }
 }
 
+/// A named `leasehold` child process that a chaos schedule kills and pauses: its
+/// output, and what the schedule did to it. Killed when dropped.
+pub struct Killable {
+    /// Its name in the schedule (`w3`, `target`).
+    pub id: String,
+    /// The process.
+    pub child: Child,
+    /// Its output.
+    pub out: Output,
+    /// Whether the schedule killed it.
+    pub killed: bool,
+    /// How often the schedule paused it.
+    pub pauses: u32,
+    /// Until when it is paused, if it is.
+    pub paused_until: Option<Instant>,
+}
+
+impl Killable {
+    /// Starts `leasehold ARGS` as `id` ([`spawn`]).
+    pub fn spawn(id: &str, args: &[&str]) -> Self {
+        let (child, out) = spawn(args);
+        Self {
+            id: id.to_owned(),
+            child,
+            out,
+            killed: false,
+            pauses: 0,
+            paused_until: None,
+        }
+    }
+
+    /// Sends `sig`, which must reach it.
+    pub fn signal(&self, sig: &str) {
+        assert!(self.try_signal(sig), "kill -{sig} {}", self.id);
+    }
+
+    /// Sends `sig`; `false` when the process is gone (it exited on its own).
+    pub fn try_signal(&self, sig: &str) -> bool {
+        Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run kill")
+            .success()
+    }
+
+    /// Whether it has not exited.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Its output lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.out.lines()
+    }
+
+    /// Waits (bounded) for the first output line containing `needle`.
+    pub fn wait_for_line(&self, needle: &str, within: Duration) -> String {
+        self.out.wait_for_line(&self.id, needle, within)
+    }
+}
+
+impl Drop for Killable {
+    fn drop(&mut self) {
+        // SIGKILL ends a stopped process too.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A seeded source of a chaos schedule's choices.
+pub struct Draws(pub leasehold::entropy::SeededEntropy);
+
+impl Draws {
+    /// A draw in `0..n`.
+    pub fn below(&self, n: u64) -> u64 {
+        use leasehold::entropy::Entropy;
+        self.0.next_u64() % n.max(1)
+    }
+
+    /// A duration of `lo..=hi` ms.
+    pub fn ms(&self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
 /// Runs `leasehold ARGS` to its end; answers its stdout (it must succeed).
 pub fn run_cli(args: &[&str]) -> String {
     let out = Command::new(BIN).args(args).output().expect("run leasehold");
