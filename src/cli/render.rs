@@ -469,7 +469,8 @@ mod props {
                     && r.command.status == CommandStatus::Pending
                     && r.command.available_at > now;
                 let next = usize::from(waiting);
-                prop_assert_eq!(out.lines().count(), 12 + error + next + r.receipts.len());
+                let behind_key = usize::from(r.command.status == CommandStatus::Waiting);
+                prop_assert_eq!(out.lines().count(), 12 + error + next + behind_key + r.receipts.len());
                 prop_assert_eq!(out.contains("next delivery"), waiting);
                 let shown = outcome(&p, r);
                 prop_assert!(clean_lines(&shown));
