@@ -503,6 +503,52 @@ async fn an_enqueue_of_a_plan_changed_since_the_snapshot_is_a_serialization_fail
 }
 
 #[tokio::test]
+async fn an_order_key_whose_head_ended_since_the_snapshot_is_a_serialization_failure() {
+    let Some((mut shop, ledger)) = shop(true).await else {
+        return;
+    };
+    let spec: PlanSpec = serde_json::from_value(json!({
+        "name": "ordered-pushes", "recovery": "resume",
+        "input": {"order": {"type": "string", "required": true}},
+        "steps": [{"code": "push", "executor": "crm:v1", "payload": {"order": {"$input": "/order"}}}],
+    }))
+    .unwrap();
+    let plan = ledger.register_plan(spec, &executors().names()).await.unwrap();
+    let request = |order: &str| {
+        leasehold::ledger::EnqueueRequest::new(Action::Execute)
+            .with_input(Some(json!({"order": order})))
+            .ordered(Some("customer-1".into()))
+    };
+    ledger.enqueue_with(&plan.id, request("o-13")).await.unwrap();
+    let mut tx = repeatable_read(&mut shop.client).await;
+    assert_eq!(counts(&tx).await, [0, 1, 1, 1, 1], "the snapshot sees the head open");
+    // The head ends after the snapshot: its transaction writes the plan row.
+    let head = ledger.claim("w", 1, 30_000).await.unwrap().remove(0);
+    ledger.begin_step(&head.lease, 1, 30_000).await.unwrap();
+    let done = json!({"ok": true});
+    ledger
+        .complete_step(&head.lease, 1, &done, &done, 30_000)
+        .await
+        .unwrap();
+    ledger.finish(&head.lease).await.unwrap();
+    let e = Outbox::new()
+        .enqueue_postgres_with(&mut tx, &plan.id, request("o-14"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LedgerError::Unavailable(_)), "{e:?}");
+    assert!(e.to_string().contains("postgres 40001"), "{e}");
+    tx.rollback().await.unwrap();
+    // Run again on a fresh snapshot, it is claimable at once: nothing waits for good.
+    let mut tx = shop.client.transaction().await.unwrap();
+    let enqueued = Outbox::new()
+        .enqueue_postgres_with(&mut tx, &plan.id, request("o-14"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(enqueued.record.command.status, CommandStatus::Pending);
+}
+
+#[tokio::test]
 async fn a_pooled_deadpool_transaction_is_accepted() {
     let Some((shop, ledger)) = shop(true).await else {
         return;

@@ -2,12 +2,15 @@
 //! the attempts a transition decides when it ends the head of an order key
 //! ([`leasehold_engine::order`]).
 //!
-//! Locking: a transition that ends a head locks its plan's row after the attempt's
-//! own rows, and reads the attempts waiting behind it with a locking read; an
-//! enqueue locks the plan row first and inserts. The two therefore serialise on the
-//! plan row, and whichever comes second sees what the first committed: an enqueue
-//! never waits behind a head that has ended, and a head never ends without
-//! deciding an attempt enqueued behind it.
+//! Locking: a transition that ends a head writes its plan's row as it is after the
+//! attempt's own rows (locking it), and reads the attempts waiting behind it with a
+//! locking read; an enqueue locks the plan row first and inserts. The two therefore
+//! serialise on the plan row, and whichever comes second sees what the first
+//! committed: an enqueue never waits behind a head that has ended, and a head never
+//! ends without deciding an attempt enqueued behind it. The write gives the row a new
+//! version on PostgreSQL, so that an enqueue deciding on a snapshot older than the
+//! head's end (a caller's REPEATABLE READ transaction) fails to lock it, a
+//! serialization failure, instead of waiting behind an attempt that has ended.
 
 use super::query::queries;
 use super::session::{plan_by_id, query_one, read_history, read_record, Session};
@@ -64,7 +67,9 @@ pub(crate) async fn follow_order<S: Session>(
     if !order::ends_head(before, &after) {
         return Ok(false);
     }
-    let plan = plan_by_id(s, &after.attempt.plan_id, true).await?;
+    let plan_id = [Value::Text(after.attempt.plan_id.as_str())];
+    s.execute(&queries(s.dialect()).touch_plan, &plan_id).await?;
+    let plan = plan_by_id(s, &after.attempt.plan_id, false).await?;
     let waiting = read_waiting(s, &after).await?;
     let now = after.attempt.finished_at.unwrap_or(after.attempt.created_at);
     let decided = order::after_end(&plan, &after, &waiting, now);

@@ -34,6 +34,9 @@ pub(crate) struct Queries {
     pub(crate) insert_plan: String,
     /// Sets a plan's status (`status`, `id`).
     pub(crate) set_plan_status: String,
+    /// Writes a plan's row as it is, locking it and (on PostgreSQL) giving it a new
+    /// version (`id`): what ends the head of an order key does first.
+    pub(crate) touch_plan: String,
     /// An attempt by id (`id`).
     pub(crate) attempt_by_id: String,
     /// [`Queries::attempt_by_id`], locked.
@@ -187,6 +190,7 @@ fn build(d: &'static Dialect) -> Queries {
         ),
         insert_plan: insert(d, &PLAN, ""),
         set_plan_status: format!("UPDATE plan SET status = {p1} WHERE id = {p2}"),
+        touch_plan: format!("UPDATE plan SET status = status WHERE id = {p1}"),
         attempt_by_id_locked: format!("{attempt_by_id}{lock}"),
         attempt_by_id,
         attempt_by_enqueue_key: format!("SELECT id FROM attempt WHERE enqueue_key = {p1}"),
