@@ -319,6 +319,53 @@ async fn an_enqueue_on_a_snapshot_older_than_the_latest_attempt_is_refused() {
 }
 
 #[tokio::test]
+async fn an_order_key_whose_head_ended_since_the_snapshot_is_refused() {
+    let Some((mut shop, ledger)) = shop(true).await else {
+        return;
+    };
+    let spec: PlanSpec = serde_json::from_value(json!({
+        "name": "ordered-pushes", "recovery": "resume",
+        "input": {"order": {"type": "string", "required": true}},
+        "steps": [{"code": "push", "executor": "crm:v1", "payload": {"order": {"$input": "/order"}}}],
+    }))
+    .unwrap();
+    let plan = ledger.register_plan(spec, &executors().names()).await.unwrap();
+    let request = |order: &str| {
+        leasehold::ledger::EnqueueRequest::new(Action::Execute)
+            .with_input(Some(json!({"order": order})))
+            .ordered(Some("customer-1".into()))
+    };
+    ledger.enqueue_with(&plan.id, request("o-13")).await.unwrap();
+    let mut opts = TxOpts::default();
+    opts.with_consistent_snapshot(true);
+    let mut tx = shop.conn.start_transaction(opts).await.unwrap();
+    // The head ends after the snapshot was fixed.
+    let head = ledger.claim("w", 1, 30_000).await.unwrap().remove(0);
+    ledger.begin_step(&head.lease, 1, 30_000).await.unwrap();
+    let done = json!({"ok": true});
+    ledger
+        .complete_step(&head.lease, 1, &done, &done, 30_000)
+        .await
+        .unwrap();
+    ledger.finish(&head.lease).await.unwrap();
+    let e = Outbox::new()
+        .enqueue_mysql_with(&mut tx, &plan.id, request("o-14"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LedgerError::BadInput(_)), "{e:?}");
+    assert!(e.to_string().contains("snapshot predates its end"), "{e}");
+    tx.rollback().await.unwrap();
+    // On a fresh snapshot, it is claimable at once: nothing waits for good.
+    let mut tx = shop.conn.start_transaction(TxOpts::default()).await.unwrap();
+    let enqueued = Outbox::new()
+        .enqueue_mysql_with(&mut tx, &plan.id, request("o-14"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(enqueued.record.command.status, CommandStatus::Pending);
+}
+
+#[tokio::test]
 async fn the_attempt_is_stamped_with_the_database_clock_whatever_the_session_time_zone() {
     let Some((mut shop, ledger)) = shop(true).await else {
         return;

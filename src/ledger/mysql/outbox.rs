@@ -169,6 +169,7 @@ async fn insert_attempt(
     let order_key = request.order_key.as_deref();
     let history = order::read_enqueue_history(&mut MySession(&mut *tx), &plan, order_key).await?;
     check_fresh(tx, &plan.id, &history).await?;
+    check_ahead_fresh(tx, &history, order_key).await?;
     let keyed = match &request.key {
         Some(key) => session::read_keyed(&mut MySession(&mut *tx), key).await?,
         None => None,
@@ -178,6 +179,39 @@ async fn insert_attempt(
         session::apply_writes(&mut MySession(tx), None, &writes).await?;
     }
     Ok(enqueued)
+}
+
+/// Refuses a `history` whose open attempt on `order_key` (the attempt the new one
+/// would wait behind, read from the transaction's snapshot) has ended in the latest
+/// committed rows: deciding on it would leave the new attempt waiting with nothing
+/// ahead of it to release it.
+async fn check_ahead_fresh(
+    tx: &mut Transaction<'_>,
+    history: &[AttemptRecord],
+    order_key: Option<&str>,
+) -> Result<(), TxError> {
+    let open_ahead = history.iter().find(|r| {
+        order_key.is_some() && r.attempt.order_key.as_deref() == order_key && !r.attempt.status.is_terminal()
+    });
+    let Some(ahead) = open_ahead else {
+        return Ok(());
+    };
+    let latest: Option<String> = tx
+        .exec_first(
+            "SELECT status FROM attempt WHERE id = ? LOCK IN SHARE MODE",
+            (ahead.attempt.id.as_str(),),
+        )
+        .await
+        .db()?;
+    if latest.as_deref() == Some(ahead.attempt.status.as_str()) {
+        return Ok(());
+    }
+    Err(LedgerError::BadInput(format!(
+        "attempt {}: this transaction's snapshot predates its end (a plain read fixed it before the plan was \
+         locked); enqueue before other reads, or use READ COMMITTED: nothing was enqueued",
+        ahead.attempt.id
+    ))
+    .into())
 }
 
 /// Refuses a `history` (a plain read, from the transaction's snapshot) that lacks an
