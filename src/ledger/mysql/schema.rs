@@ -111,14 +111,25 @@ pub static MIGRATIONS: &[Migration] = &[
 /// How long a migrator waits for another one to finish, in seconds.
 const MIGRATE_LOCK_WAIT_S: i64 = 60;
 
-/// Splits a migration script into statements: `--` comments are dropped and `;` ends
-/// a statement unless it is inside a quoted string or identifier.
+/// Splits a migration script into statements: `--` comments are dropped and the
+/// delimiter (`;`) ends a statement unless it is inside a quoted string or
+/// identifier. A line `DELIMITER $$` between statements changes the delimiter, as
+/// the `mysql` client reads a file, so that a routine's body keeps its `;`.
 pub(super) fn statements(sql: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
+    let mut delimiter = ";".to_owned();
     let mut quote: Option<char> = None;
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
+    let mut rest = sql;
+    while let Some(c) = rest.chars().next() {
+        if quote.is_none() && current.trim().is_empty() {
+            if let Some((new, after)) = delimiter_line(rest) {
+                delimiter = new.to_owned();
+                current.clear();
+                rest = after;
+                continue;
+            }
+        }
         match quote {
             Some(q) => {
                 current.push(c);
@@ -126,35 +137,47 @@ pub(super) fn statements(sql: &str) -> Vec<String> {
                     quote = None;
                 }
             }
-            None => match c {
-                '\'' | '"' | '`' => {
-                    quote = Some(c);
-                    current.push(c);
-                }
-                '-' if chars.peek() == Some(&'-') => {
-                    for c in chars.by_ref() {
-                        if c == '\n' {
-                            current.push('\n');
-                            break;
-                        }
-                    }
-                }
-                ';' => {
-                    let statement = current.trim();
-                    if !statement.is_empty() {
-                        out.push(statement.to_owned());
-                    }
-                    current.clear();
-                }
-                _ => current.push(c),
-            },
+            None if matches!(c, '\'' | '"' | '`') => {
+                quote = Some(c);
+                current.push(c);
+            }
+            None if rest.starts_with("--") => {
+                rest = rest.find('\n').map_or("", |i| &rest[i..]);
+                continue;
+            }
+            None if rest.starts_with(delimiter.as_str()) => {
+                push_statement(&mut out, &current);
+                current.clear();
+                rest = &rest[delimiter.len()..];
+                continue;
+            }
+            None => current.push(c),
         }
+        rest = &rest[c.len_utf8()..];
     }
-    let statement = current.trim();
+    push_statement(&mut out, &current);
+    out
+}
+
+/// A `DELIMITER <text>` line at the start of `text` (after blanks): the new
+/// delimiter and what follows the line.
+fn delimiter_line(text: &str) -> Option<(&str, &str)> {
+    let trimmed = text.trim_start();
+    let (line, after) = trimmed.split_once('\n').unwrap_or((trimmed, ""));
+    let word = line.get(..10)?;
+    if !word.eq_ignore_ascii_case("DELIMITER ") {
+        return None;
+    }
+    let new = line[10..].trim();
+    (!new.is_empty()).then_some((new, after))
+}
+
+/// Adds `statement` to `out` unless it is blank.
+fn push_statement(out: &mut Vec<String>, statement: &str) {
+    let statement = statement.trim();
     if !statement.is_empty() {
         out.push(statement.to_owned());
     }
-    out
 }
 
 /// Applies the pending migrations over `conn`, holding the migration lock; answers the
@@ -440,5 +463,19 @@ mod tests {
     fn splitting_respects_quotes_and_comments() {
         let sql = "-- a; comment\nSELECT 'a;b'; SELECT `x;y` -- tail; here\n; ;\nSELECT 3";
         assert_eq!(statements(sql), vec!["SELECT 'a;b'", "SELECT `x;y`", "SELECT 3"]);
+    }
+
+    #[test]
+    fn a_delimiter_line_keeps_a_routine_body_whole() {
+        let sql = "SELECT 1;\n-- a routine\nDELIMITER $$\nCREATE PROCEDURE p()\nBEGIN\n  SELECT 'x;$$';\n  SELECT 2;\nEND $$\n\
+                   delimiter ;\nSELECT 3;";
+        assert_eq!(
+            statements(sql),
+            vec![
+                "SELECT 1",
+                "CREATE PROCEDURE p()\nBEGIN\n  SELECT 'x;$$';\n  SELECT 2;\nEND",
+                "SELECT 3"
+            ]
+        );
     }
 }
