@@ -225,6 +225,13 @@ pub static SQLITE: &[Migration] = &[
         // `{"$input": …}` references unresolved, and cannot read a WAITING command.
         compat: Compat::Breaking,
     },
+    Migration {
+        version: 17,
+        name: "plan_targets",
+        sql: include_str!("../../migrations/sqlite/0017_plan_targets.sql"),
+        // Additive: the previous release neither writes nor reads the column.
+        compat: Compat::Additive,
+    },
 ];
 
 /// What a backend provides to [`run`]: the few operations that touch its database.
@@ -510,17 +517,18 @@ mod tests {
     fn the_shipped_lists_record_their_newest_breaking_migration() {
         // Templates are the newest breaking migration of each list: a ledger this
         // binary migrates refuses the code of the schemas before it, which would run
-        // a template's steps with their `$input` references unresolved.
+        // a template's steps with their `$input` references unresolved. What came
+        // after them is additive.
         #[allow(unused_mut)]
-        let mut lists = vec![(SQLITE, 16)];
+        let mut lists = vec![(SQLITE, 16, "plan_targets")];
         #[cfg(feature = "postgres")]
-        lists.push((crate::ledger::postgres::schema::MIGRATIONS, 11));
+        lists.push((crate::ledger::postgres::schema::MIGRATIONS, 11, "sql_enqueue"));
         #[cfg(feature = "mysql")]
-        lists.push((crate::ledger::mysql::schema::MIGRATIONS, 12));
-        for (list, templates) in lists {
+        lists.push((crate::ledger::mysql::schema::MIGRATIONS, 12, "sql_enqueue"));
+        for (list, templates, newest_name) in lists {
             let row = CompatRow::written(list, RELEASE).unwrap();
             let newest = list.last().unwrap();
-            assert_eq!((row.version, newest.name), (templates, "templates"));
+            assert_eq!((row.version, newest.name), (templates + 1, newest_name));
             assert_eq!(row.oldest_compatible, templates, "{row:?}");
             assert_eq!(row.written_by, env!("CARGO_PKG_VERSION"));
         }

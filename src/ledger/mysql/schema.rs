@@ -106,6 +106,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // `{"$input": …}` references unresolved, and cannot read a WAITING command.
         compat: Compat::Breaking,
     },
+    Migration {
+        version: 13,
+        name: "sql_enqueue",
+        sql: include_str!("../../../migrations/mysql/0013_sql_enqueue.sql"),
+        // Additive: a new column the previous release neither writes nor reads, and
+        // routines it does not call.
+        compat: Compat::Additive,
+    },
 ];
 
 /// How long a migrator waits for another one to finish, in seconds.

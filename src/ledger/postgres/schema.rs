@@ -95,6 +95,14 @@ pub static MIGRATIONS: &[Migration] = &[
         // `{"$input": …}` references unresolved, and cannot read a WAITING command.
         compat: Compat::Breaking,
     },
+    Migration {
+        version: 12,
+        name: "sql_enqueue",
+        sql: include_str!("../../../migrations/postgres/0012_sql_enqueue.sql"),
+        // Additive: a new column the previous release neither writes nor reads, and
+        // functions it does not call.
+        compat: Compat::Additive,
+    },
 ];
 
 impl super::PostgresLedger {

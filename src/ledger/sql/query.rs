@@ -37,6 +37,8 @@ pub(crate) struct Queries {
     /// Writes a plan's row as it is, locking it and (on PostgreSQL) giving it a new
     /// version (`id`): what ends the head of an order key does first.
     pub(crate) touch_plan: String,
+    /// Stores a plan's step targets where none are (`targets_json`, `id`).
+    pub(crate) fill_plan_targets: String,
     /// An attempt by id (`id`).
     pub(crate) attempt_by_id: String,
     /// [`Queries::attempt_by_id`], locked.
@@ -191,6 +193,7 @@ fn build(d: &'static Dialect) -> Queries {
         insert_plan: insert(d, &PLAN, ""),
         set_plan_status: format!("UPDATE plan SET status = {p1} WHERE id = {p2}"),
         touch_plan: format!("UPDATE plan SET status = status WHERE id = {p1}"),
+        fill_plan_targets: format!("UPDATE plan SET targets_json = {p1} WHERE id = {p2} AND targets_json IS NULL"),
         attempt_by_id_locked: format!("{attempt_by_id}{lock}"),
         attempt_by_id,
         attempt_by_enqueue_key: format!("SELECT id FROM attempt WHERE enqueue_key = {p1}"),

@@ -149,13 +149,21 @@ pub(crate) async fn read_plans_by_id<S: Session>(
     Ok(plans.into_iter().map(|p| (p.id.clone(), p)).collect())
 }
 
-/// The oldest READY plan with this fingerprint, locked where rows lock.
+/// The oldest READY plan with this fingerprint, locked where rows lock. One
+/// registered before its step targets were stored (`targets_json`) gets them now.
 pub(crate) async fn ready_plan_by_fingerprint<S: Session>(
     s: &mut S,
     fingerprint: &str,
 ) -> Result<Option<Plan>, TxError> {
     let sql = &queries(s.dialect()).ready_plan_by_fingerprint_locked;
-    query_one(s, sql, &[Value::Text(fingerprint)], |r| decode::plan(r, 0)).await
+    let Some(existing) = query_one(s, sql, &[Value::Text(fingerprint)], |r| decode::plan(r, 0)).await? else {
+        return Ok(None);
+    };
+    // A plan registered before its targets were stored gets them now.
+    let json = plan_json(&existing)?;
+    let fill = [Value::Text(&json.targets), Value::Text(existing.id.as_str())];
+    s.execute(&queries(s.dialect()).fill_plan_targets, &fill).await?;
+    Ok(Some(existing))
 }
 
 /// Every plan, in registration order.

@@ -3,6 +3,7 @@
 //! images into [`Value`]s in that same column order.
 
 use super::Value;
+use leasehold_engine::route::Route;
 use leasehold_engine::{Attempt, Command, Plan, Receipt};
 
 /// One table of the ledger.
@@ -62,6 +63,7 @@ pub(crate) static PLAN: Table = Table {
         "queue",
         "input_json",
         "on_failure",
+        "targets_json",
     ],
     key: 1,
     mutable: &[2],
@@ -147,44 +149,55 @@ pub(crate) static RECEIPT: Table = Table {
     reserve: 320,
 };
 
-/// A plan's row; `steps` and `volatile` are its JSON columns, encoded by the caller
-/// ([`plan_json`]).
-pub(crate) fn plan_values<'a>(p: &'a Plan, (steps, volatile, retry, input): &'a PlanJson) -> [Value<'a>; 12] {
+/// A plan's row; its JSON columns are encoded by the caller ([`plan_json`]).
+pub(crate) fn plan_values<'a>(p: &'a Plan, json: &'a PlanJson) -> [Value<'a>; 13] {
     [
         Value::Text(p.id.as_str()),
         Value::Text(&p.name),
         Value::Text(p.status.as_str()),
         Value::Text(p.recovery.as_str()),
-        Value::Text(steps),
-        Value::Text(volatile),
+        Value::Text(&json.steps),
+        Value::Text(&json.volatile),
         Value::Text(&p.fingerprint),
         Value::ts(p.created_at),
-        Value::opt_text(retry.as_deref()),
+        Value::opt_text(json.retry.as_deref()),
         Value::opt_text(p.queue.as_deref()),
-        Value::opt_text(input.as_deref()),
+        Value::opt_text(json.input.as_deref()),
         Value::opt_text(p.on_failure.map(|r| r.as_str())),
+        Value::Text(&json.targets),
     ]
 }
 
-/// A plan's JSON columns: its steps, its volatile fields, its delivery policy and
-/// its `[input]` table (each of the last two none when it sets none).
-pub(crate) type PlanJson = (String, String, Option<String>, Option<String>);
+/// A plan's JSON columns.
+pub(crate) struct PlanJson {
+    /// Its steps.
+    pub(crate) steps: String,
+    /// Its volatile fields.
+    pub(crate) volatile: String,
+    /// Its delivery policy (canonical), if it sets one.
+    pub(crate) retry: Option<String>,
+    /// Its `[input]` table (canonical), if it is a template.
+    pub(crate) input: Option<String>,
+    /// The target of each step, in step order ([`Route::of_step`]): what the
+    /// database's own enqueue routine writes on receipts and commands.
+    pub(crate) targets: String,
+}
 
 /// A plan's JSON columns ([`PlanJson`]).
 pub(crate) fn plan_json(p: &Plan) -> Result<PlanJson, crate::ledger::LedgerError> {
     use crate::ledger::LedgerError;
+    use leasehold_engine::canonical::canonical_json;
     let steps = serde_json::to_string(&p.steps).map_err(|e| LedgerError::Internal(format!("plan steps: {e}")))?;
     let volatile = serde_json::to_string(&p.volatile_fields)
         .map_err(|e| LedgerError::Internal(format!("plan volatile fields: {e}")))?;
-    let retry = p
-        .retry
-        .as_ref()
-        .map(|r| leasehold_engine::canonical::canonical_json(&serde_json::json!(r)));
-    let input = p
-        .input
-        .as_ref()
-        .map(|i| leasehold_engine::canonical::canonical_json(&serde_json::json!(i)));
-    Ok((steps, volatile, retry, input))
+    let targets: Vec<String> = p.steps.iter().map(|s| Route::of_step(p, &s.code).target).collect();
+    Ok(PlanJson {
+        steps,
+        volatile,
+        retry: p.retry.as_ref().map(|r| canonical_json(&serde_json::json!(r))),
+        input: p.input.as_ref().map(|i| canonical_json(&serde_json::json!(i))),
+        targets: canonical_json(&serde_json::json!(targets)),
+    })
 }
 
 /// An attempt's row.
