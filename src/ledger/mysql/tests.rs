@@ -546,7 +546,8 @@ async fn concurrent_migrators_apply_each_version_once() {
             (9, "traces".to_owned()),
             (10, "enqueue_keys".to_owned()),
             (11, "producer_role".to_owned()),
-            (12, "templates".to_owned())
+            (12, "templates".to_owned()),
+            (13, "sql_enqueue".to_owned())
         ]
     );
 }

@@ -930,15 +930,16 @@ fn unrouted(mut records: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
     records
 }
 
-/// The columns versions 9, 10, 13, 14 and 16 add, which today's statements read
+/// The columns versions 9, 10, 13, 14, 16 and 17 add, which today's statements read
 /// (with version 11's table, which [`before_version_9_and_10`] adds for as long too).
-const LATER_COLUMNS: [(&str, &str); 16] = [
+const LATER_COLUMNS: [(&str, &str); 17] = [
     ("attempt", "traceparent"),
     ("attempt", "input_json"),
     ("attempt", "input_sha256"),
     ("attempt", "order_key"),
     ("plan", "input_json"),
     ("plan", "on_failure"),
+    ("plan", "targets_json"),
     ("receipt", "payload"),
     ("attempt", "enqueue_key"),
     ("attempt", "request_sha256"),
