@@ -13,7 +13,7 @@ use leasehold::clock::ManualClock;
 use leasehold::engine::transition::Start;
 use leasehold::engine::{Action, PlanId, PlanSpec, Timestamp};
 use leasehold::entropy::{Entropy, IdKind, OsEntropy};
-use leasehold::ledger::{EnqueueRequest, Ledger, LedgerError};
+use leasehold::ledger::{EnqueueRequest, Enqueued, Ledger, LedgerError};
 use leasehold::outbox::Outbox;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -66,8 +66,8 @@ impl Request {
     }
 }
 
-/// What a routine answered: the attempt and whether it was created, or the error's
-/// SQLSTATE and message.
+/// What an enqueue answered: the attempt and whether it was created, or the error's
+/// SQLSTATE and message (the outbox's error, as the routines would raise it).
 type Answer = Result<(String, bool), (String, String)>;
 
 /// An attempt's rows: the attempt, its receipts by ordinal, its command, each a JSON
@@ -195,26 +195,75 @@ fn refused_cases() -> Vec<Request> {
     ]
 }
 
-/// The backend-specific half: a routine call and the rows it wrote, each in a
-/// transaction of its own that is rolled back, and the outbox in one likewise.
+/// One way to enqueue: the routine, or the Rust outbox.
+enum Way {
+    Routine,
+    Outbox(Outbox),
+}
+
+/// The backend-specific half: its ledger, its transactions, the routine's call, the
+/// outbox's enqueue and an attempt's rows read back.
 trait Backend {
+    /// A transaction of the application's session.
+    type Tx<'a>
+    where
+        Self: 'a;
     /// Registers `spec` through the ledger.
     async fn register(&self, spec: PlanSpec) -> PlanId;
     /// Retires `plan` through the ledger.
     async fn retire(&self, plan: &PlanId);
-    /// Calls the routine; with `keep`, commits, else rolls back after reading the
-    /// rows it wrote.
-    async fn routine(&mut self, plan: &PlanId, r: &Request, keep: bool) -> (Answer, Option<Rows>);
-    /// Enqueues with `outbox`; with `keep`, commits, else rolls back after reading.
-    async fn outbox(
-        &mut self,
-        outbox: Outbox,
-        plan: &PlanId,
-        r: &Request,
-        keep: bool,
-    ) -> (Result<(String, bool), LedgerError>, Option<Rows>);
     /// Runs one statement of the backend's dialect.
     async fn exec(&mut self, sql: &str);
+    async fn begin(&mut self) -> Self::Tx<'_>;
+    /// Commits with `keep`, else rolls back.
+    async fn end(tx: Self::Tx<'_>, keep: bool);
+    /// Calls the routine.
+    async fn call(tx: &mut Self::Tx<'_>, plan: &PlanId, r: &Request) -> Answer;
+    /// Enqueues with `outbox`.
+    async fn enqueue_rust(tx: &mut Self::Tx<'_>, outbox: Outbox, plan: &PlanId, r: &Request) -> Answer;
+    /// Every column of the attempt `id`, its receipts and its command.
+    async fn rows(tx: &mut Self::Tx<'_>, id: &str) -> Rows;
+
+    /// Enqueues `r` one `way` in a transaction of its own, which commits with `keep`
+    /// and else rolls back after the rows written are read.
+    async fn enqueue(&mut self, way: Way, plan: &PlanId, r: &Request, keep: bool) -> (Answer, Option<Rows>) {
+        let mut tx = self.begin().await;
+        let answer = match way {
+            Way::Routine => Self::call(&mut tx, plan, r).await,
+            Way::Outbox(outbox) => Self::enqueue_rust(&mut tx, outbox, plan, r).await,
+        };
+        let rows = match &answer {
+            Ok((id, _)) => Some(Self::rows(&mut tx, id).await),
+            Err(_) => None,
+        };
+        Self::end(tx, keep).await;
+        (answer, rows)
+    }
+}
+
+/// The tables an attempt's rows are read back from: the table, the column naming the
+/// attempt, the order of its rows.
+const ROW_TABLES: [(&str, &str, &str); 3] = [
+    ("attempt", "id", "id"),
+    ("receipt", "attempt_id", "ordinal"),
+    ("command", "attempt_id", "id"),
+];
+
+/// [`Rows`] of the objects read from [`ROW_TABLES`], in that order.
+fn rows_of(read: Vec<Vec<Value>>) -> Rows {
+    let [attempt, receipts, command]: [Vec<Value>; 3] = read.try_into().expect("three tables");
+    Rows {
+        attempt: attempt.into_iter().next().expect("the attempt"),
+        receipts,
+        command: command.into_iter().next().expect("the command"),
+    }
+}
+
+/// The outbox's answer as the routines give theirs.
+fn answer(enqueued: Result<Enqueued, LedgerError>) -> Answer {
+    enqueued
+        .map(|e| (e.record.attempt.id.to_string(), e.created))
+        .map_err(|e| (sqlstate(&e).to_owned(), e.to_string()))
 }
 
 async fn register(ledger: &impl Ledger, spec: PlanSpec) -> PlanId {
@@ -227,7 +276,7 @@ async fn retire(ledger: &impl Ledger, plan: &PlanId) {
 
 /// The routine's rows and the outbox's for `r`, both rolled back.
 async fn both_ways<B: Backend>(b: &mut B, plan: &PlanId, r: &Request) -> (Rows, Rows) {
-    let (answer, sql_rows) = b.routine(plan, r, false).await;
+    let (answer, sql_rows) = b.enqueue(Way::Routine, plan, r, false).await;
     let (attempt, created) = answer.unwrap_or_else(|e| panic!("{r:?}: the routine refused: {e:?}"));
     assert!(created, "{r:?}");
     let sql_rows = sql_rows.expect("the routine's rows");
@@ -236,23 +285,22 @@ async fn both_ways<B: Backend>(b: &mut B, plan: &PlanId, r: &Request) -> (Rows, 
     let outbox = Outbox::new()
         .with_clock(Arc::new(ManualClock::new(Timestamp::from_millis(now))))
         .with_entropy(Arc::new(Replay { attempt, command }));
-    let (answer, rust_rows) = b.outbox(outbox, plan, r, false).await;
-    answer.unwrap_or_else(|e| panic!("{r:?}: the outbox refused: {e}"));
+    let (answer, rust_rows) = b.enqueue(Way::Outbox(outbox), plan, r, false).await;
+    answer.unwrap_or_else(|e| panic!("{r:?}: the outbox refused: {e:?}"));
     (sql_rows, rust_rows.expect("the outbox's rows"))
 }
 
 /// The routine's refusal of `r` and the outbox's, as (SQLSTATE, message).
 async fn refusals<B: Backend>(b: &mut B, plan: &PlanId, r: &Request) -> ((String, String), (String, String)) {
-    let (answer, _) = b.routine(plan, r, false).await;
+    let (answer, _) = b.enqueue(Way::Routine, plan, r, false).await;
     let sql = answer.expect_err(&format!("{r:?}: the routine must refuse"));
-    let (answer, _) = b.outbox(Outbox::new(), plan, r, false).await;
-    let rust = answer.expect_err(&format!("{r:?}: the outbox must refuse"));
-    let mut message = rust.to_string();
+    let (answer, _) = b.enqueue(Way::Outbox(Outbox::new()), plan, r, false).await;
+    let mut rust = answer.expect_err(&format!("{r:?}: the outbox must refuse"));
     // MySQL keeps the first 128 characters of a routine's message.
-    if sql.1.chars().count() >= 128 && message.starts_with(&sql.1) {
-        message.clone_from(&sql.1);
+    if sql.1.chars().count() >= 128 && rust.1.starts_with(&sql.1) {
+        rust.1.clone_from(&sql.1);
     }
-    (sql, (sqlstate(&rust).to_owned(), message))
+    (sql, rust)
 }
 
 async fn same_rows_as_the_outbox<B: Backend>(b: &mut B) {
@@ -265,7 +313,7 @@ async fn same_rows_as_the_outbox<B: Backend>(b: &mut B) {
     }
     // Behind an open attempt on its order key: WAITING both ways.
     let first = Request::input(r#"{"order": {"id": 1}}"#).ordered("user-2");
-    let (answer, _) = b.routine(&template, &first, true).await;
+    let (answer, _) = b.enqueue(Way::Routine, &template, &first, true).await;
     answer.expect("the first on user-2");
     let (sql, rust) = both_ways(
         b,
@@ -295,7 +343,7 @@ async fn the_same_refusals_as_the_outbox<B: Backend>(b: &mut B) {
         let (sql, rust) = refusals(b, &plain, &r).await;
         assert_eq!(sql, rust, "{r:?}");
     }
-    let (answer, _) = b.routine(&plain, &Request::default(), true).await;
+    let (answer, _) = b.enqueue(Way::Routine, &plain, &Request::default(), true).await;
     answer.expect("the plain plan's first attempt");
     let (sql, rust) = refusals(b, &plain, &Request::default()).await;
     assert_eq!((sql.0.as_str(), &sql), ("55000", &rust));
@@ -305,7 +353,7 @@ async fn the_same_refusals_as_the_outbox<B: Backend>(b: &mut B) {
         Request::input(r#"{"order": {}}"#).after(-1),
         Request::input(r#"{"order": {}, "count": 1e400}"#),
     ] {
-        let (answer, _) = b.routine(&template, &r, false).await;
+        let (answer, _) = b.enqueue(Way::Routine, &template, &r, false).await;
         assert_eq!(answer.expect_err("refused").0, "22023", "{r:?}");
     }
     b.retire(&template).await;
@@ -316,10 +364,10 @@ async fn the_same_refusals_as_the_outbox<B: Backend>(b: &mut B) {
 async fn enqueue_keys_answer_the_first_attempt<B: Backend>(b: &mut B) {
     let template = b.register(template()).await;
     let first = Request::input(r#"{"order": {"id": 9}}"#).keyed("k-9").ordered("u-9");
-    let (answer, _) = b.outbox(Outbox::new(), &template, &first, true).await;
+    let (answer, _) = b.enqueue(Way::Outbox(Outbox::new()), &template, &first, true).await;
     let (attempt, created) = answer.expect("the outbox's enqueue");
     assert!(created);
-    let (answer, _) = b.routine(&template, &first, true).await;
+    let (answer, _) = b.enqueue(Way::Routine, &template, &first, true).await;
     assert_eq!(answer.expect("the same request again"), (attempt.clone(), false));
     let other = Request::input(r#"{"order": {"id": 10}}"#).keyed("k-9").ordered("u-9");
     let (sql, rust) = refusals(b, &template, &other).await;
@@ -341,7 +389,7 @@ async fn registering_again_stores_the_targets<B: Backend>(b: &mut B) {
     b.exec(&format!("UPDATE plan SET targets_json = NULL WHERE id = '{plan}'"))
         .await;
     let r = Request::input(r#"{"order": {"id": 3}}"#);
-    let (answer, _) = b.routine(&plan, &r, false).await;
+    let (answer, _) = b.enqueue(Way::Routine, &plan, &r, false).await;
     let (state, message) = answer.expect_err("no targets for an http:v1 step");
     assert_eq!(state, "55000");
     assert!(message.contains("register it again"), "{message}");
@@ -355,6 +403,7 @@ mod postgres {
     use super::*;
     use leasehold::ledger::postgres::scratch::ScratchDatabase;
     use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
+    use leasehold::outbox::tokio_postgres::types::ToSql;
     use leasehold::outbox::tokio_postgres::{AsyncMessage, Client, NoTls, Transaction};
     use tokio::sync::mpsc;
 
@@ -397,33 +446,9 @@ mod postgres {
         })
     }
 
-    /// Every column of the attempt `id`, its receipts and its command.
-    async fn rows(tx: &Transaction<'_>, id: &str) -> Rows {
-        let one = |sql: &'static str| async move {
-            let rows = tx.query(sql, &[&id]).await.expect("read back");
-            rows.iter()
-                .map(|r| serde_json::from_str(r.get::<_, &str>(0)).expect("a row as JSON"))
-                .collect::<Vec<Value>>()
-        };
-        let attempt = one("SELECT to_jsonb(t)::text FROM attempt t WHERE id = $1").await;
-        let receipts = one("SELECT to_jsonb(t)::text FROM receipt t WHERE attempt_id = $1 ORDER BY ordinal").await;
-        let command = one("SELECT to_jsonb(t)::text FROM command t WHERE attempt_id = $1").await;
-        Rows {
-            attempt: attempt.into_iter().next().expect("the attempt"),
-            receipts,
-            command: command.into_iter().next().expect("the command"),
-        }
-    }
-
-    async fn end(tx: Transaction<'_>, keep: bool) {
-        if keep {
-            tx.commit().await.expect("commit");
-        } else {
-            tx.rollback().await.expect("rollback");
-        }
-    }
-
     impl Backend for Pg {
+        type Tx<'a> = Transaction<'a>;
+
         async fn register(&self, spec: PlanSpec) -> PlanId {
             register(&self.ledger, spec).await
         }
@@ -432,48 +457,50 @@ mod postgres {
             retire(&self.ledger, plan).await
         }
 
-        async fn routine(&mut self, plan: &PlanId, r: &Request, keep: bool) -> (Answer, Option<Rows>) {
-            let tx = self.client.transaction().await.expect("begin");
-            let called = tx
-                .query_one(
-                    "SELECT attempt_id, created FROM leasehold_enqueue($1, $2::text::json, $3, $4, $5)",
-                    &[&plan.as_str(), &r.input, &r.order_key, &r.key, &r.after_ms],
-                )
-                .await;
-            let answer = called
-                .map(|row| (row.get::<_, String>(0), row.get::<_, bool>(1)))
-                .map_err(|e| {
-                    let db = e.as_db_error().unwrap_or_else(|| panic!("not a server error: {e}"));
-                    (db.code().code().to_owned(), db.message().to_owned())
-                });
-            let rows = match &answer {
-                Ok((id, _)) => Some(rows(&tx, id).await),
-                Err(_) => None,
-            };
-            end(tx, keep).await;
-            (answer, rows)
-        }
-
-        async fn outbox(
-            &mut self,
-            outbox: Outbox,
-            plan: &PlanId,
-            r: &Request,
-            keep: bool,
-        ) -> (Result<(String, bool), LedgerError>, Option<Rows>) {
-            let mut tx = self.client.transaction().await.expect("begin");
-            let answer = outbox.enqueue_postgres_with(&mut tx, plan, r.outbox()).await;
-            let answer = answer.map(|e| (e.record.attempt.id.to_string(), e.created));
-            let rows = match &answer {
-                Ok((id, _)) => Some(rows(&tx, id).await),
-                Err(_) => None,
-            };
-            end(tx, keep).await;
-            (answer, rows)
-        }
-
         async fn exec(&mut self, sql: &str) {
             self.client.batch_execute(sql).await.expect(sql);
+        }
+
+        async fn begin(&mut self) -> Self::Tx<'_> {
+            self.client.transaction().await.expect("begin")
+        }
+
+        async fn end(tx: Self::Tx<'_>, keep: bool) {
+            if keep {
+                tx.commit().await.expect("commit");
+            } else {
+                tx.rollback().await.expect("rollback");
+            }
+        }
+
+        async fn call(tx: &mut Self::Tx<'_>, plan: &PlanId, r: &Request) -> Answer {
+            let sql = "SELECT attempt_id, created FROM leasehold_enqueue($1, $2::text::json, $3, $4, $5)";
+            let params: [&(dyn ToSql + Sync); 5] = [&plan.as_str(), &r.input, &r.order_key, &r.key, &r.after_ms];
+            match tx.query_one(sql, &params).await {
+                Ok(row) => Ok((row.get(0), row.get(1))),
+                Err(e) => {
+                    let db = e.as_db_error().unwrap_or_else(|| panic!("not a server error: {e}"));
+                    Err((db.code().code().to_owned(), db.message().to_owned()))
+                }
+            }
+        }
+
+        async fn enqueue_rust(tx: &mut Self::Tx<'_>, outbox: Outbox, plan: &PlanId, r: &Request) -> Answer {
+            answer(outbox.enqueue_postgres_with(tx, plan, r.outbox()).await)
+        }
+
+        async fn rows(tx: &mut Self::Tx<'_>, id: &str) -> Rows {
+            let mut read = Vec::new();
+            for (table, key, order) in ROW_TABLES {
+                let sql = format!("SELECT to_jsonb(t)::text FROM {table} t WHERE {key} = $1 ORDER BY {order}");
+                let rows = tx.query(&sql, &[&id]).await.expect("read back");
+                let objects: Vec<Value> = rows
+                    .iter()
+                    .map(|r| serde_json::from_str(r.get::<_, &str>(0)).expect("a row as JSON"))
+                    .collect();
+                read.push(objects);
+            }
+            rows_of(read)
         }
     }
 }
@@ -536,35 +563,9 @@ mod mysql {
         Value::Object(out)
     }
 
-    async fn rows(tx: &mut Transaction<'_>, id: &str) -> Rows {
-        let attempt: Vec<my::Row> = tx
-            .exec("SELECT * FROM attempt WHERE id = ?", (id,))
-            .await
-            .expect("attempt");
-        let receipts: Vec<my::Row> = tx
-            .exec("SELECT * FROM receipt WHERE attempt_id = ? ORDER BY ordinal", (id,))
-            .await
-            .expect("receipts");
-        let command: Vec<my::Row> = tx
-            .exec("SELECT * FROM command WHERE attempt_id = ?", (id,))
-            .await
-            .expect("command");
-        Rows {
-            attempt: attempt.into_iter().map(object).next().expect("the attempt"),
-            receipts: receipts.into_iter().map(object).collect(),
-            command: command.into_iter().map(object).next().expect("the command"),
-        }
-    }
-
-    async fn end(tx: Transaction<'_>, keep: bool) {
-        if keep {
-            tx.commit().await.expect("commit");
-        } else {
-            tx.rollback().await.expect("rollback");
-        }
-    }
-
     impl Backend for My {
+        type Tx<'a> = Transaction<'a>;
+
         async fn register(&self, spec: PlanSpec) -> PlanId {
             register(&self.ledger, spec).await
         }
@@ -573,16 +574,26 @@ mod mysql {
             retire(&self.ledger, plan).await
         }
 
-        async fn routine(&mut self, plan: &PlanId, r: &Request, keep: bool) -> (Answer, Option<Rows>) {
-            let mut tx = self.conn.start_transaction(TxOpts::default()).await.expect("begin");
+        async fn exec(&mut self, sql: &str) {
+            self.conn.query_drop(sql).await.expect(sql);
+        }
+
+        async fn begin(&mut self) -> Self::Tx<'_> {
+            self.conn.start_transaction(TxOpts::default()).await.expect("begin")
+        }
+
+        async fn end(tx: Self::Tx<'_>, keep: bool) {
+            if keep {
+                tx.commit().await.expect("commit");
+            } else {
+                tx.rollback().await.expect("rollback");
+            }
+        }
+
+        async fn call(tx: &mut Self::Tx<'_>, plan: &PlanId, r: &Request) -> Answer {
             let params = (plan.as_str(), &r.input, &r.order_key, &r.key, r.after_ms);
-            let called = tx
-                .exec_drop(
-                    "CALL leasehold_enqueue(?, ?, ?, ?, ?, @lh_attempt, @lh_created)",
-                    params,
-                )
-                .await;
-            let answer = match called {
+            let sql = "CALL leasehold_enqueue(?, ?, ?, ?, ?, @lh_attempt, @lh_created)";
+            match tx.exec_drop(sql, params).await {
                 Ok(()) => {
                     let row: Option<(String, i64)> = tx
                         .query_first("SELECT @lh_attempt, @lh_created")
@@ -593,57 +604,22 @@ mod mysql {
                 }
                 Err(my::Error::Server(e)) => Err((e.state, e.message)),
                 Err(e) => panic!("not a server error: {e}"),
-            };
-            let rows = match &answer {
-                Ok((id, _)) => Some(rows(&mut tx, id).await),
-                Err(_) => None,
-            };
-            end(tx, keep).await;
-            (answer, rows)
+            }
         }
 
-        async fn outbox(
-            &mut self,
-            outbox: Outbox,
-            plan: &PlanId,
-            r: &Request,
-            keep: bool,
-        ) -> (Result<(String, bool), LedgerError>, Option<Rows>) {
-            let mut tx = self.conn.start_transaction(TxOpts::default()).await.expect("begin");
-            let answer = outbox.enqueue_mysql_with(&mut tx, plan, r.outbox()).await;
-            let answer = answer.map(|e| (e.record.attempt.id.to_string(), e.created));
-            let rows = match &answer {
-                Ok((id, _)) => Some(rows(&mut tx, id).await),
-                Err(_) => None,
-            };
-            end(tx, keep).await;
-            (answer, rows)
+        async fn enqueue_rust(tx: &mut Self::Tx<'_>, outbox: Outbox, plan: &PlanId, r: &Request) -> Answer {
+            answer(outbox.enqueue_mysql_with(tx, plan, r.outbox()).await)
         }
 
-        async fn exec(&mut self, sql: &str) {
-            self.conn.query_drop(sql).await.expect(sql);
+        async fn rows(tx: &mut Self::Tx<'_>, id: &str) -> Rows {
+            let mut read = Vec::new();
+            for (table, key, order) in ROW_TABLES {
+                let sql = format!("SELECT * FROM {table} WHERE {key} = ? ORDER BY {order}");
+                let rows: Vec<my::Row> = tx.exec(sql, (id,)).await.expect("read back");
+                read.push(rows.into_iter().map(object).collect());
+            }
+            rows_of(read)
         }
-    }
-}
-
-#[tokio::test]
-async fn postgres_writes_the_rows_the_outbox_writes() {
-    if let Some(mut pg) = postgres::open().await {
-        same_rows_as_the_outbox(&mut pg).await;
-    }
-}
-
-#[tokio::test]
-async fn postgres_refuses_what_the_outbox_refuses() {
-    if let Some(mut pg) = postgres::open().await {
-        the_same_refusals_as_the_outbox(&mut pg).await;
-    }
-}
-
-#[tokio::test]
-async fn postgres_enqueue_keys_answer_the_first_attempt() {
-    if let Some(mut pg) = postgres::open().await {
-        enqueue_keys_answer_the_first_attempt(&mut pg).await;
     }
 }
 
@@ -653,9 +629,9 @@ async fn postgres_notifies_the_workers_on_commit_only() {
     pg.exec("LISTEN leasehold_work; LISTEN lh_marker").await;
     let template = pg.register(template()).await;
     let request = Request::input(r#"{"order": {}}"#);
-    let (answer, _) = pg.routine(&template, &request, false).await;
+    let (answer, _) = pg.enqueue(Way::Routine, &template, &request, false).await;
     answer.expect("enqueued, then rolled back");
-    let (answer, _) = pg.routine(&template, &request, true).await;
+    let (answer, _) = pg.enqueue(Way::Routine, &template, &request, true).await;
     answer.expect("enqueued and committed");
     // The committed one's notification arrives; the rolled-back one's never was sent,
     // so it is the first and only one once a later marker arrives.
@@ -670,37 +646,28 @@ async fn postgres_notifies_the_workers_on_commit_only() {
     assert_eq!(seen, vec!["leasehold_work".to_owned()]);
 }
 
-#[tokio::test]
-async fn mysql_writes_the_rows_the_outbox_writes() {
-    if let Some(mut my) = mysql::open().await {
-        same_rows_as_the_outbox(&mut my).await;
-    }
+/// A test per backend for each check, each on a scratch database of its own.
+macro_rules! on_both_servers {
+    ($($check:ident: $postgres:ident, $mysql:ident;)*) => {$(
+        #[tokio::test]
+        async fn $postgres() {
+            if let Some(mut pg) = postgres::open().await {
+                $check(&mut pg).await;
+            }
+        }
+
+        #[tokio::test]
+        async fn $mysql() {
+            if let Some(mut my) = mysql::open().await {
+                $check(&mut my).await;
+            }
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn mysql_refuses_what_the_outbox_refuses() {
-    if let Some(mut my) = mysql::open().await {
-        the_same_refusals_as_the_outbox(&mut my).await;
-    }
-}
-
-#[tokio::test]
-async fn mysql_enqueue_keys_answer_the_first_attempt() {
-    if let Some(mut my) = mysql::open().await {
-        enqueue_keys_answer_the_first_attempt(&mut my).await;
-    }
-}
-
-#[tokio::test]
-async fn postgres_plans_registered_again_get_their_targets() {
-    if let Some(mut pg) = postgres::open().await {
-        registering_again_stores_the_targets(&mut pg).await;
-    }
-}
-
-#[tokio::test]
-async fn mysql_plans_registered_again_get_their_targets() {
-    if let Some(mut my) = mysql::open().await {
-        registering_again_stores_the_targets(&mut my).await;
-    }
+on_both_servers! {
+    same_rows_as_the_outbox: postgres_writes_the_rows_the_outbox_writes, mysql_writes_the_rows_the_outbox_writes;
+    the_same_refusals_as_the_outbox: postgres_refuses_what_the_outbox_refuses, mysql_refuses_what_the_outbox_refuses;
+    enqueue_keys_answer_the_first_attempt: postgres_enqueue_keys_answer_the_first_attempt, mysql_enqueue_keys_answer_the_first_attempt;
+    registering_again_stores_the_targets: postgres_plans_registered_again_get_their_targets, mysql_plans_registered_again_get_their_targets;
 }
