@@ -1,11 +1,14 @@
 //! `postgres://` URLs: where the PostgreSQL ledger connects and how its pool behaves.
 //!
-//! Contract: `postgres://[USER[:PASSWORD]@]HOST[:PORT]/DATABASE[?NAME=VALUE&…]`
+//! Contract: `postgres://[USER[:PASSWORD]@]HOST[:PORT][,HOST[:PORT]…]/DATABASE[?NAME=VALUE&…]`
 //! (`postgresql://` too), with a percent-encoded user and password, an IPv6 host in
-//! brackets, port 5432 by default. The scheme, credentials, host and database are read
+//! brackets, port 5432 by default. Several hosts are tried in their order on every new
+//! connection, as libpq does, and only a server that accepts writes is kept
+//! (`target_session_attrs=read-write`, the default): after a standby is promoted, new
+//! connections reach it. The scheme, credentials, hosts and database are read
 //! by tokio-postgres's own parser ([`tokio_postgres::Config`]); the query parameters are
 //! leasehold's (see [`PostgresOptions`]) plus `sslmode` (`disable`, `prefer`, `require`,
-//! `verify-full`).
+//! `verify-full`) and `target_session_attrs` (`read-write`, `any`).
 //! An unknown parameter or a value that is not a whole number is refused naming the
 //! parameter; a value out of range is clamped, never refused. No error, `Debug` or
 //! `Display` output ever contains the password: they show `***` in its place.
@@ -14,10 +17,10 @@ use crate::ledger::percent::{percent_decode, percent_encode};
 use crate::ledger::LedgerError;
 use std::fmt;
 use std::time::Duration;
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::{Host, SslMode, TargetSessionAttrs};
 
 /// What a `postgres://` URL looks like, for error messages.
-const SHAPE: &str = "expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE";
+const SHAPE: &str = "expected postgres://USER[:PASSWORD]@HOST[:PORT][,HOST[:PORT]…]/DATABASE";
 
 /// Pool, timeout and retry settings of a PostgreSQL ledger, from the URL's query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +53,10 @@ pub struct PostgresOptions {
     /// sends on a session of their own (`LISTEN`) besides polling; `0` makes them
     /// only poll. Enqueues notify either way.
     pub notify: bool,
+    /// `target_session_attrs`: `read-write` (the default) keeps a new connection only
+    /// if its server accepts writes (a primary, not a standby), trying the URL's hosts
+    /// in order; `any` keeps the first server that answers.
+    pub read_write: bool,
 }
 
 /// The `sslmode` of a URL.
@@ -96,6 +103,7 @@ impl Default for PostgresOptions {
             retry_max: 10,
             ssl: Ssl::Prefer,
             notify: true,
+            read_write: true,
         }
     }
 }
@@ -116,6 +124,7 @@ impl PostgresOptions {
             "retry_max",
             "sslmode",
             "notify",
+            "target_session_attrs",
         ];
         crate::ledger::url::known_parameter("postgres", name, KNOWN)?;
         if name == "sslmode" {
@@ -128,6 +137,18 @@ impl PostgresOptions {
                     return Err(LedgerError::BadInput(
                         "--db: postgres URL parameter \"sslmode\" must be disable, prefer, require or verify-full"
                             .into(),
+                    ))
+                }
+            };
+            return Ok(());
+        }
+        if name == "target_session_attrs" {
+            self.read_write = match value {
+                "read-write" => true,
+                "any" => false,
+                _ => {
+                    return Err(LedgerError::BadInput(
+                        "--db: postgres URL parameter \"target_session_attrs\" must be read-write or any".into(),
                     ))
                 }
             };
@@ -181,8 +202,7 @@ impl PartialEq for PostgresUrl {
     fn eq(&self, other: &Self) -> bool {
         self.user() == other.user()
             && self.config.get_password() == other.config.get_password()
-            && self.host() == other.host()
-            && self.port() == other.port()
+            && self.hosts() == other.hosts()
             && self.database() == other.database()
             && self.options == other.options
     }
@@ -195,8 +215,7 @@ impl fmt::Debug for PostgresUrl {
         f.debug_struct("PostgresUrl")
             .field("user", &self.user())
             .field("password", &self.config.get_password().map(|_| "***"))
-            .field("host", &self.host())
-            .field("port", &self.port())
+            .field("hosts", &self.hosts())
             .field("database", &self.database())
             .field("options", &self.options)
             .finish()
@@ -214,17 +233,30 @@ impl fmt::Display for PostgresUrl {
             }
             f.write_str("@")?;
         }
-        if self.host().contains(':') {
-            write!(f, "[{}]", self.host())?;
-        } else {
-            f.write_str(self.host())?;
-        }
-        write!(f, ":{}/{}", self.port(), self.database())
+        write!(f, "{}/{}", self.authority(), self.database())
     }
 }
 
 fn bad(what: &str) -> LedgerError {
     LedgerError::BadInput(format!("--db: postgres URL {what} ({SHAPE})"))
+}
+
+/// Refuses one `HOST[:PORT]` of the URL's host list that has no host or a bad port.
+fn check_host(hostport: &str) -> Result<(), LedgerError> {
+    if hostport.is_empty() || hostport.starts_with(':') {
+        return Err(bad("has no host"));
+    }
+    if let Some(port) = hostport
+        .rsplit_once(']')
+        .map_or(hostport, |(_, p)| p)
+        .rsplit_once(':')
+        .map(|(_, p)| p)
+    {
+        if port.parse::<u16>().ok().filter(|p| *p != 0).is_none() {
+            return Err(bad("has a port that is not a number from 1 to 65535"));
+        }
+    }
+    Ok(())
 }
 
 impl PostgresUrl {
@@ -259,18 +291,8 @@ impl PostgresUrl {
         if hostport.is_empty() || hostport.starts_with(':') {
             return Err(bad("has no host"));
         }
-        if hostport.contains(',') {
-            return Err(bad("names more than one host (leasehold connects to one server)"));
-        }
-        if let Some(port) = hostport
-            .rsplit_once(']')
-            .map_or(hostport, |(_, p)| p)
-            .rsplit_once(':')
-            .map(|(_, p)| p)
-        {
-            if port.parse::<u16>().ok().filter(|p| *p != 0).is_none() {
-                return Err(bad("has a port that is not a number from 1 to 65535"));
-            }
+        for one in hostport.split(',') {
+            check_host(one)?;
         }
         // tokio-postgres reads the credentials, host, port and database; its errors
         // are not shown, since they may quote the input.
@@ -280,9 +302,13 @@ impl PostgresUrl {
         if config.get_dbname().is_none_or(str::is_empty) {
             return Err(bad("has no database"));
         }
-        match config.get_hosts() {
-            [Host::Tcp(host)] if !host.is_empty() => {}
-            _ => return Err(bad("has no host")),
+        if config.get_hosts().is_empty()
+            || !config
+                .get_hosts()
+                .iter()
+                .all(|h| matches!(h, Host::Tcp(host) if !host.is_empty()))
+        {
+            return Err(bad("has no host"));
         }
         let mut options = PostgresOptions::default();
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -294,11 +320,25 @@ impl PostgresUrl {
         Ok(url)
     }
 
-    /// Applies the options that live in the driver's configuration.
+    /// Applies the options that live in the driver's configuration. TCP keepalives
+    /// and a user timeout make a connection to a server that vanished (a failed
+    /// primary, a network partition) fail within about a minute instead of the
+    /// kernel's quarter of an hour, so the pool replaces it.
     fn configure(&mut self) {
+        let attrs = if self.options.read_write {
+            TargetSessionAttrs::ReadWrite
+        } else {
+            TargetSessionAttrs::Any
+        };
         self.config
             .connect_timeout(self.options.connect_timeout())
             .ssl_mode(self.options.ssl.mode())
+            .target_session_attrs(attrs)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(30))
+            .keepalives_interval(Duration::from_secs(10))
+            .keepalives_retries(3)
+            .tcp_user_timeout(Duration::from_secs(60))
             .application_name("leasehold");
     }
 
@@ -307,17 +347,44 @@ impl PostgresUrl {
         self.config.get_user()
     }
 
-    /// The host name or IP address (without brackets).
+    /// The first host's name or IP address (without brackets).
     pub fn host(&self) -> &str {
-        match self.config.get_hosts() {
-            [Host::Tcp(host)] => host,
-            _ => "",
-        }
+        self.hosts().first().map_or("", |(host, _)| host)
     }
 
-    /// The TCP port.
+    /// The first host's TCP port.
     pub fn port(&self) -> u16 {
-        self.config.get_ports().first().copied().unwrap_or(5432)
+        self.hosts().first().map_or(5432, |(_, port)| *port)
+    }
+
+    /// Every host (without brackets) with its port, in the order they are tried.
+    pub fn hosts(&self) -> Vec<(&str, u16)> {
+        let ports = self.config.get_ports();
+        self.config
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                let name = match host {
+                    Host::Tcp(host) => host.as_str(),
+                    #[cfg(unix)]
+                    Host::Unix(_) => "",
+                };
+                (name, ports.get(i).or(ports.first()).copied().unwrap_or(5432))
+            })
+            .collect()
+    }
+
+    /// `HOST:PORT[,HOST:PORT…]`, IPv6 hosts in brackets.
+    fn authority(&self) -> String {
+        let one = |(host, port): (&str, u16)| {
+            if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        };
+        self.hosts().into_iter().map(one).collect::<Vec<_>>().join(",")
     }
 
     /// The database name.
@@ -342,16 +409,11 @@ impl PostgresUrl {
             }
             out.push('@');
         }
-        if self.host().contains(':') {
-            out.push_str(&format!("[{}]", self.host()));
-        } else {
-            out.push_str(self.host());
-        }
         let o = &self.options;
         out.push_str(&format!(
-            ":{}/{}?pool_max={}&connect_timeout_ms={}&statement_timeout_ms={}&lock_timeout_ms={}\
-             &idle_timeout_s={}&retry_max={}&sslmode={}&notify={}",
-            self.port(),
+            "{}/{}?pool_max={}&connect_timeout_ms={}&statement_timeout_ms={}&lock_timeout_ms={}\
+             &idle_timeout_s={}&retry_max={}&sslmode={}&notify={}&target_session_attrs={}",
+            self.authority(),
             percent_encode(self.database().as_bytes()),
             o.pool_max,
             o.connect_timeout_ms,
@@ -360,7 +422,8 @@ impl PostgresUrl {
             o.idle_timeout_s,
             o.retry_max,
             o.ssl.name(),
-            u8::from(o.notify)
+            u8::from(o.notify),
+            if o.read_write { "read-write" } else { "any" }
         ));
         out
     }
@@ -454,7 +517,13 @@ mod tests {
             ("postgres://u:secret@:5432/d", "has no host"),
             ("postgres://u:secret@h:99999/d", "port"),
             ("postgres://u:secret@h:x/d", "port"),
-            ("postgres://u:secret@h1,h2/d", "more than one host"),
+            ("postgres://u:secret@h1,/d", "has no host"),
+            ("postgres://u:secret@h1:5432,:5433/d", "has no host"),
+            ("postgres://u:secret@h1,h2:0/d", "port"),
+            (
+                "postgres://u:secret@h1,h2/d?target_session_attrs=primary",
+                "must be read-write or any",
+            ),
             (
                 "postgres://u:secret@h/d?pool_max=many",
                 "\"pool_max\" must be a whole number",
@@ -491,6 +560,35 @@ mod tests {
                 assert!(!e.contains(part), "{part:?} shown in {e}");
             }
         }
+    }
+
+    #[test]
+    fn several_hosts_are_tried_in_order_and_only_a_writable_server_is_kept() {
+        let u = PostgresUrl::parse("postgres://u:pw@10.0.0.1,[::1]:5433,db.example:5434/d").unwrap();
+        assert_eq!(u.hosts(), [("10.0.0.1", 5432), ("::1", 5433), ("db.example", 5434)]);
+        assert_eq!((u.host(), u.port()), ("10.0.0.1", 5432));
+        assert_eq!(
+            u.to_string(),
+            "postgres://u:***@10.0.0.1:5432,[::1]:5433,db.example:5434/d"
+        );
+        assert_eq!(u.config().get_target_session_attrs(), TargetSessionAttrs::ReadWrite);
+        assert_eq!(PostgresUrl::parse(&u.expose()).unwrap(), u);
+        let any = PostgresUrl::parse("postgres://u@h1:5441,h2:5442/d?target_session_attrs=any").unwrap();
+        assert!(!any.options.read_write);
+        assert_eq!(any.config().get_target_session_attrs(), TargetSessionAttrs::Any);
+        assert_eq!(PostgresUrl::parse(&any.expose()).unwrap(), any);
+        assert_ne!(
+            any,
+            PostgresUrl::parse("postgres://u@h1:5441/d?target_session_attrs=any").unwrap()
+        );
+    }
+
+    #[test]
+    fn a_vanished_server_is_noticed_by_keepalives_and_a_user_timeout() {
+        let u = PostgresUrl::parse("postgres://u@h/d").unwrap();
+        assert!(u.config().get_keepalives());
+        assert_eq!(u.config().get_keepalives_idle(), Duration::from_secs(30));
+        assert_eq!(u.config().get_tcp_user_timeout(), Some(&Duration::from_secs(60)));
     }
 
     #[test]
