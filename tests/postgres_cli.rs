@@ -148,3 +148,72 @@ fn bench_on_postgres_delivers_exactly_once_beside_the_raw_postgres_baseline() {
     });
     assert_eq!(left, 0, "raw baseline tables left behind");
 }
+
+/// Forwards every connection to `127.0.0.1:port` to `upstream`, from a thread of
+/// its own, for as long as the test runs.
+fn forward(port: u16, upstream: String) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("the freed port again");
+    std::thread::spawn(move || {
+        for client in listener.incoming().map_while(Result::ok) {
+            let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                continue;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+}
+
+#[test]
+fn a_worker_started_before_its_database_waits_for_it_and_other_commands_do_not() {
+    let Some((_db, url)) = scratch("lh_wait_") else { return };
+    assert!(leasehold(&url, &["migrate"]).status.success());
+    let parsed = PostgresUrl::parse(&url).unwrap();
+    // A port where nothing listens yet: the database is "down".
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let down = format!(
+        "postgres://{}@127.0.0.1:{port}/{}?connect_timeout_ms=500",
+        parsed.user().unwrap_or("postgres"),
+        parsed.database()
+    );
+    let out = leasehold(&down, &["plan", "list"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("ledger unavailable"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let mut worker = Command::new(BIN)
+        .args(["--db", &down, "worker", "--id", "early", "--until-idle"])
+        .env_remove("LEASEHOLD_DB")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(worker.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    assert!(
+        line.contains("ledger unavailable") && line.contains("retrying in 100 ms"),
+        "{line}"
+    );
+    assert!(worker.try_wait().unwrap().is_none(), "the worker gave up: {line}");
+    // The database comes up where the worker looks for it.
+    forward(port, format!("{}:{}", parsed.host(), parsed.port()));
+    let out = worker.wait_with_output().unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("[early] done: claimed 0"), "{stdout}");
+}

@@ -677,17 +677,53 @@ async fn dispatch(cli: Cli) -> Outcome {
         }
         DbUrl::Mysql(url) => {
             let ledger = leasehold::ledger::mysql::MysqlLedger::open(&url, Arc::new(OsEntropy));
-            if open_mode(&cli.command) != OpenMode::Create {
-                ledger.check_schema().await?;
+            if !schema_ready(&cli.command, || ledger.check_schema()).await? {
+                return Ok(());
             }
             run(Arc::new(ledger), cli.command, cli.json).await
         }
         DbUrl::Postgres(url) => {
             let ledger = leasehold::ledger::postgres::PostgresLedger::open(&url, Arc::new(OsEntropy))?;
-            if open_mode(&cli.command) != OpenMode::Create {
-                ledger.check_schema().await?;
+            if !schema_ready(&cli.command, || ledger.check_schema()).await? {
+                return Ok(());
             }
             run(Arc::new(ledger), cli.command, cli.json).await
+        }
+    }
+}
+
+/// Whether `command` may run on a server ledger, once `check` (its schema check)
+/// passed; commands that create the schema skip it. A worker waits out a ledger it
+/// cannot reach (a database failing over, or starting after its workers): it says
+/// so on stderr and asks again after growing pauses (0.1 s, doubling up to 5 s),
+/// until the ledger answers or a stop signal comes (then `false`: nothing to run).
+/// Any other command fails at once.
+async fn schema_ready<F, Fut>(command: &Command, check: F) -> Result<bool, Failure>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), LedgerError>>,
+{
+    if open_mode(command) == OpenMode::Create {
+        return Ok(true);
+    }
+    if !matches!(command, Command::Worker { .. }) {
+        check().await?;
+        return Ok(true);
+    }
+    let mut stop = std::pin::pin!(stop_signal());
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match check().await {
+            Ok(()) => return Ok(true),
+            Err(e) if e.is_transient() => {
+                eprintln!("{e}; retrying in {} ms", pause.as_millis());
+                tokio::select! {
+                    () = &mut stop => return Ok(false),
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -861,8 +897,11 @@ async fn worker_command<L: Ledger>(
         check_name("--queue", queue)?;
     }
     let executors = Arc::new(http.executors(settings.step_timeout)?);
-    if let Some(notice) = ledger.schema_notice().await? {
-        outln!("[{}] {notice}", leasehold::text::clean(&id));
+    match ledger.schema_notice().await {
+        Ok(Some(notice)) => outln!("[{}] {notice}", leasehold::text::clean(&id)),
+        // The ledger was reached a moment ago; the notice waits for the next start.
+        Ok(None) | Err(LedgerError::Unavailable(_) | LedgerError::Ambiguous(_)) => {}
+        Err(e) => return Err(e.into()),
     }
     let report = run_worker(ledger, executors, &id, config, settings, stop_signal()).await;
     outln!(
