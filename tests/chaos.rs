@@ -32,12 +32,9 @@
 //! The figures (attempts, kills, pauses, dropped replies, takeovers, keys applied
 //! once) go to stderr even when the test passes.
 
-use leasehold::engine::canonical::sha256_hex;
-use leasehold::engine::{Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, PlanSpec, ReceiptStatus};
+use leasehold::engine::{Action, AttemptId, AttemptRecord};
 use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
 use leasehold::ledger::Ledger;
-use leasehold::receiver::Effects;
-use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -45,11 +42,11 @@ use std::time::{Duration, Instant};
 #[path = "procs/mod.rs"]
 mod procs;
 
+use procs::outcome::{self, STEPS};
 use procs::{Draws, Killable as Proc};
 
 /// Attempts delivered per backend, and the steps of each.
 const ATTEMPTS: usize = 36;
-const STEPS: usize = 3;
 /// Worker processes alive at any time (a killed one is replaced at once).
 const WORKERS: usize = 3;
 const LEASE_SECS: u64 = 2;
@@ -186,35 +183,16 @@ impl<'a> Chaos<'a> {
         )
     }
 
+    fn check_all(&self, problems: Vec<String>) {
+        if !problems.is_empty() {
+            self.fail(&problems);
+        }
+    }
+
     fn check(&self, ok: bool, problem: impl FnOnce() -> String) {
         if !ok {
             self.fail(&[problem()]);
         }
-    }
-
-    /// The plan of attempt `n`: three http:v1 steps posting to the target.
-    fn plan(n: usize, target: &str) -> PlanSpec {
-        let steps: Vec<Value> = (1..=STEPS)
-            .map(|s| {
-                json!({
-                    "code": format!("step-{s}"),
-                    "executor": "http:v1",
-                    "payload": {
-                        "url": format!("http://{target}/orders/{n}/{s}"),
-                        "body": Self::body(n, s),
-                        "evidence": ["/id"],
-                        "timeout_ms": 2_000,
-                        "budget_ms": 5_000,
-                    },
-                })
-            })
-            .collect();
-        serde_json::from_value(json!({"name": format!("chaos-{n:03}"), "recovery": "resume", "steps": steps}))
-            .expect("a valid plan")
-    }
-
-    fn body(n: usize, step: usize) -> Value {
-        json!({"order": n, "step": step})
     }
 
     fn run<L: Ledger>(&self, ledger: &L, ledger_url: &str, target_url: &str) {
@@ -247,7 +225,10 @@ impl<'a> Chaos<'a> {
         let mut attempts = Vec::new();
         for n in 0..ATTEMPTS {
             let record = self.runtime.block_on(async {
-                let plan = ledger.register_plan(Self::plan(n, &addr), &["http:v1"]).await.unwrap();
+                let plan = ledger
+                    .register_plan(outcome::plan("chaos", n, &addr), &["http:v1"])
+                    .await
+                    .unwrap();
                 ledger.enqueue(&plan.id, Action::Execute).await.unwrap()
             });
             attempts.push((n, record.attempt.id));
@@ -390,10 +371,10 @@ impl<'a> Chaos<'a> {
             .iter()
             .map(|(n, id)| (*n, self.runtime.block_on(ledger.attempt(id)).unwrap()))
             .collect();
-        self.check_ledger(&records);
-        self.check_effects(&records, &effects);
+        self.check_all(outcome::ledger_problems(&records));
+        self.check_all(outcome::effect_problems(&records, &effects));
         self.check_takeovers(&records, &workers, &mut figures);
-        self.check_receipts(&records, &addr, &effects);
+        self.check_all(outcome::receipt_problems(self.runtime, &records, &addr, &effects));
 
         let keys = records.iter().map(|(_, r)| r.receipts.len()).sum::<usize>();
         let once = effects.by_key.values().filter(|n| **n == 1).count();
@@ -433,65 +414,6 @@ impl<'a> Chaos<'a> {
         target.signal("TERM");
     }
 
-    /// Every attempt SUCCEEDED, its command DELIVERED, every receipt SUCCEEDED.
-    fn check_ledger(&self, records: &[(usize, AttemptRecord)]) {
-        let mut problems = Vec::new();
-        for (_, r) in records {
-            if r.attempt.status != AttemptStatus::Succeeded || r.command.status != CommandStatus::Delivered {
-                problems.push(format!(
-                    "attempt {} is {} (command {}): {:?} / {:?}",
-                    r.attempt.id, r.attempt.status, r.command.status, r.attempt.error, r.command.last_error
-                ));
-            }
-            for receipt in &r.receipts {
-                if receipt.status != ReceiptStatus::Succeeded {
-                    problems.push(format!(
-                        "attempt {} step {} is {}: {:?}",
-                        r.attempt.id, receipt.step_code, receipt.status, receipt.error
-                    ));
-                }
-            }
-        }
-        if !problems.is_empty() {
-            self.fail(&problems);
-        }
-    }
-
-    /// The target applied each of the ledger's keys exactly once, and nothing else.
-    fn check_effects(&self, records: &[(usize, AttemptRecord)], effects: &Effects) {
-        let keys: BTreeSet<&str> = records
-            .iter()
-            .flat_map(|(_, r)| r.receipts.iter().map(|x| x.idempotency_key.as_str()))
-            .collect();
-        let applied: BTreeSet<&str> = effects.by_key.keys().map(String::as_str).collect();
-        let mut problems = Vec::new();
-        if keys != applied {
-            problems.push(format!(
-                "keys the ledger holds but the target never applied: {:?}; applied but unknown to the ledger: {:?}",
-                keys.difference(&applied).collect::<Vec<_>>(),
-                applied.difference(&keys).collect::<Vec<_>>()
-            ));
-        }
-        for (key, n) in &effects.by_key {
-            if *n != 1 {
-                problems.push(format!("key {key} was applied {n} times"));
-            }
-        }
-        if effects.effects != keys.len() as u64 || effects.keys != keys.len() as u64 || effects.in_progress != 0 {
-            problems.push(format!(
-                "the target holds {} keys done, {} in progress, {} effects for {} keys",
-                effects.keys,
-                effects.in_progress,
-                effects.effects,
-                keys.len()
-            ));
-        }
-        if !problems.is_empty() {
-            self.fail(&problems);
-        }
-    }
-
-    /// `delivery_count` = 1 + takeovers, each takeover accounted for by the logs.
     fn check_takeovers(&self, records: &[(usize, AttemptRecord)], workers: &[Proc], figures: &mut Figures) {
         // Per attempt: (worker index, event) in each worker's order.
         let mut logged: BTreeMap<AttemptId, Vec<(usize, Logged)>> = BTreeMap::new();
@@ -591,107 +513,6 @@ impl<'a> Chaos<'a> {
                 "{} deliveries appear in no log, more than the {} kills could explain",
                 figures.deliveries_unlogged, figures.kills
             ));
-        }
-        if !problems.is_empty() {
-            self.fail(&problems);
-        }
-    }
-
-    /// Every receipt is what the target stored for its key: asked again as a sender
-    /// would (same key, same body), the target replays, and applies nothing more.
-    fn check_receipts(&self, records: &[(usize, AttemptRecord)], addr: &str, before: &Effects) {
-        let asks: Vec<(String, Value)> = records
-            .iter()
-            .flat_map(|(n, r)| {
-                r.receipts
-                    .iter()
-                    .map(move |x| (x.idempotency_key.clone(), Self::body(*n, x.ordinal as usize)))
-            })
-            .collect();
-        let stored: BTreeMap<String, Result<Value, String>> = self.runtime.block_on(async {
-            let client = reqwest::Client::new();
-            let mut tasks = tokio::task::JoinSet::new();
-            for (key, body) in asks {
-                let (client, url) = (client.clone(), format!("http://{addr}/orders"));
-                tasks.spawn(async move {
-                    let body = leasehold::engine::canonical::canonical_json(&body);
-                    // The target still fails some requests (503): ask again.
-                    for _ in 0..50 {
-                        let Ok(response) = client
-                            .post(&url)
-                            .header("idempotency-key", &key)
-                            .body(body.clone())
-                            .send()
-                            .await
-                        else {
-                            continue;
-                        };
-                        if response.status() == 503 {
-                            continue;
-                        }
-                        let replayed = response
-                            .headers()
-                            .get("idempotent-replayed")
-                            .is_some_and(|v| v == "true");
-                        let status = response.status();
-                        let text = response.text().await.unwrap_or_default();
-                        return (
-                            key,
-                            if status == 201 && replayed {
-                                serde_json::from_str(&text).map_err(|e| e.to_string())
-                            } else {
-                                Err(format!("answered {status} (replayed: {replayed}): {text}"))
-                            },
-                        );
-                    }
-                    (key, Err("no answer but 503 in 50 tries".to_owned()))
-                });
-            }
-            let mut stored = BTreeMap::new();
-            while let Some(done) = tasks.join_next().await {
-                let (key, value) = done.unwrap();
-                stored.insert(key, value);
-            }
-            stored
-        });
-        let mut problems = Vec::new();
-        for (_, r) in records {
-            for receipt in &r.receipts {
-                let key = &receipt.idempotency_key;
-                let stored = match &stored[key] {
-                    Ok(v) => v,
-                    Err(e) => {
-                        problems.push(format!("key {key}: the target did not replay it: {e}"));
-                        continue;
-                    }
-                };
-                let parse = |text: &Option<String>| -> Value {
-                    text.as_deref()
-                        .and_then(|t| serde_json::from_str(t).ok())
-                        .unwrap_or(Value::Null)
-                };
-                let expected_receipt = json!({"idempotency_key": key, "id": stored["id"]});
-                if parse(&receipt.target_receipt) != expected_receipt {
-                    problems.push(format!(
-                        "key {key}: target receipt {:?} is not the target's stored response {stored}",
-                        receipt.target_receipt
-                    ));
-                }
-                if parse(&receipt.evidence) != json!({"status": 201, "fields": {"/id": stored["id"]}}) {
-                    problems.push(format!(
-                        "key {key}: evidence {:?} is not the target's stored response {stored}",
-                        receipt.evidence
-                    ));
-                }
-                let digest = receipt.evidence.as_deref().map(|e| sha256_hex(e.as_bytes()));
-                if digest.is_none() || digest != receipt.evidence_sha256 {
-                    problems.push(format!("key {key}: evidence does not match its SHA-256"));
-                }
-            }
-        }
-        let after = procs::effects(self.runtime, addr);
-        if after.by_key != before.by_key || after.effects != before.effects {
-            problems.push("asking again applied something".to_owned());
         }
         if !problems.is_empty() {
             self.fail(&problems);

@@ -5,6 +5,8 @@
 // Each test file uses its part of this.
 #![allow(dead_code)]
 
+pub mod outcome;
+
 use leasehold::clock::SystemClock;
 use leasehold::entropy::OsEntropy;
 use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
