@@ -9,6 +9,8 @@
 //! - **`now`**: it makes the ledger decide at another instant than its own clock;
 //! - **limits**: it sets a limited target's limits without one of them just before
 //!   a claim, and back just after it;
+//! - **failover**: it builds the promoted replica without the last commit, although
+//!   the replica is synchronous;
 //! - **writes**: through the ledger's [`leasehold::ledger::WritesHook`], it rewrites
 //!   the engine's [`leasehold_engine::Writes`] of one transition (or replaces its
 //!   refusal, or decides it again under another policy) before they are applied,
@@ -99,6 +101,10 @@ pub enum Bug {
     /// The db host drops every enqueue's order key, as a ledger that does not
     /// order keys would, so attempts with one key run side by side.
     OrderKeyIgnored,
+    /// A failover loses the last committed transaction although replication is
+    /// synchronous: the db host builds the promoted replica without it, so an
+    /// acknowledged transition vanishes.
+    FailoverLosesCommit,
 }
 
 impl Bug {
@@ -125,6 +131,7 @@ impl Bug {
         Bug::EnqueueDropsTrace,
         Bug::EnqueueIgnoresKey,
         Bug::OrderKeyIgnored,
+        Bug::FailoverLosesCommit,
     ];
 
     /// The bug's kebab-case name, as the simulator's `--bug` option spells it.
@@ -151,6 +158,7 @@ impl Bug {
             Bug::EnqueueDropsTrace => "enqueue-drops-trace",
             Bug::EnqueueIgnoresKey => "enqueue-ignores-key",
             Bug::OrderKeyIgnored => "order-key-ignored",
+            Bug::FailoverLosesCommit => "failover-loses-commit",
         }
     }
 
@@ -183,6 +191,7 @@ impl Bug {
             Bug::EnqueueDropsTrace => (23, "mixed"),
             Bug::EnqueueIgnoresKey => (24, "mixed"),
             Bug::OrderKeyIgnored => (25, "ordered-keys"),
+            Bug::FailoverLosesCommit => (26, "failover"),
         }
     }
 }
@@ -192,11 +201,14 @@ impl Bug {
     /// recovery mode of the configuration it is found in
     /// ([`crate::model::Config::finding`]). `None`: the model does not explore what
     /// it breaks (trace context is data an enqueue carries, not a step of the lease
-    /// protocol; the simulator's invariant 23 checks it).
+    /// protocol; the simulator's invariant 23 checks it; the model's ledger has no
+    /// replica to fail over to).
     pub const fn found_by_model(self) -> Option<(u8, leasehold_engine::Recovery)> {
         use leasehold_engine::Recovery::{Replay, Resume};
         Some(match self {
-            Bug::EnqueueDropsTrace | Bug::EnqueueIgnoresKey | Bug::OrderKeyIgnored => return None,
+            Bug::EnqueueDropsTrace | Bug::EnqueueIgnoresKey | Bug::OrderKeyIgnored | Bug::FailoverLosesCommit => {
+                return None
+            }
             Bug::CompleteSkipsTokenCheck | Bug::HeartbeatIgnoresToken => (1, Resume),
             Bug::ReconcileStealsLiveLease | Bug::LeaseOnWorkerClock => (2, Resume),
             Bug::ReplayKeepsReceipts => (11, Replay),

@@ -71,11 +71,15 @@ impl Clock for SimClock {
 }
 
 /// The db host's clock: a [`SimClock`] whose reading can be overridden for the
-/// duration of one request, which only the planted bug `lease-on-worker-clock` does.
+/// duration of one request (the planted bugs that decide at another instant, and a
+/// failover's replay of the journal at the instants it was decided at), and shifted
+/// for good by each failover to a replica whose clock is off.
 #[derive(Debug, Default)]
 pub struct DbClock {
     own: SimClock,
     decide_at: Mutex<Option<Timestamp>>,
+    /// The promoted replicas' offsets so far, summed.
+    shift_ms: Mutex<i64>,
 }
 
 impl DbClock {
@@ -84,12 +88,19 @@ impl DbClock {
         Self {
             own: SimClock::new(params),
             decide_at: Mutex::new(None),
+            shift_ms: Mutex::new(0),
         }
     }
 
     /// The db host's own reading, ignoring any override.
     pub fn own_now(&self) -> Timestamp {
-        self.own.now()
+        let shift = *self.shift_ms.lock().unwrap_or_else(|e| e.into_inner());
+        Timestamp::from_millis(self.own.now().as_millis() + shift)
+    }
+
+    /// From now on the clock reads `delta_ms` more (a promoted replica's clock).
+    pub fn shift(&self, delta_ms: i64) {
+        *self.shift_ms.lock().unwrap_or_else(|e| e.into_inner()) += delta_ms;
     }
 
     /// Makes [`Clock::now`] answer `at` until [`DbClock::clear`].
@@ -106,7 +117,7 @@ impl DbClock {
 impl Clock for DbClock {
     fn now(&self) -> Timestamp {
         let decided = *self.decide_at.lock().unwrap_or_else(|e| e.into_inner());
-        decided.unwrap_or_else(|| self.own.now())
+        decided.unwrap_or_else(|| self.own_now())
     }
 }
 
@@ -136,5 +147,9 @@ mod tests {
         assert_eq!(c.now(), Timestamp::from_millis(42));
         c.clear();
         assert_eq!(c.now().as_millis(), EPOCH_MS);
+        c.shift(-1_500);
+        c.shift(400);
+        assert_eq!(c.now().as_millis(), EPOCH_MS - 1_100);
+        assert_eq!(c.own_now().as_millis(), EPOCH_MS - 1_100);
     }
 }

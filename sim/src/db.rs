@@ -11,7 +11,7 @@
 //! - Every worker and operator transition, applied or refused, is recorded as a
 //!   [`DbEvent`]: the db host's own time, the operation, the attempt, the row images
 //!   before and after (with the lease token replaced by an ordinal that stands for
-//!   it), and the outcome. The checker proves invariants 1–4, 6, 7 and 20–22 from this log.
+//!   it), and the outcome. The checker proves invariants 1–4, 6, 7, 20–22 and 26 from this log.
 //!   Token texts are kept only in a private map, for invariant 10's scan.
 //! - Faults: while faults are on, a mutating request may be committed and its reply
 //!   dropped (the connection closes without an answer).
@@ -21,6 +21,12 @@
 //!   engine's writes rewritten through the ledger's [`WritesHook`] before they are
 //!   applied, or a claim run under loosened per-target limits ([`loosened`]).
 //!   Without planted bugs none of these seams does anything.
+//! - Failover ([`DbState::fail_over`]): while the profile has failovers, the host
+//!   journals every mutating request with the instant it was decided at and the
+//!   entropy it drew. A failover builds the promoted replica as a fresh ledger of the
+//!   same backend and replays the journal into it, minus the last committed
+//!   transactions an asynchronous replica lacks; the replica's clock is then off by
+//!   the drawn offset, and the host reads every attempt's rows again.
 
 use crate::bugs::Bug;
 use crate::clock::{elapsed_ms, DbClock};
@@ -44,8 +50,9 @@ use leasehold_engine::{
 };
 use serde_json::Value;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
+use std::ops::Range;
 use std::pin::pin;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
@@ -282,6 +289,101 @@ impl Entropy for Minting {
     }
 }
 
+/// The ledger's entropy as a tape: while recording, every draw is kept, so that a
+/// failover replays each journaled request with exactly the ids and tokens it drew.
+/// Ids and tokens are built from the draws as [`Entropy`]'s defaults build them.
+struct Tape {
+    inner: Arc<dyn Entropy>,
+    state: Mutex<TapeState>,
+}
+
+#[derive(Default)]
+struct TapeState {
+    recording: bool,
+    drawn: Vec<u64>,
+    replaying: Option<VecDeque<u64>>,
+    diverged: bool,
+}
+
+impl Tape {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TapeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many draws were recorded.
+    fn len(&self) -> usize {
+        self.lock().drawn.len()
+    }
+
+    /// Starts recording.
+    fn record(&self) {
+        self.lock().recording = true;
+    }
+
+    /// Answers the recorded `draws` from now on, instead of drawing.
+    fn replay(&self, draws: Range<usize>) {
+        let mut s = self.lock();
+        let queue = s.drawn.get(draws).unwrap_or_default().iter().copied().collect();
+        s.replaying = Some(queue);
+    }
+
+    /// Ends a replay: whether every request drew exactly what it had drawn.
+    fn replayed(&self) -> bool {
+        let mut s = self.lock();
+        let exact = !s.diverged && s.replaying.as_ref().is_none_or(VecDeque::is_empty);
+        s.replaying = None;
+        s.diverged = false;
+        exact
+    }
+}
+
+impl Entropy for Tape {
+    fn next_u64(&self) -> u64 {
+        let mut s = self.lock();
+        if let Some(queue) = &mut s.replaying {
+            if let Some(v) = queue.pop_front() {
+                return v;
+            }
+            s.diverged = true;
+            return self.inner.next_u64();
+        }
+        let v = self.inner.next_u64();
+        if s.recording {
+            s.drawn.push(v);
+        }
+        v
+    }
+}
+
+/// One mutating request as the journal keeps it, to replay into a replica.
+struct Journaled {
+    env: DbEnvelope,
+    /// The instant it was decided at.
+    decided_at: Timestamp,
+    /// Its draws on the [`Tape`].
+    draws: Range<usize>,
+    /// Whether it committed something (an applied transition, a new plan).
+    committed: bool,
+    /// The events it logged.
+    events: Range<usize>,
+}
+
+/// Where a journal that loses its last `lost` commits ends: at the `lost`-th
+/// committing request from its end (0 if it has fewer).
+fn cut(journal: &[Journaled], lost: u64) -> usize {
+    if lost == 0 {
+        return journal.len();
+    }
+    let mut seen = 0;
+    for (i, j) in journal.iter().enumerate().rev() {
+        seen += u64::from(j.committed);
+        if seen == lost {
+            return i;
+        }
+    }
+    0
+}
+
 /// Puts `r` into `writes` in place of any write of the same receipt.
 fn upsert(writes: &mut Writes, r: leasehold_engine::Receipt) {
     match writes.receipts.iter_mut().find(|w| w.ordinal == r.ordinal) {
@@ -509,9 +611,76 @@ pub fn planted_decision(
     decide(&seam, record, decided)
 }
 
+/// The seams of `bugs`: the seam's state, the ledger's entropy (`tape`, remembering
+/// the token it minted last for `delivery-cap-off-by-one`) and the writes hook (none
+/// without planted bugs).
+fn seams(bugs: &[Bug], tape: Arc<Tape>) -> (Arc<Mutex<Seam>>, Arc<dyn Entropy>, Option<WritesHook>) {
+    let minted = Arc::new(Mutex::new(None));
+    let entropy: Arc<dyn Entropy> = if bugs.contains(&Bug::DeliveryCapOffByOne) {
+        Arc::new(Minting {
+            inner: tape,
+            last: Arc::clone(&minted),
+        })
+    } else {
+        tape
+    };
+    let seam = Arc::new(Mutex::new(Seam {
+        bugs: bugs.to_vec(),
+        minted,
+        ..Seam::default()
+    }));
+    let hook: Option<WritesHook> = (!bugs.is_empty()).then(|| {
+        let seam = Arc::clone(&seam);
+        let hook: WritesHook = Arc::new(move |record: &AttemptRecord, decided| {
+            decide(&seam.lock().unwrap_or_else(|e| e.into_inner()), record, decided)
+        });
+        hook
+    });
+    (seam, entropy, hook)
+}
+
+/// A fresh, migrated ledger of `kind` deciding on `clock`, minting from `entropy`,
+/// its writes through `hook`.
+fn open_backend(
+    kind: BackendKind,
+    clock: Arc<DbClock>,
+    entropy: Arc<dyn Entropy>,
+    hook: Option<WritesHook>,
+) -> Result<Backend, LedgerError> {
+    let clock: Arc<dyn Clock> = clock;
+    Ok(match kind {
+        BackendKind::Memory => {
+            let ledger = MemoryLedger::new(clock, entropy);
+            Backend::Memory(match hook {
+                Some(h) => ledger.with_writes_hook(h),
+                None => ledger,
+            })
+        }
+        BackendKind::Sqlite => {
+            let mut core = SqliteCore::open(":memory:", clock, entropy)?;
+            core.migrate()?;
+            if let Some(h) = hook {
+                core.set_writes_hook(h);
+            }
+            Backend::Sqlite(core)
+        }
+    })
+}
+
 /// The db host's durable state and its log. Survives db host restarts.
 pub struct DbState {
     backend: Backend,
+    /// What builds a fresh ledger like this one (a promoted replica).
+    kind: BackendKind,
+    entropy: Arc<dyn Entropy>,
+    hook: Option<WritesHook>,
+    tape: Arc<Tape>,
+    /// Every mutating request, while failovers are on ([`DbState::keep_journal`]).
+    journal: Option<Vec<Journaled>>,
+    /// Replaying the journal: nothing is logged or traced.
+    quiet: bool,
+    /// The instant the ledger was opened (and migrated) at.
+    opened_at: Timestamp,
     seam: Arc<Mutex<Seam>>,
     bugs: Vec<Bug>,
     clock: Arc<DbClock>,
@@ -538,6 +707,10 @@ pub struct DbState {
     pub reply_loss: f64,
     /// Replies dropped so far.
     pub replies_lost: u64,
+    /// Failovers so far.
+    pub failovers: u64,
+    /// Committed transactions the failovers lost.
+    pub commits_lost: u64,
 }
 
 impl std::fmt::Debug for DbState {
@@ -561,47 +734,21 @@ impl DbState {
         reply_loss: f64,
         bugs: &[Bug],
     ) -> Result<Self, LedgerError> {
-        let dyn_clock: Arc<dyn Clock> = clock.clone();
-        let minted = Arc::new(Mutex::new(None));
-        let entropy: Arc<dyn Entropy> = if bugs.contains(&Bug::DeliveryCapOffByOne) {
-            Arc::new(Minting {
-                inner: entropy,
-                last: Arc::clone(&minted),
-            })
-        } else {
-            entropy
-        };
-        let seam = Arc::new(Mutex::new(Seam {
-            bugs: bugs.to_vec(),
-            minted,
-            ..Seam::default()
-        }));
-        let hook: Option<WritesHook> = (!bugs.is_empty()).then(|| {
-            let seam = Arc::clone(&seam);
-            let hook: WritesHook = Arc::new(move |record: &AttemptRecord, decided| {
-                decide(&seam.lock().unwrap_or_else(|e| e.into_inner()), record, decided)
-            });
-            hook
+        let tape = Arc::new(Tape {
+            inner: entropy,
+            state: Mutex::default(),
         });
-        let backend = match kind {
-            BackendKind::Memory => {
-                let ledger = MemoryLedger::new(dyn_clock, entropy);
-                Backend::Memory(match hook {
-                    Some(h) => ledger.with_writes_hook(h),
-                    None => ledger,
-                })
-            }
-            BackendKind::Sqlite => {
-                let mut core = SqliteCore::open(":memory:", dyn_clock, entropy)?;
-                core.migrate()?;
-                if let Some(h) = hook {
-                    core.set_writes_hook(h);
-                }
-                Backend::Sqlite(core)
-            }
-        };
+        let (seam, entropy, hook) = seams(bugs, tape.clone());
+        let backend = open_backend(kind, clock.clone(), Arc::clone(&entropy), hook.clone())?;
         Ok(Self {
             backend,
+            kind,
+            entropy,
+            hook,
+            tape,
+            journal: None,
+            quiet: false,
+            opened_at: clock.now(),
             seam,
             bugs: bugs.to_vec(),
             clock,
@@ -617,6 +764,8 @@ impl DbState {
             faults_on: true,
             reply_loss,
             replies_lost: 0,
+            failovers: 0,
+            commits_lost: 0,
         })
     }
 
@@ -755,35 +904,16 @@ impl DbState {
         if let Some(at) = planted_instant(&self.bugs, (env.request.op(), worker_sent_at), reconciled, db_now) {
             self.clock.decide_at(at);
         }
-        {
-            let mut seam = self.seam.lock().unwrap_or_else(|e| e.into_inner());
-            seam.op = env.request.op();
-            seam.request = seam.planted(Bug::DeliveryCapOffByOne).then(|| env.request.clone());
-            seam.now = self.clock.now();
-            seam.lease_ms = match &env.request {
-                DbRequest::Worker {
-                    request: WorkerRequest::Heartbeat { lease_ms },
-                    ..
-                } => *lease_ms,
-                _ => 0,
-            };
-        }
+        self.set_seam(&env.request);
         let decided_at = self.clock.now();
-        let mutating = !matches!(
-            env.request,
-            DbRequest::Plan { .. }
-                | DbRequest::ListPlans
-                | DbRequest::Attempt { .. }
-                | DbRequest::History { .. }
-                | DbRequest::OpenAttempts
-        );
-        let first_event = self.events.len();
+        let mutating = is_mutating(&env.request);
+        let marks = (self.events.len(), self.plans.len(), self.tape.len());
         let response = self.dispatch(&env, db_now, decided_at);
         self.clock.clear();
         let lost = mutating && self.faults_on && self.rng.chance(self.reply_loss);
         if lost {
             self.replies_lost += 1;
-            for e in &mut self.events[first_event..] {
+            for e in &mut self.events[marks.0..] {
                 e.reply_lost = true;
             }
             self.trace.line(
@@ -791,7 +921,125 @@ impl DbState {
                 format!("{} from {}: committed, reply lost", env.request.name(), env.from),
             );
         }
+        if mutating {
+            self.journal(env, decided_at, marks, response.is_ok());
+        }
         (response, lost)
+    }
+
+    /// Tells the writes seam which request is decided next, and at which instant.
+    fn set_seam(&self, request: &DbRequest) {
+        let mut seam = self.seam.lock().unwrap_or_else(|e| e.into_inner());
+        seam.op = request.op();
+        seam.request = seam.planted(Bug::DeliveryCapOffByOne).then(|| request.clone());
+        seam.now = self.clock.now();
+        seam.lease_ms = match request {
+            DbRequest::Worker {
+                request: WorkerRequest::Heartbeat { lease_ms },
+                ..
+            } => *lease_ms,
+            _ => 0,
+        };
+    }
+
+    /// Keeps a journal of every mutating request from now on, for failovers.
+    pub fn keep_journal(&mut self) {
+        self.journal.get_or_insert_with(Vec::new);
+        self.tape.record();
+    }
+
+    /// Journals a mutating request just handled (`ok`: it was answered, not
+    /// refused); `marks` are the event count, plan count and draw count before it.
+    fn journal(&mut self, env: DbEnvelope, decided_at: Timestamp, marks: (usize, usize, usize), ok: bool) {
+        let Some(journal) = self.journal.as_mut() else { return };
+        let applied = self.events[marks.0..]
+            .iter()
+            .any(|e| e.outcome == EventOutcome::Applied);
+        let committed =
+            applied || self.plans.len() > marks.1 || (ok && matches!(env.request, DbRequest::RetirePlan { .. }));
+        journal.push(Journaled {
+            env,
+            decided_at,
+            draws: marks.2..self.tape.len(),
+            committed,
+            events: marks.0..self.events.len(),
+        });
+    }
+
+    /// Fails the db host over to its replica, which lacks the last `lost` committed
+    /// transactions (planted `failover-loses-commit`: at least one) and whose clock
+    /// reads `offset_ms` more than the primary's. Call it while the host is down.
+    /// Answers a line for the trace, or why the replica could not be built.
+    pub fn fail_over(&mut self, lost: u64, offset_ms: i64) -> Result<String, String> {
+        let lost = if self.bugs.contains(&Bug::FailoverLosesCommit) {
+            lost.max(1)
+        } else {
+            lost
+        };
+        let mut journal = self.journal.take().ok_or("no journal was kept")?;
+        let dropped = journal.split_off(cut(&journal, lost));
+        let replayed = self.promote(&journal);
+        self.journal = Some(journal);
+        replayed?;
+        self.clock.shift(offset_ms);
+        let gone: Vec<String> = dropped
+            .iter()
+            .flat_map(|j| j.events.clone())
+            .filter(|i| self.events[*i].outcome == EventOutcome::Applied)
+            .map(|i| format!("#{i}"))
+            .collect();
+        let commits = dropped.iter().filter(|j| j.committed).count() as u64;
+        self.failovers += 1;
+        self.commits_lost += commits;
+        Ok(format!(
+            "failover: the replica is promoted, its clock {offset_ms:+} ms off the primary's; {commits} commit(s) lost{}",
+            if gone.is_empty() {
+                String::new()
+            } else {
+                format!(" (events {})", gone.join(" "))
+            }
+        ))
+    }
+
+    /// Builds the promoted replica: a fresh ledger with the world's limits, into
+    /// which `journal` is replayed quietly, each request at the instant it was
+    /// decided at and with the draws it drew; then reads every attempt's rows again.
+    fn promote(&mut self, journal: &[Journaled]) -> Result<(), String> {
+        let (clock, entropy, hook) = (self.clock.clone(), Arc::clone(&self.entropy), self.hook.clone());
+        self.clock.decide_at(self.opened_at);
+        let opened = open_backend(self.kind, clock, entropy, hook).map(|b| self.backend = b);
+        let limited = self.limits.clone().iter().try_for_each(|l| self.put_limit(l));
+        self.clock.clear();
+        opened.and(limited).map_err(|e| e.to_string())?;
+        self.quiet = true;
+        let mut diverged = None;
+        for j in journal {
+            self.tape.replay(j.draws.clone());
+            self.clock.decide_at(j.decided_at);
+            self.set_seam(&j.env.request);
+            let _ = self.dispatch(&j.env, j.decided_at, j.decided_at);
+            self.clock.clear();
+            if !self.tape.replayed() && diverged.is_none() {
+                diverged = Some(j.env.request.name());
+            }
+        }
+        self.quiet = false;
+        self.reread_latest();
+        match diverged {
+            Some(name) => Err(format!("replaying the journal diverged at a {name} request")),
+            None => Ok(()),
+        }
+    }
+
+    /// Reads every attempt's rows from the ledger again (after a failover).
+    fn reread_latest(&mut self) {
+        let ids: Vec<AttemptId> = self.latest.keys().cloned().collect();
+        for id in ids {
+            match self.read_snap(&id) {
+                Some(snap) => self.latest.insert(id, snap),
+                None => self.latest.remove(&id),
+            };
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -808,6 +1056,9 @@ impl DbState {
         outcome: EventOutcome,
         plan_attempts: Option<(usize, usize)>,
     ) {
+        if self.quiet {
+            return;
+        }
         let seq = self.events.len() as u64;
         let mut text = format!("#{seq} {op} from {}", env.from);
         if let Some(a) = &attempt {
@@ -1010,10 +1261,12 @@ impl DbState {
         let count_after = self.plan_attempt_count(plan);
         if let Ok(Enqueued { record, created: false }) = &result {
             // Answered for its key: nothing was written, so no transition is logged.
-            self.trace.line(
-                "db",
-                format!("enqueue from {} answered {} for its key", env.from, record.attempt.id),
-            );
+            if !self.quiet {
+                self.trace.line(
+                    "db",
+                    format!("enqueue from {} answered {} for its key", env.from, record.attempt.id),
+                );
+            }
             return result.map(|e| DbReply::Enqueued {
                 record: e.record,
                 created: false,
@@ -1141,6 +1394,18 @@ impl DbState {
         );
         result
     }
+}
+
+/// Whether a request may write: every one but the reads.
+fn is_mutating(request: &DbRequest) -> bool {
+    !matches!(
+        request,
+        DbRequest::Plan { .. }
+            | DbRequest::ListPlans
+            | DbRequest::Attempt { .. }
+            | DbRequest::History { .. }
+            | DbRequest::OpenAttempts
+    )
 }
 
 /// Replies carry rows, never tokens (the claim's own token travels in its lease).

@@ -6,10 +6,13 @@
 //! ([`rpc`]), a skewed clock ([`clock`]) and an executor that calls an idempotent
 //! target host ([`target`]), plus an enqueuer and an operator ([`clients`]). Faults
 //! from the seed's profile ([`profile`]) hit it during a safety phase; then it is
-//! healed and must converge. The [`checker`] proves twenty-four invariants on every run from
+//! healed and must converge; a profile may fail the db host over to a replica, sync
+//! or async, whose clock is off ([`db::DbState::fail_over`]). The [`checker`] proves
+//! twenty-six invariants on every run from
 //! what the hosts recorded (the model-based history check is [`history`], the delivery
 //! policy's invariants are [`delivery`], routing's is [`routing`], the per-target
-//! limits' are [`limits`], trace context's is [`traces`], enqueue keys' is [`keys`]); planted
+//! limits' are [`limits`], trace context's is [`traces`], enqueue keys' is [`keys`],
+//! order keys' is [`ordered`], durability's is [`durability`]); planted
 //! bugs ([`bugs`]) prove that it can fail; the run prints a hash of its event [`trace`], and the
 //! same seed always gives the same hash. [`runner`] runs many seeds on every core.
 //! [`model`] explores every interleaving of small configurations with the engine's
@@ -25,6 +28,7 @@ pub mod clients;
 pub mod clock;
 pub mod db;
 pub mod delivery;
+pub mod durability;
 pub mod history;
 pub mod keys;
 pub mod limits;

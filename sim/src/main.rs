@@ -137,7 +137,7 @@ fn print_run(config: &RunConfig, report: &RunReport) -> bool {
     let s = report.stats;
     let _ = writeln!(
         out,
-        "seed {} profile {} backend {}: {} · trace {} · faults {} takeovers {} given back {} stale refused {} duplicates {} · attempts {} (succeeded {}, failed {} of which exhausted {}, aborted {}) · {:.1} s simulated",
+        "seed {} profile {} backend {}: {} · trace {} · faults {} takeovers {} given back {} stale refused {} duplicates {}{} · attempts {} (succeeded {}, failed {} of which exhausted {}, aborted {}) · {:.1} s simulated",
         config.seed,
         config.profile.name,
         config.backend.name(),
@@ -148,6 +148,11 @@ fn print_run(config: &RunConfig, report: &RunReport) -> bool {
         s.gave_back,
         s.stale_refused,
         s.duplicates,
+        if s.failovers > 0 {
+            format!(" failovers {} commits lost {}", s.failovers, s.commits_lost)
+        } else {
+            String::new()
+        },
         s.attempts,
         s.succeeded,
         s.failed,

@@ -3,14 +3,16 @@
 //! Contract: a profile names the world (workers, lease, timeouts, phase lengths),
 //! the clients' pace, and the faults a seed may draw: per-worker fault episodes
 //! (noisy crash, silent crash, partition from the db or the target, hold of the link
-//! to the db or the target) with their weights and durations, db host restarts, lost
-//! replies, and clock skew. Every field has a default (no faults); unknown fields are
+//! to the db or the target) with their weights and durations, db host restarts, db
+//! failovers to a replica (sync or async, its clock offset), lost replies, and clock
+//! skew. Every field has a default (no faults); unknown fields are
 //! an error that names them. Ranges are `[lo, hi]`, inclusive, in the unit their
-//! name ends with. The eight profiles shipped with the simulator are compiled in
+//! name ends with. The ten profiles shipped with the simulator are compiled in
 //! ([`Profile::builtin`]) from `scenarios/faults/`, `flaky-targets` (targets that
-//! fail for a while, always, or throttle) and `limited-targets` (per-target limits
-//! on the db host's ledger, `[[world.limits]]`) among them; any other file can be loaded
-//! by path. A profile names the plans its clients deliver
+//! fail for a while, always, or throttle), `limited-targets` (per-target limits
+//! on the db host's ledger, `[[world.limits]]`) and `failover` (the db host fails over
+//! to a sync replica) among them, plus `failover-async`, which is expected to fail
+//! ([`FAILING`]); any other file can be loaded by path. A profile names the plans its clients deliver
 //! (`clients.plans`, checked against [`crate::plans::specs`]).
 
 use leasehold_engine::limits::{Breaker, Rate, TargetLimit};
@@ -34,7 +36,17 @@ pub const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../scenarios/faults/flaky-targets.toml"),
     ),
     ("ordered-keys", include_str!("../../scenarios/faults/ordered-keys.toml")),
+    ("failover", include_str!("../../scenarios/faults/failover.toml")),
 ];
+
+/// Shipped profiles that demonstrate a promise the system does not keep under
+/// them, by name: expected to fail, so left out of [`Profile::all_builtin`] (the CI
+/// window and `--profile all`) but loadable by name. `failover-async` promotes an
+/// asynchronous replica that may lack the last acknowledged commits (invariant 26).
+pub const FAILING: &[(&str, &str)] = &[(
+    "failover-async",
+    include_str!("../../scenarios/faults/failover-async.toml"),
+)];
 
 /// A fault profile.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -235,6 +247,31 @@ pub struct FaultParams {
     pub db_reply_loss: f64,
     /// Chance that the target applies an effect but its reply is lost.
     pub target_reply_loss: f64,
+    /// How many times the db host fails over to its replica in the safety phase: it
+    /// goes down (for `db_down_ms`, like a restart) and comes back as the replica.
+    pub db_failovers: [u64; 2],
+    /// How the replica follows the primary: `sync` (it has every acknowledged
+    /// commit) or `async` (it may lack the last `max_lost_commits`).
+    pub replication: Replication,
+    /// Under `async`, the most committed transactions a failover loses (each
+    /// failover draws `0..=max_lost_commits`).
+    pub max_lost_commits: u64,
+    /// Largest offset, either way, of the promoted replica's clock from the clock
+    /// of the primary it replaces (drawn per failover).
+    pub replica_clock_offset_ms_max: u64,
+}
+
+/// How the db host's replica follows its primary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Replication {
+    /// A commit is acknowledged once the replica has it: a failover loses nothing
+    /// acknowledged.
+    #[default]
+    Sync,
+    /// A commit is acknowledged before the replica has it: a failover may lose the
+    /// last few.
+    Async,
 }
 
 impl Default for FaultParams {
@@ -249,6 +286,10 @@ impl Default for FaultParams {
             db_down_ms: [100, 1_500],
             db_reply_loss: 0.0,
             target_reply_loss: 0.0,
+            db_failovers: [0, 0],
+            replication: Replication::Sync,
+            max_lost_commits: 0,
+            replica_clock_offset_ms_max: 0,
         }
     }
 }
@@ -283,15 +324,23 @@ impl Profile {
                 .validate()
                 .map_err(|e| format!("world.limits[{i}] ({}): {e}", l.target))?;
         }
+        let f = &profile.faults;
+        if f.max_lost_commits > 0 && f.replication == Replication::Sync {
+            return Err("faults.max_lost_commits: a sync replica loses nothing; set replication = \"async\"".into());
+        }
         Ok(profile)
     }
 
-    /// A shipped profile by name.
+    /// A shipped profile by name ([`BUILTIN`] or [`FAILING`]).
     pub fn builtin(name: &str) -> Option<Self> {
-        BUILTIN.iter().find(|(n, _)| *n == name).map(|(n, text)| {
-            // The shipped files are tested to parse (see the tests below).
-            Profile::parse(text).unwrap_or_else(|e| panic!("scenarios/faults/{n}.toml: {e}"))
-        })
+        BUILTIN
+            .iter()
+            .chain(FAILING)
+            .find(|(n, _)| *n == name)
+            .map(|(n, text)| {
+                // The shipped files are tested to parse (see the tests below).
+                Profile::parse(text).unwrap_or_else(|e| panic!("scenarios/faults/{n}.toml: {e}"))
+            })
     }
 
     /// Every shipped profile.
@@ -309,7 +358,7 @@ impl Profile {
             let text = std::fs::read_to_string(path).map_err(|e| format!("{name_or_path}: {e}"))?;
             return Profile::parse(&text).map_err(|e| format!("{name_or_path}: {e}"));
         }
-        let known: Vec<&str> = BUILTIN.iter().map(|(n, _)| *n).collect();
+        let known: Vec<&str> = BUILTIN.iter().chain(FAILING).map(|(n, _)| *n).collect();
         Err(format!(
             "unknown profile {name_or_path:?} (known: {}, or a path to a .toml file)",
             known.join(", ")
@@ -323,7 +372,7 @@ mod tests {
 
     #[test]
     fn every_shipped_profile_parses_and_is_named_after_its_file() {
-        for (name, text) in BUILTIN {
+        for (name, text) in BUILTIN.iter().chain(FAILING) {
             let p = Profile::parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(p.name, *name);
             assert!(
@@ -344,6 +393,16 @@ mod tests {
         let text = "name = \"x\"\n[[world.limits]]\ntarget = \"sim-target:v1\"\nmax_in_flight = 0\n";
         let e = Profile::parse(text).unwrap_err();
         assert!(e.contains("world.limits[0]") && e.contains("max_in_flight"), "{e}");
+    }
+
+    #[test]
+    fn lost_commits_need_async_replication() {
+        let e = Profile::parse("name = \"x\"\n[faults]\nmax_lost_commits = 2\n").unwrap_err();
+        assert!(e.contains("faults.max_lost_commits") && e.contains("async"), "{e}");
+        let p = Profile::parse("name = \"x\"\n[faults]\nreplication = \"async\"\nmax_lost_commits = 2\n");
+        assert_eq!(p.map(|p| p.faults.replication), Ok(Replication::Async));
+        let e = Profile::parse("name = \"x\"\n[faults]\nreplication = \"semi\"\n").unwrap_err();
+        assert!(e.contains("semi"), "{e}");
     }
 
     #[test]

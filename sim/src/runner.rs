@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// The highest invariant number the checker proves.
-pub const INVARIANTS: usize = 25;
+pub const INVARIANTS: usize = 26;
 
 /// A set of runs.
 #[derive(Debug, Clone)]
@@ -127,8 +127,17 @@ impl Summary {
         );
         let _ = writeln!(
             out,
-            "faults injected: {}   takeovers: {}   given back: {}   stale writes refused: {}   duplicates deduplicated: {}",
-            s.faults, s.takeovers, s.gave_back, s.stale_refused, s.duplicates
+            "faults injected: {}   takeovers: {}   given back: {}   stale writes refused: {}   duplicates deduplicated: {}{}",
+            s.faults,
+            s.takeovers,
+            s.gave_back,
+            s.stale_refused,
+            s.duplicates,
+            if s.failovers > 0 {
+                format!("   failovers: {} (commits lost: {})", s.failovers, s.commits_lost)
+            } else {
+                String::new()
+            }
         );
         let _ = writeln!(
             out,

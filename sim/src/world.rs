@@ -8,7 +8,9 @@
 //! the db host's seams ([`crate::bugs`]). The world: a db host, a target host, the
 //! profile's worker hosts running the production [`Worker`], an enqueuer and an
 //! operator client. The run has a safety phase (faults on) of `safety_ms`; then
-//! every fault is healed and every attempt must be terminal within `liveness_ms`.
+//! every fault is healed and every attempt must be terminal within `liveness_ms`. A
+//! db failover (`Fault::Failover`) takes the db host down and promotes its replica
+//! ([`DbState::fail_over`]) before it comes back up.
 
 use crate::bugs::Bug;
 use crate::checker::{self, CheckInput, FaultLog, Violation};
@@ -16,7 +18,7 @@ use crate::clients::{self, ClientCtx, ClientLog};
 use crate::clock::{ClockParams, DbClock, SimClock, EPOCH_MS};
 use crate::db::{self, BackendKind, DbState};
 use crate::delivery::Timing;
-use crate::profile::{FaultParams, Profile, WorldParams};
+use crate::profile::{FaultParams, Profile, Replication, WorldParams};
 use crate::rng::Rng;
 use crate::rpc::RpcLedger;
 use crate::target::{self, FailureLog, TargetExecutor, TargetState};
@@ -51,7 +53,8 @@ pub struct RunConfig {
 /// What a run counted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Faults injected: crashes, partitions, holds, db restarts, lost replies, clock jumps.
+    /// Faults injected: crashes, partitions, holds, db restarts and failovers, lost
+    /// replies, clock jumps.
     pub faults: u64,
     /// Claims of a command that had been claimed before and not given back since:
     /// its lease had expired, or reconcile had requeued it.
@@ -74,6 +77,10 @@ pub struct Stats {
     pub aborted: u64,
     /// Simulated time, ms.
     pub sim_ms: u64,
+    /// Failovers of the db host to its replica.
+    pub failovers: u64,
+    /// Committed transactions the failovers lost.
+    pub commits_lost: u64,
 }
 
 impl Stats {
@@ -90,6 +97,8 @@ impl Stats {
         self.failed += o.failed;
         self.aborted += o.aborted;
         self.sim_ms += o.sim_ms;
+        self.failovers += o.failovers;
+        self.commits_lost += o.commits_lost;
     }
 }
 
@@ -113,21 +122,50 @@ pub struct RunReport {
 /// A fault the driver applies between steps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Fault {
-    Crash { worker: String, silent: bool },
-    Restart { worker: String, silent: bool },
-    Partition { worker: String, peer: &'static str },
-    Repair { worker: String, peer: &'static str },
-    Hold { worker: String, peer: &'static str },
-    Release { worker: String, peer: &'static str },
+    Crash {
+        worker: String,
+        silent: bool,
+    },
+    Restart {
+        worker: String,
+        silent: bool,
+    },
+    Partition {
+        worker: String,
+        peer: &'static str,
+    },
+    Repair {
+        worker: String,
+        peer: &'static str,
+    },
+    Hold {
+        worker: String,
+        peer: &'static str,
+    },
+    Release {
+        worker: String,
+        peer: &'static str,
+    },
     CrashDb,
     RestartDb,
+    /// The db host goes down and comes back as its replica (at the next
+    /// `RestartDb`), which lacks the last `lost` commits and whose clock reads
+    /// `offset_ms` more.
+    Failover {
+        lost: u64,
+        offset_ms: i64,
+    },
 }
 
 impl Fault {
     fn is_start(&self) -> bool {
         matches!(
             self,
-            Fault::Crash { .. } | Fault::Partition { .. } | Fault::Hold { .. } | Fault::CrashDb
+            Fault::Crash { .. }
+                | Fault::Partition { .. }
+                | Fault::Hold { .. }
+                | Fault::CrashDb
+                | Fault::Failover { .. }
         )
     }
 
@@ -142,6 +180,9 @@ impl Fault {
             Fault::Release { worker, peer } => format!("release {worker} <-> {peer}"),
             Fault::CrashDb => "crash db".into(),
             Fault::RestartDb => "restart db".into(),
+            Fault::Failover { lost, offset_ms } => {
+                format!("fail over db to its replica (clock {offset_ms:+} ms, lacks {lost} commit(s))")
+            }
         }
     }
 }
@@ -171,7 +212,9 @@ fn plan_run(seed: u64, p: &Profile) -> Schedule {
     let mut faults: Vec<(u64, Fault)> = (0..p.world.workers)
         .flat_map(|i| worker_episodes(&mut rng, &format!("w{}", i + 1), p))
         .collect();
-    faults.extend(db_restarts(&mut rng, p));
+    let restarts = db_restarts(&mut rng, p);
+    faults.extend(db_failovers(seed, p, &restarts));
+    faults.extend(restarts);
     // A stable sort keeps each worker's episode order for equal instants.
     faults.sort_by_key(|(at, _)| *at);
     let (worker_clocks, db_clock) = clocks(seed, p);
@@ -278,6 +321,36 @@ fn db_restarts(rng: &mut Rng, p: &Profile) -> Vec<(u64, Fault)> {
     faults
 }
 
+/// The db host's failovers to its replica, each a [`Fault::Failover`] and the
+/// restart that brings the replica up (`db_down_ms` later), wholly inside the
+/// safety phase, after the previous one, and clear of every db restart (a draw that
+/// would overlap one is skipped). From a stream of their own, so that a profile
+/// without failovers draws everything else as before.
+fn db_failovers(seed: u64, p: &Profile, restarts: &[(u64, Fault)]) -> Vec<(u64, Fault)> {
+    let (safety, f) = (p.world.safety_ms, &p.faults);
+    let mut rng = Rng::new(seed, "failovers");
+    let busy: Vec<(u64, u64)> = restarts.chunks(2).map(|c| (c[0].0, c[c.len() - 1].0)).collect();
+    let mut faults = Vec::new();
+    let mut free_from = safety / 10;
+    for _ in 0..rng.range(f.db_failovers[0], f.db_failovers[1]) {
+        let at = rng.range(free_from, safety * 9 / 10);
+        let down = rng.range(f.db_down_ms[0], f.db_down_ms[1]);
+        let lost = match f.replication {
+            Replication::Sync => 0,
+            Replication::Async => rng.range(0, f.max_lost_commits),
+        };
+        let offset_ms = rng.signed(f.replica_clock_offset_ms_max);
+        let clear = busy.iter().all(|(a, b)| at + down < *a || at > *b);
+        if at + down >= safety || !clear {
+            continue;
+        }
+        faults.push((at, Fault::Failover { lost, offset_ms }));
+        faults.push((at + down, Fault::RestartDb));
+        free_from = at + down + 1;
+    }
+    faults
+}
+
 /// Every worker's clock, then the db host's: skewed if the profile skews clocks.
 fn clocks(seed: u64, p: &Profile) -> (Vec<ClockParams>, ClockParams) {
     let mut clocks = Rng::new(seed, "clocks");
@@ -330,7 +403,7 @@ fn apply_fault(sim: &mut turmoil::Sim<'_>, fault: &Fault) {
         Fault::Repair { worker, peer } => sim.repair(worker.as_str(), *peer),
         Fault::Hold { worker, peer } => sim.hold(worker.as_str(), *peer),
         Fault::Release { worker, peer } => sim.release(worker.as_str(), *peer),
-        Fault::CrashDb => sim.crash("db"),
+        Fault::CrashDb | Fault::Failover { .. } => sim.crash("db"),
         Fault::RestartDb => sim.bounce("db"),
     }
 }
@@ -364,7 +437,7 @@ fn fault_log(plan: &Schedule, heal_ms: u64, lease_ms: u64, failures: &FailureLog
     let mut open: BTreeMap<String, u64> = BTreeMap::new();
     for (at, fault) in &plan.faults {
         let who = match fault {
-            Fault::CrashDb | Fault::RestartDb => "*".to_owned(),
+            Fault::CrashDb | Fault::RestartDb | Fault::Failover { .. } => "*".to_owned(),
             Fault::Crash { worker, .. } | Fault::Restart { worker, .. } => worker.clone(),
             Fault::Partition { worker, .. } | Fault::Repair { worker, .. } => worker.clone(),
             Fault::Hold { worker, .. } | Fault::Release { worker, .. } => worker.clone(),
@@ -484,6 +557,9 @@ fn open_hosts(config: &RunConfig, plan: &Schedule, trace: &Trace) -> Result<Host
         &config.bugs,
     )?;
     db.set_limits(&target_limits(&p.world))?;
+    if p.faults.db_failovers[1] > 0 {
+        db.keep_journal();
+    }
     let target = TargetState::new(seed, p.faults.target_reply_loss, p.world.target_slowdown, trace.clone());
     Ok(Hosts {
         db: Rc::new(RefCell::new(db)),
@@ -600,10 +676,7 @@ fn drive(sim: &mut turmoil::Sim<'_>, plan: &Schedule, w: &WorldParams, hosts: &H
     loop {
         let now = elapsed_ms(sim);
         while next < plan.faults.len() && plan.faults[next].0 <= now {
-            let fault = &plan.faults[next].1;
-            trace.line_at(now, "sim", fault.describe());
-            apply_fault(sim, fault);
-            ending.faults_applied += u64::from(fault.is_start());
+            apply_due_fault(sim, &plan.faults[next].1, hosts, trace, &mut ending);
             next += 1;
         }
         if !healed && now >= w.safety_ms {
@@ -630,6 +703,24 @@ fn drive(sim: &mut turmoil::Sim<'_>, plan: &Schedule, w: &WorldParams, hosts: &H
     }
     ending.sim_ms = elapsed_ms(sim);
     ending
+}
+
+/// Applies one fault that is due; a failover also promotes the db host's replica
+/// (a replica that cannot be built is invariant 0).
+fn apply_due_fault(sim: &mut turmoil::Sim<'_>, fault: &Fault, hosts: &Hosts, trace: &Trace, ending: &mut Ending) {
+    let now = elapsed_ms(sim);
+    trace.line_at(now, "sim", fault.describe());
+    apply_fault(sim, fault);
+    ending.faults_applied += u64::from(fault.is_start());
+    if let Fault::Failover { lost, offset_ms } = fault {
+        match hosts.db.borrow_mut().fail_over(*lost, *offset_ms) {
+            Ok(line) => trace.line_at(now, "db", line),
+            Err(e) => ending.violations.push(Violation {
+                invariant: 0,
+                message: format!("the db host's failover failed: {e}"),
+            }),
+        }
+    }
 }
 
 /// Whether a healed world is done at `now`: `Break(None)` once the clients are done
@@ -699,6 +790,7 @@ fn report(config: &RunConfig, plan: &Schedule, hosts: &Hosts, trace: &Trace, end
     violations.extend(crate::traces::carried(input.latest, input.clients, &input.target.calls));
     violations.extend(crate::keys::once(&db.keyed, input.clients));
     violations.extend(crate::ordered::one_at_a_time(&db.events, &db.ordered, &db.latest));
+    violations.extend(crate::durability::survives(&db.events, &db.latest));
     for v in &violations {
         lines.push(format!("violation [{}] {}", v.invariant, v.message));
     }
@@ -752,6 +844,8 @@ fn stats(plan: &Schedule, safety_ms: u64, db: &DbState, tgt: &TargetState, endin
         duplicates: tgt.duplicates,
         attempts: db.latest.len() as u64,
         sim_ms: ending.sim_ms,
+        failovers: db.failovers,
+        commits_lost: db.commits_lost,
         ..Stats::default()
     };
     for s in db.latest.values() {

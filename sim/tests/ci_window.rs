@@ -5,7 +5,7 @@ use leasehold_sim::db::BackendKind;
 use leasehold_sim::profile::Profile;
 use leasehold_sim::runner::{self, Batch};
 
-/// Seeds per profile: 9 profiles × 84 seeds = 756 seeds, each on both backends.
+/// Seeds per profile: 10 profiles × 84 seeds = 840 seeds, each on both backends.
 const SEEDS_PER_PROFILE: u64 = 84;
 
 fn window() -> u64 {

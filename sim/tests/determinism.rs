@@ -25,7 +25,7 @@ fn hashes(profile: &str, seeds: std::ops::Range<u64>) -> Vec<(u64, BackendKind, 
 
 #[test]
 fn a_sample_of_seeds_run_twice_gives_the_same_trace_hashes() {
-    for profile in ["mixed", "stale-tokens", "flaky-targets", "limited-targets"] {
+    for profile in ["mixed", "stale-tokens", "flaky-targets", "limited-targets", "failover"] {
         let first = hashes(profile, 1000..1010);
         let second = hashes(profile, 1000..1010);
         assert_eq!(
