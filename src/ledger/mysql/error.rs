@@ -5,7 +5,10 @@
 //! MariaDB snapshot conflict (1020), or a connection lost before `COMMIT` was sent (the
 //! server rolls an unfinished transaction back when its connection goes). A connection
 //! lost while `COMMIT` was in flight is [`TxError::Ambiguous`]: it may or may not have
-//! applied, so it is never retried blindly. Failing to connect at all is
+//! applied, so it is never retried blindly. On Galera, a certification conflict
+//! (another node committed a write to the same rows first) is a deadlock (1213), at
+//! `COMMIT` or at the next statement, and its transaction rolled back whole: retried.
+//! A node outside the primary component (1047, 1180) counts as a lost connection. Failing to connect at all is
 //! [`LedgerError::Unavailable`]. Messages name the server error, never a lease token
 //! or a password (tokens are bound as parameters, which no MySQL error echoes).
 
@@ -39,6 +42,13 @@ const ER_QUERY_INTERRUPTED: u16 = 1317;
 const ER_CONNECTION_KILLED: u16 = 1927;
 /// MySQL 8: the client was disconnected by the server because of inactivity.
 const ER_CLIENT_INTERACTION_TIMEOUT: u16 = 4031;
+/// Galera: "WSREP has not yet prepared node for application use" — the node is not
+/// part of the cluster's primary component (it lost quorum, or is still joining) and
+/// serves no statement until it is.
+const ER_WSREP_NOT_READY: u16 = 1047;
+/// Galera: "Error while appending streaming replication fragment" — the node lost
+/// the primary component while its transaction was being replicated.
+const ER_WSREP_REPLICATION: u16 = 1180;
 /// Table doesn't exist.
 pub(super) const ER_NO_SUCH_TABLE: u16 = 1146;
 /// Unknown column.
@@ -59,7 +69,12 @@ fn is_connection_loss(e: &MyError) -> bool {
         ),
         MyError::Server(s) => matches!(
             s.code,
-            ER_SERVER_SHUTDOWN | ER_QUERY_INTERRUPTED | ER_CONNECTION_KILLED | ER_CLIENT_INTERACTION_TIMEOUT
+            ER_SERVER_SHUTDOWN
+                | ER_QUERY_INTERRUPTED
+                | ER_CONNECTION_KILLED
+                | ER_CLIENT_INTERACTION_TIMEOUT
+                | ER_WSREP_NOT_READY
+                | ER_WSREP_REPLICATION
         ),
         MyError::Url(_) => false,
     }
@@ -135,7 +150,14 @@ mod tests {
 
     #[test]
     fn a_lost_connection_is_retried_before_commit_and_ambiguous_during_it() {
-        for e in [io(), server(1927), MyError::Driver(DriverError::ConnectionClosed)] {
+        for e in [
+            io(),
+            server(1927),
+            MyError::Driver(DriverError::ConnectionClosed),
+            // A Galera node that is not in the primary component.
+            server(1047),
+            server(1180),
+        ] {
             assert!(matches!(classify(&e, Phase::Statement), TxError::Retry(_)));
             assert!(matches!(classify(&e, Phase::Commit), TxError::Ambiguous(_)));
             assert!(matches!(
