@@ -120,6 +120,18 @@ pub enum WorkerEvent {
         /// What failed.
         error: String,
     },
+    /// A write other than a heartbeat got no answer saying whether it committed:
+    /// the ledger was unreachable, or its connection was lost during `COMMIT` (a
+    /// database failing over). The driver sends it again, and reads the attempt back
+    /// when a repeat of a write that ends it is refused.
+    WriteUnconfirmed {
+        /// The attempt.
+        attempt: AttemptId,
+        /// The write's operation (`begin-step`, `complete-and-continue`, `finish`, …).
+        write: &'static str,
+        /// What the ledger answered.
+        error: String,
+    },
     /// A ledger request failed in transport; it will be retried.
     LedgerUnavailable {
         /// What failed.
@@ -201,6 +213,12 @@ impl fmt::Display for WorkerEvent {
                 write!(
                     f,
                     "attempt {attempt}: heartbeat failed ({error}); retrying while the lease lasts"
+                )
+            }
+            WorkerEvent::WriteUnconfirmed { attempt, write, error } => {
+                write!(
+                    f,
+                    "attempt {attempt}: {write} not confirmed ({error}); sending it again"
                 )
             }
             WorkerEvent::LedgerUnavailable { error, retry_in_ms } => {
@@ -816,6 +834,11 @@ impl<L: Ledger, E: Executor, C: Clock> Delivery<L, E, C> {
                     error: e.to_string(),
                 });
             }
+            (_, Err(e)) if e.is_transient() => emit(&self.observer, || WorkerEvent::WriteUnconfirmed {
+                attempt: self.claimed.record.attempt.id.clone(),
+                write: op.op().as_str(),
+                error: e.to_string(),
+            }),
             _ => {}
         }
     }

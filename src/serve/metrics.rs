@@ -407,6 +407,7 @@ impl Metrics {
             WorkerEvent::StepBegun { attempt, .. }
             | WorkerEvent::StepSucceeded { attempt, .. }
             | WorkerEvent::HeartbeatFailed { attempt, .. }
+            | WorkerEvent::WriteUnconfirmed { attempt, .. }
             | WorkerEvent::Finished { attempt, .. } => Some(attempt),
             _ => None,
         };
@@ -566,6 +567,9 @@ pub fn log_event(worker: &str, event: &WorkerEvent, context: Option<(&str, u32)>
         }
         WorkerEvent::HeartbeatFailed { attempt, error } => {
             tracing::warn!(event = "heartbeat_failed", worker, attempt = %attempt, command, delivery, error = %clean(error), "heartbeat failed")
+        }
+        WorkerEvent::WriteUnconfirmed { attempt, write, error } => {
+            tracing::warn!(event = "write_unconfirmed", worker, attempt = %attempt, command, delivery, write, error = %clean(error), "write not confirmed; sending it again")
         }
         WorkerEvent::LedgerUnavailable { error, retry_in_ms } => {
             tracing::warn!(event = "ledger_unavailable", worker, error = %clean(error), retry_in_ms, "ledger unavailable")
