@@ -2,12 +2,15 @@
 //! deliver attempts of three-step `http:v1` plans to the reference receiver while
 //! the test kills the database under them —
 //! - on PostgreSQL, a primary with a synchronous streaming standby
-//!   (`scripts/pg-cluster`): the primary is killed (SIGKILL) and the standby
-//!   promoted; every process reaches the new primary through a two-host URL with
+//!   (`scripts/pg-cluster`): the standby stops acknowledging for a moment, so that
+//!   the commits sent meanwhile wait unanswered, then the primary is killed
+//!   (SIGKILL) — those commits are in doubt — and the standby promoted; every
+//!   process reaches the new primary through a two-host URL with
 //!   `target_session_attrs=read-write`;
 //! - on MariaDB Galera, three nodes (`scripts/galera-cluster`), one of them with its
 //!   clock ahead (libfaketime): each worker talks to its own node, and nodes are
-//!   killed (SIGKILL) and restarted, rejoining the cluster;
+//!   paused (SIGSTOP: their clients' commits wait), killed (SIGKILL) and restarted,
+//!   rejoining the cluster;
 //!
 //! and kills worker processes (SIGKILL, replaced at once) while the database is
 //! down. The test enqueues through the library meanwhile, each attempt under an
@@ -169,9 +172,19 @@ impl Cluster for PgCluster {
         self.url()
     }
 
-    fn fail(&mut self, _draws: &Draws) -> String {
+    /// Pauses the standby's WAL receiver, so that every commit on the primary waits
+    /// for it, unanswered; then kills the primary: those commits are in doubt to
+    /// their clients (the standby may or may not hold them once it resumes).
+    fn fail(&mut self, draws: &Draws) -> String {
+        script("pg-cluster", &["pause-standby", &self.path()], &[]);
+        let paused = draws.ms(300, 1_000);
+        std::thread::sleep(paused);
         script("pg-cluster", &["kill-primary", &self.path()], &[]);
-        "killed the primary (SIGKILL)".to_owned()
+        script("pg-cluster", &["resume-standby", &self.path()], &[]);
+        format!(
+            "paused the standby's WAL receiver for {} ms, then killed the primary (SIGKILL)",
+            paused.as_millis()
+        )
     }
 
     fn recover(&mut self) -> String {
@@ -239,12 +252,20 @@ impl Cluster for GaleraCluster {
     /// nodes, a quorum. Node 3 is killed last because libfaketime can stall its
     /// group timers for minutes after a restart, and a stalled node 3 beside a
     /// killed node 2 would leave no quorum.
-    fn fail(&mut self, _draws: &Draws) -> String {
+    /// Each node is paused (SIGSTOP) for a moment before it is killed, so that its
+    /// clients' commits sent meanwhile are in doubt.
+    fn fail(&mut self, draws: &Draws) -> String {
         self.kills += 1;
-        let node = 1 + self.kills;
-        script("galera-cluster", &["kill", &self.path(), &node.to_string()], &[]);
-        self.down = Some(node);
-        format!("killed node {node} (SIGKILL)")
+        let node = (1 + self.kills).to_string();
+        script("galera-cluster", &["pause", &self.path(), &node], &[]);
+        let paused = draws.ms(300, 1_000);
+        std::thread::sleep(paused);
+        script("galera-cluster", &["kill", &self.path(), &node], &[]);
+        self.down = Some(1 + self.kills);
+        format!(
+            "paused node {node} for {} ms, then killed it (SIGKILL)",
+            paused.as_millis()
+        )
     }
 
     fn recover(&mut self) -> String {
