@@ -33,7 +33,7 @@
 //! once) go to stderr even when the test passes.
 
 use leasehold::engine::{Action, AttemptId, AttemptRecord};
-use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
+use leasehold::entropy::{Entropy, SeededEntropy};
 use leasehold::ledger::Ledger;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -161,13 +161,10 @@ struct Figures {
 
 impl<'a> Chaos<'a> {
     fn new(backend: &'static str, runtime: &'a tokio::runtime::Runtime) -> Self {
-        let seed = match std::env::var("LEASEHOLD_CHAOS_SEED") {
-            Ok(s) => s.trim().parse().expect("LEASEHOLD_CHAOS_SEED must be a whole number"),
-            Err(_) => OsEntropy.next_u64(),
-        };
-        let _ = writeln!(
-            std::io::stderr(),
-            "chaos ({backend}): seed {seed} (replay with LEASEHOLD_CHAOS_SEED={seed} cargo test -p leasehold --features cli --test chaos)"
+        let seed = procs::seed(
+            "LEASEHOLD_CHAOS_SEED",
+            &format!("chaos ({backend})"),
+            "cargo test -p leasehold --features cli --test chaos",
         );
         Self { backend, seed, runtime }
     }
@@ -372,7 +369,7 @@ impl<'a> Chaos<'a> {
             .map(|(n, id)| (*n, self.runtime.block_on(ledger.attempt(id)).unwrap()))
             .collect();
         self.check_all(outcome::ledger_problems(&records));
-        self.check_all(outcome::effect_problems(&records, &effects));
+        self.check_all(outcome::effect_problems(records.iter().map(|(_, r)| r), &effects));
         self.check_takeovers(&records, &workers, &mut figures);
         self.check_all(outcome::receipt_problems(self.runtime, &records, &addr, &effects));
 

@@ -34,7 +34,7 @@
 //! stderr even when the test passes.
 
 use leasehold::engine::{Action, AttemptId, AttemptRecord, PlanId};
-use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
+use leasehold::entropy::{OsEntropy, SeededEntropy};
 use leasehold::ledger::mysql::{MysqlLedger, MysqlUrl};
 use leasehold::ledger::postgres::{PostgresLedger, PostgresUrl};
 use leasehold::ledger::{EnqueueRequest, Ledger, LedgerError};
@@ -452,17 +452,10 @@ struct Failover<'a> {
 
 impl<'a> Failover<'a> {
     fn new(name: &'static str, runtime: &'a tokio::runtime::Runtime) -> Self {
-        let seed = match std::env::var("LEASEHOLD_FAILOVER_SEED") {
-            Ok(s) => s
-                .trim()
-                .parse()
-                .expect("LEASEHOLD_FAILOVER_SEED must be a whole number"),
-            Err(_) => OsEntropy.next_u64(),
-        };
-        let _ = writeln!(
-            std::io::stderr(),
-            "failover ({name}): seed {seed} (replay with LEASEHOLD_FAILOVER_SEED={seed} \
-             LEASEHOLD_TEST_FAILOVER=1 cargo test -p leasehold --features cli --test db_failover)"
+        let seed = procs::seed(
+            "LEASEHOLD_FAILOVER_SEED",
+            &format!("failover ({name})"),
+            "LEASEHOLD_TEST_FAILOVER=1 cargo test -p leasehold --features cli --test db_failover",
         );
         Self { name, seed, runtime }
     }
@@ -569,7 +562,7 @@ impl<'a> Failover<'a> {
         let records = self.check_enqueues(ledger, plans, produced);
         let effects = procs::effects(self.runtime, addr);
         self.check_all(outcome::ledger_problems(&records));
-        self.check_all(outcome::effect_problems(&records, &effects));
+        self.check_all(outcome::effect_problems(records.iter().map(|(_, r)| r), &effects));
         self.check_all(outcome::receipt_problems(self.runtime, &records, addr, &effects));
         self.check_all(refusal_problems(&records, workers, figures));
         figures.takeovers = records

@@ -52,7 +52,7 @@ use leasehold::engine::canonical::canonical_json;
 use leasehold::engine::{
     Action, AttemptId, AttemptRecord, AttemptStatus, CommandStatus, PlanId, PlanSpec, ReceiptStatus,
 };
-use leasehold::entropy::{Entropy, OsEntropy, SeededEntropy};
+use leasehold::entropy::{Entropy, SeededEntropy};
 use leasehold::ledger::{EnqueueRequest, Ledger};
 use leasehold::receiver::Effects;
 use serde_json::{json, Value};
@@ -64,6 +64,7 @@ use std::time::{Duration, Instant};
 #[path = "procs/mod.rs"]
 mod procs;
 
+use procs::outcome;
 use procs::{Draws, Killable as Proc};
 
 /// Users, each one order key.
@@ -146,13 +147,10 @@ struct Ordered<'a> {
 
 impl<'a> Ordered<'a> {
     fn new(backend: &'static str, runtime: &'a tokio::runtime::Runtime) -> Self {
-        let seed = match std::env::var("LEASEHOLD_CHAOS_SEED") {
-            Ok(s) => s.trim().parse().expect("LEASEHOLD_CHAOS_SEED must be a whole number"),
-            Err(_) => OsEntropy.next_u64(),
-        };
-        let _ = writeln!(
-            std::io::stderr(),
-            "ordered chaos ({backend}): seed {seed} (replay with LEASEHOLD_CHAOS_SEED={seed} cargo test -p leasehold --features cli --test ordered_chaos)"
+        let seed = procs::seed(
+            "LEASEHOLD_CHAOS_SEED",
+            &format!("ordered chaos ({backend})"),
+            "cargo test -p leasehold --features cli --test ordered_chaos",
         );
         Self { backend, seed, runtime }
     }
@@ -492,7 +490,10 @@ impl<'a> Ordered<'a> {
             started.elapsed().as_secs_f64(),
         );
         self.check_ledger(&records);
-        self.check_effects(&records, &effects);
+        let problems = outcome::effect_problems(records.iter().map(|(_, r)| r), &effects);
+        if !problems.is_empty() {
+            self.fail(&problems);
+        }
         self.check_order(&records, &effects);
         self.check_bodies(&records, &addr, &effects);
 
@@ -545,40 +546,6 @@ impl<'a> Ordered<'a> {
     fn body_of(r: &AttemptRecord) -> Option<Value> {
         let payload: Value = serde_json::from_str(r.receipts.first()?.payload.as_deref()?).ok()?;
         payload.get("body").cloned()
-    }
-
-    /// The target applied each of the ledger's keys exactly once, and nothing else.
-    fn check_effects(&self, records: &[(Change, AttemptRecord)], effects: &Effects) {
-        let keys: BTreeSet<&str> = records
-            .iter()
-            .flat_map(|(_, r)| r.receipts.iter().map(|x| x.idempotency_key.as_str()))
-            .collect();
-        let applied: BTreeSet<&str> = effects.by_key.keys().map(String::as_str).collect();
-        let mut problems = Vec::new();
-        if keys != applied {
-            problems.push(format!(
-                "keys the ledger holds but the target never applied: {:?}; applied but unknown to the ledger: {:?}",
-                keys.difference(&applied).collect::<Vec<_>>(),
-                applied.difference(&keys).collect::<Vec<_>>()
-            ));
-        }
-        for (key, n) in &effects.by_key {
-            if *n != 1 {
-                problems.push(format!("key {key} was applied {n} times"));
-            }
-        }
-        if effects.effects != keys.len() as u64 || effects.keys != keys.len() as u64 || effects.in_progress != 0 {
-            problems.push(format!(
-                "the target holds {} keys done, {} in progress, {} effects for {} keys",
-                effects.keys,
-                effects.in_progress,
-                effects.effects,
-                keys.len()
-            ));
-        }
-        if !problems.is_empty() {
-            self.fail(&problems);
-        }
     }
 
     /// Each user's changes were first applied in enqueue order (their keys' places

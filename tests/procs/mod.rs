@@ -290,6 +290,24 @@ impl Drop for Killable {
     }
 }
 
+/// The seed of a run's schedule: `$var` when set (a replay), a fresh one otherwise;
+/// printed to stderr as `what: seed N (replay with var=N replay)`.
+pub fn seed(var: &str, what: &str, replay: &str) -> u64 {
+    use leasehold::entropy::Entropy;
+    let seed = match std::env::var(var) {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} must be a whole number")),
+        Err(_) => leasehold::entropy::OsEntropy.next_u64(),
+    };
+    let _ = std::io::Write::write_fmt(
+        &mut std::io::stderr(),
+        format_args!("{what}: seed {seed} (replay with {var}={seed} {replay})\n"),
+    );
+    seed
+}
+
 /// A seeded source of a chaos schedule's choices.
 pub struct Draws(pub leasehold::entropy::SeededEntropy);
 

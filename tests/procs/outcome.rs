@@ -63,10 +63,10 @@ pub fn ledger_problems(records: &[(usize, AttemptRecord)]) -> Vec<String> {
 }
 
 /// The target applied each of the ledger's keys exactly once, and nothing else.
-pub fn effect_problems(records: &[(usize, AttemptRecord)], effects: &Effects) -> Vec<String> {
+pub fn effect_problems<'a>(records: impl IntoIterator<Item = &'a AttemptRecord>, effects: &Effects) -> Vec<String> {
     let keys: BTreeSet<&str> = records
-        .iter()
-        .flat_map(|(_, r)| r.receipts.iter().map(|x| x.idempotency_key.as_str()))
+        .into_iter()
+        .flat_map(|r| r.receipts.iter().map(|x| x.idempotency_key.as_str()))
         .collect();
     let applied: BTreeSet<&str> = effects.by_key.keys().map(String::as_str).collect();
     let mut problems = Vec::new();
