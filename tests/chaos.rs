@@ -140,7 +140,7 @@ fn parse_log(id: &str, lines: &[String]) -> Vec<(AttemptId, Logged)> {
 /// One backend's run.
 struct Chaos<'a> {
     backend: &'static str,
-    seed: u64,
+    seeded: procs::Seeded,
     runtime: &'a tokio::runtime::Runtime,
 }
 
@@ -161,40 +161,21 @@ struct Figures {
 
 impl<'a> Chaos<'a> {
     fn new(backend: &'static str, runtime: &'a tokio::runtime::Runtime) -> Self {
-        let seed = procs::seed(
+        let seeded = procs::Seeded::new(
             "LEASEHOLD_CHAOS_SEED",
-            &format!("chaos ({backend})"),
+            format!("chaos ({backend})"),
             "cargo test -p leasehold --features cli --test chaos",
         );
-        Self { backend, seed, runtime }
-    }
-
-    /// Fails the test, naming the backend and the seed that replays it.
-    fn fail(&self, problems: &[String]) -> ! {
-        panic!(
-            "chaos ({}) seed {} — replay with LEASEHOLD_CHAOS_SEED={} cargo test -p leasehold --features cli --test chaos:\n{}",
-            self.backend,
-            self.seed,
-            self.seed,
-            problems.join("\n")
-        )
-    }
-
-    fn check_all(&self, problems: Vec<String>) {
-        if !problems.is_empty() {
-            self.fail(&problems);
-        }
-    }
-
-    fn check(&self, ok: bool, problem: impl FnOnce() -> String) {
-        if !ok {
-            self.fail(&[problem()]);
+        Self {
+            backend,
+            seeded,
+            runtime,
         }
     }
 
     fn run<L: Ledger>(&self, ledger: &L, ledger_url: &str, target_url: &str) {
         let started = Instant::now();
-        let draws = Draws(SeededEntropy::new(self.seed));
+        let draws = Draws(SeededEntropy::new(self.seeded.seed));
         let target_seed = draws.0.next_u64().to_string();
         let (fail, drop_reply, delay) = (FAIL_RATE.to_string(), DROP_REPLY_RATE.to_string(), DELAY_MS.to_string());
         let target = Proc::spawn(
@@ -327,7 +308,7 @@ impl<'a> Chaos<'a> {
         }
         let deadline = Instant::now() + LIVENESS_DEADLINE;
         while open() > 0 {
-            self.check(Instant::now() < deadline, || {
+            self.seeded.check(Instant::now() < deadline, || {
                 format!(
                     "{} attempts still open {LIVENESS_DEADLINE:?} after the faults stopped",
                     open()
@@ -337,13 +318,13 @@ impl<'a> Chaos<'a> {
         }
         for (worker, _) in &mut live {
             while worker.running() {
-                self.check(Instant::now() < deadline, || {
+                self.seeded.check(Instant::now() < deadline, || {
                     format!("worker {} did not exit once idle", worker.id)
                 });
                 std::thread::sleep(Duration::from_millis(50));
             }
             let status = worker.child.wait().unwrap();
-            self.check(status.success(), || {
+            self.seeded.check(status.success(), || {
                 format!("worker {} exited {status}: {}", worker.id, worker.out.stderr())
             });
         }
@@ -356,7 +337,7 @@ impl<'a> Chaos<'a> {
             "chaos ({}) seed {}: injected {} kills and {} pauses into {} worker processes over {:.1} s; \
              the target dropped {} replies and failed {} requests",
             self.backend,
-            self.seed,
+            self.seeded.seed,
             figures.kills,
             figures.pauses,
             figures.workers_started,
@@ -368,10 +349,12 @@ impl<'a> Chaos<'a> {
             .iter()
             .map(|(n, id)| (*n, self.runtime.block_on(ledger.attempt(id)).unwrap()))
             .collect();
-        self.check_all(outcome::ledger_problems(&records));
-        self.check_all(outcome::effect_problems(records.iter().map(|(_, r)| r), &effects));
+        self.seeded.check_all(outcome::ledger_problems(&records));
+        self.seeded
+            .check_all(outcome::effect_problems(records.iter().map(|(_, r)| r), &effects));
         self.check_takeovers(&records, &workers, &mut figures);
-        self.check_all(outcome::receipt_problems(self.runtime, &records, &addr, &effects));
+        self.seeded
+            .check_all(outcome::receipt_problems(self.runtime, &records, &addr, &effects));
 
         let keys = records.iter().map(|(_, r)| r.receipts.len()).sum::<usize>();
         let once = effects.by_key.values().filter(|n| **n == 1).count();
@@ -384,7 +367,7 @@ impl<'a> Chaos<'a> {
              {} stale-token refusals ({} after a pause), {} abandoned leases; \
              keys applied once: {once}/{keys}; faults for {:.1} s, total {:.1} s",
             self.backend,
-            self.seed,
+            self.seeded.seed,
             figures.workers_started,
             figures.kills,
             figures.pauses,
@@ -402,10 +385,10 @@ impl<'a> Chaos<'a> {
             chaos_elapsed.as_secs_f64(),
             started.elapsed().as_secs_f64(),
         );
-        self.check(figures.kills >= 1 && figures.pauses >= 1, || {
+        self.seeded.check(figures.kills >= 1 && figures.pauses >= 1, || {
             format!("the schedule injected too little to prove anything: {figures:?}")
         });
-        self.check(effects.faults.dropped_replies >= 1, || {
+        self.seeded.check(effects.faults.dropped_replies >= 1, || {
             format!("the target dropped no reply: {effects:?}")
         });
         target.signal("TERM");
@@ -512,7 +495,7 @@ impl<'a> Chaos<'a> {
             ));
         }
         if !problems.is_empty() {
-            self.fail(&problems);
+            self.seeded.fail(&problems);
         }
     }
 }

@@ -446,39 +446,23 @@ struct Figures {
 /// One cluster's run.
 struct Failover<'a> {
     name: &'static str,
-    seed: u64,
+    seeded: procs::Seeded,
     runtime: &'a tokio::runtime::Runtime,
 }
 
 impl<'a> Failover<'a> {
     fn new(name: &'static str, runtime: &'a tokio::runtime::Runtime) -> Self {
-        let seed = procs::seed(
+        let seeded = procs::Seeded::new(
             "LEASEHOLD_FAILOVER_SEED",
-            &format!("failover ({name})"),
+            format!("failover ({name})"),
             "LEASEHOLD_TEST_FAILOVER=1 cargo test -p leasehold --features cli --test db_failover",
         );
-        Self { name, seed, runtime }
-    }
-
-    fn fail(&self, problems: &[String]) -> ! {
-        panic!(
-            "failover ({}) seed {} — replay with LEASEHOLD_FAILOVER_SEED={}:\n{}",
-            self.name,
-            self.seed,
-            self.seed,
-            problems.join("\n")
-        )
-    }
-
-    fn check_all(&self, problems: Vec<String>) {
-        if !problems.is_empty() {
-            self.fail(&problems);
-        }
+        Self { name, seeded, runtime }
     }
 
     fn run<C: Cluster, L: Ledger + Clone + 'static>(&self, mut cluster: C, ledger: L) {
         let started = Instant::now();
-        let draws = Draws(SeededEntropy::new(self.seed));
+        let draws = Draws(SeededEntropy::new(self.seeded.seed));
         let store = tempfile::tempdir().unwrap();
         let target_db = format!("sqlite://{}", store.path().join("target.db").display());
         let delay = TARGET_DELAY_MS.to_string();
@@ -530,7 +514,7 @@ impl<'a> Failover<'a> {
         }
         let produced = self.runtime.block_on(producer).unwrap();
         self.await_the_end(&ledger);
-        let workers = fleet.stop().unwrap_or_else(|problem| self.fail(&[problem]));
+        let workers = fleet.stop().unwrap_or_else(|problem| self.seeded.fail(&[problem]));
         (figures.worker_kills, figures.workers_started) = (fleet.kills, fleet.started);
         self.check(&ledger, &plans, &produced, &addr, &workers, &mut figures);
         self.report(&figures, &produced, started);
@@ -543,7 +527,8 @@ impl<'a> Failover<'a> {
         let waiting = Instant::now();
         while done.load(Ordering::SeqCst) < due {
             if waiting.elapsed() > ENQUEUE_DEADLINE {
-                self.fail(&[format!("only {} enqueues answered", done.load(Ordering::SeqCst))]);
+                self.seeded
+                    .fail(&[format!("only {} enqueues answered", done.load(Ordering::SeqCst))]);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -561,10 +546,12 @@ impl<'a> Failover<'a> {
     ) {
         let records = self.check_enqueues(ledger, plans, produced);
         let effects = procs::effects(self.runtime, addr);
-        self.check_all(outcome::ledger_problems(&records));
-        self.check_all(outcome::effect_problems(records.iter().map(|(_, r)| r), &effects));
-        self.check_all(outcome::receipt_problems(self.runtime, &records, addr, &effects));
-        self.check_all(refusal_problems(&records, workers, figures));
+        self.seeded.check_all(outcome::ledger_problems(&records));
+        self.seeded
+            .check_all(outcome::effect_problems(records.iter().map(|(_, r)| r), &effects));
+        self.seeded
+            .check_all(outcome::receipt_problems(self.runtime, &records, addr, &effects));
+        self.seeded.check_all(refusal_problems(&records, workers, figures));
         figures.takeovers = records
             .iter()
             .map(|(_, r)| u64::from(r.command.delivery_count - 1))
@@ -582,7 +569,8 @@ impl<'a> Failover<'a> {
             .runtime
             .block_on(async { tokio::time::timeout(Duration::from_secs(30), wake.changed()).await });
         if !matches!(moved, Ok(Ok(()))) {
-            self.fail(&["the ledger's listener heard nothing within 30 s of the database coming back".to_owned()]);
+            self.seeded
+                .fail(&["the ledger's listener heard nothing within 30 s of the database coming back".to_owned()]);
         }
         since.elapsed().as_millis() as u64
     }
@@ -594,10 +582,10 @@ impl<'a> Failover<'a> {
         loop {
             match self.runtime.block_on(ledger.open_attempts()) {
                 Ok(0) => return,
-                Ok(open) if Instant::now() > deadline => self.fail(&[format!(
+                Ok(open) if Instant::now() > deadline => self.seeded.fail(&[format!(
                     "{open} attempts still open {LIVENESS_DEADLINE:?} after the database came back"
                 )]),
-                Err(e) if Instant::now() > deadline => self.fail(&[format!("the ledger still answers {e}")]),
+                Err(e) if Instant::now() > deadline => self.seeded.fail(&[format!("the ledger still answers {e}")]),
                 _ => std::thread::sleep(Duration::from_millis(100)),
             }
         }
@@ -630,7 +618,7 @@ impl<'a> Failover<'a> {
                 )),
             }
         }
-        self.check_all(problems);
+        self.seeded.check_all(problems);
         records
     }
 
@@ -642,7 +630,7 @@ impl<'a> Failover<'a> {
              enqueues: {} in doubt, {} unavailable, {} answered again by key; worker log lines: {} in doubt, \
              {} unavailable; listener heard the new primary after {}; total {:.1} s",
             self.name,
-            self.seed,
+            self.seeded.seed,
             figures.keys,
             figures.db_faults.join(", "),
             figures.worker_kills,

@@ -141,34 +141,21 @@ struct Figures {
 /// One backend's run.
 struct Ordered<'a> {
     backend: &'static str,
-    seed: u64,
+    seeded: procs::Seeded,
     runtime: &'a tokio::runtime::Runtime,
 }
 
 impl<'a> Ordered<'a> {
     fn new(backend: &'static str, runtime: &'a tokio::runtime::Runtime) -> Self {
-        let seed = procs::seed(
+        let seeded = procs::Seeded::new(
             "LEASEHOLD_CHAOS_SEED",
-            &format!("ordered chaos ({backend})"),
+            format!("ordered chaos ({backend})"),
             "cargo test -p leasehold --features cli --test ordered_chaos",
         );
-        Self { backend, seed, runtime }
-    }
-
-    /// Fails the test, naming the backend and the seed that replays it.
-    fn fail(&self, problems: &[String]) -> ! {
-        panic!(
-            "ordered chaos ({}) seed {} — replay with LEASEHOLD_CHAOS_SEED={} cargo test -p leasehold --features cli --test ordered_chaos:\n{}",
-            self.backend,
-            self.seed,
-            self.seed,
-            problems.join("\n")
-        )
-    }
-
-    fn check(&self, ok: bool, problem: impl FnOnce() -> String) {
-        if !ok {
-            self.fail(&[problem()]);
+        Self {
+            backend,
+            seeded,
+            runtime,
         }
     }
 
@@ -209,8 +196,8 @@ impl<'a> Ordered<'a> {
         let enqueued = self
             .runtime
             .block_on(ledger.enqueue_with(plan, request))
-            .unwrap_or_else(|e| self.fail(&[format!("enqueue {change} for {user}: {e}")]));
-        self.check(enqueued.created, || {
+            .unwrap_or_else(|e| self.seeded.fail(&[format!("enqueue {change} for {user}: {e}")]));
+        self.seeded.check(enqueued.created, || {
             format!("enqueue {change} for {user} created nothing")
         });
         Change {
@@ -231,23 +218,26 @@ impl<'a> Ordered<'a> {
             .output()
             .expect("run leasehold enqueue");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        self.check(out.status.success(), || {
+        self.seeded.check(out.status.success(), || {
             format!("leasehold enqueue {change} for {user} exited {}: {stderr}", out.status)
         });
-        let answer: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| self.fail(&[format!("enqueue --json printed no JSON ({e}): {stderr}")]));
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            self.seeded
+                .fail(&[format!("enqueue --json printed no JSON ({e}): {stderr}")])
+        });
         let waited = answer["command"]["status"] == "WAITING";
-        self.check(
+        self.seeded.check(
             answer["created"] == true && answer["attempt"]["order_key"] == user,
             || format!("enqueue {change} for {user} answered {answer}"),
         );
         // The CLI says so when the attempt waits, and only then.
-        self.check(waited == stderr.contains("waits for the attempts ahead of it"), || {
-            format!(
-                "enqueue {change} for {user}: command {} but stderr {stderr:?}",
-                answer["command"]["status"]
-            )
-        });
+        self.seeded
+            .check(waited == stderr.contains("waits for the attempts ahead of it"), || {
+                format!(
+                    "enqueue {change} for {user}: command {} but stderr {stderr:?}",
+                    answer["command"]["status"]
+                )
+            });
         Change {
             user: user.to_owned(),
             change,
@@ -271,7 +261,7 @@ impl<'a> Ordered<'a> {
 
     fn run<L: Ledger>(&self, ledger: &L, ledger_url: &str, target_url: &str) {
         let started = Instant::now();
-        let draws = Draws(SeededEntropy::new(self.seed));
+        let draws = Draws(SeededEntropy::new(self.seeded.seed));
         let target_seed = draws.0.next_u64().to_string();
         let (fail, drop_reply, delay) = (FAIL_RATE.to_string(), DROP_REPLY_RATE.to_string(), DELAY_MS.to_string());
         let target = Proc::spawn(
@@ -301,7 +291,7 @@ impl<'a> Ordered<'a> {
         let plan = self
             .runtime
             .block_on(ledger.register_plan(Self::plan(&addr), &["http:v1"]))
-            .unwrap_or_else(|e| self.fail(&[format!("register the template: {e}")]));
+            .unwrap_or_else(|e| self.seeded.fail(&[format!("register the template: {e}")]));
         let users: Vec<String> = (0..USERS).map(|u| format!("user-{u:02}")).collect();
         let (last, earlier) = CHANGES.split_last().unwrap();
         let mut changes: Vec<Change> = Vec::new();
@@ -309,7 +299,7 @@ impl<'a> Ordered<'a> {
             for (i, change) in earlier.iter().enumerate() {
                 let enqueued = self.enqueue(ledger, &plan.id, user, change);
                 // Nothing runs yet: the first waits for nothing, the others for it.
-                self.check(enqueued.waited == (i > 0), || {
+                self.seeded.check(enqueued.waited == (i > 0), || {
                     format!("{change} for {user} enqueued WAITING = {}", enqueued.waited)
                 });
                 changes.push(enqueued);
@@ -372,7 +362,7 @@ impl<'a> Ordered<'a> {
                     continue;
                 }
                 let status = worker.child.wait().unwrap();
-                self.check(status.success(), || {
+                self.seeded.check(status.success(), || {
                     format!("worker {} exited {status}: {}", worker.id, worker.out.text())
                 });
                 figures.idle_exits += 1;
@@ -413,7 +403,7 @@ impl<'a> Ordered<'a> {
             gone.push(std::mem::replace(worker, spawn_worker(slot, *generation)));
         }
         let chaos_elapsed = chaos_started.elapsed();
-        self.check(to_enqueue.is_empty(), || {
+        self.seeded.check(to_enqueue.is_empty(), || {
             format!(
                 "{} changes were never enqueued within {CHAOS_WINDOW:?}",
                 to_enqueue.len()
@@ -423,7 +413,7 @@ impl<'a> Ordered<'a> {
         // The liveness phase: no more kills; everything converges.
         let deadline = Instant::now() + LIVENESS_DEADLINE;
         while open() > 0 {
-            self.check(Instant::now() < deadline, || {
+            self.seeded.check(Instant::now() < deadline, || {
                 format!(
                     "{} attempts still open {LIVENESS_DEADLINE:?} after the kills stopped",
                     open()
@@ -433,18 +423,18 @@ impl<'a> Ordered<'a> {
         }
         for (worker, _) in &mut live {
             while worker.running() {
-                self.check(Instant::now() < deadline, || {
+                self.seeded.check(Instant::now() < deadline, || {
                     format!("worker {} did not exit once idle", worker.id)
                 });
                 std::thread::sleep(Duration::from_millis(50));
             }
             let status = worker.child.wait().unwrap();
-            self.check(status.success(), || {
+            self.seeded.check(status.success(), || {
                 format!("worker {} exited {status}: {}", worker.id, worker.out.text())
             });
         }
         let killed = gone.iter().filter(|w| w.killed).count();
-        self.check(killed == figures.kills as usize, || {
+        self.seeded.check(killed == figures.kills as usize, || {
             format!("{killed} workers killed, {} kills counted", figures.kills)
         });
 
@@ -455,7 +445,7 @@ impl<'a> Ordered<'a> {
                 let record = self
                     .runtime
                     .block_on(ledger.attempt(&c.attempt))
-                    .unwrap_or_else(|e| self.fail(&[format!("read attempt {}: {e}", c.attempt)]));
+                    .unwrap_or_else(|e| self.seeded.fail(&[format!("read attempt {}: {e}", c.attempt)]));
                 (c.clone(), record)
             })
             .collect();
@@ -471,7 +461,7 @@ impl<'a> Ordered<'a> {
              lease holder, {} idle exits replaced), {} takeovers; target: {} dropped replies, \
              {} injected 503s, {} replays, {} 409s, {} keys applied; kills for {:.1} s, total {:.1} s",
             self.backend,
-            self.seed,
+            self.seeded.seed,
             records.len(),
             CHANGES.len(),
             figures.waited,
@@ -492,12 +482,12 @@ impl<'a> Ordered<'a> {
         self.check_ledger(&records);
         let problems = outcome::effect_problems(records.iter().map(|(_, r)| r), &effects);
         if !problems.is_empty() {
-            self.fail(&problems);
+            self.seeded.fail(&problems);
         }
         self.check_order(&records, &effects);
         self.check_bodies(&records, &addr, &effects);
 
-        self.check(figures.kills >= 1, || {
+        self.seeded.check(figures.kills >= 1, || {
             format!("the schedule killed no worker, which proves too little: {figures:?}")
         });
         let _ = target.try_signal("TERM");
@@ -538,7 +528,7 @@ impl<'a> Ordered<'a> {
             }
         }
         if !problems.is_empty() {
-            self.fail(&problems);
+            self.seeded.fail(&problems);
         }
     }
 
@@ -606,7 +596,7 @@ impl<'a> Ordered<'a> {
             }
         }
         if !problems.is_empty() {
-            self.fail(&problems);
+            self.seeded.fail(&problems);
         }
     }
 
@@ -671,7 +661,7 @@ impl<'a> Ordered<'a> {
             problems.push("asking again applied something".to_owned());
         }
         if !problems.is_empty() {
-            self.fail(&problems);
+            self.seeded.fail(&problems);
         }
     }
 }

@@ -290,22 +290,67 @@ impl Drop for Killable {
     }
 }
 
-/// The seed of a run's schedule: `$var` when set (a replay), a fresh one otherwise;
-/// printed to stderr as `what: seed N (replay with var=N replay)`.
-pub fn seed(var: &str, what: &str, replay: &str) -> u64 {
-    use leasehold::entropy::Entropy;
-    let seed = match std::env::var(var) {
-        Ok(s) => s
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{var} must be a whole number")),
-        Err(_) => leasehold::entropy::OsEntropy.next_u64(),
-    };
-    let _ = std::io::Write::write_fmt(
-        &mut std::io::stderr(),
-        format_args!("{what}: seed {seed} (replay with {var}={seed} {replay})\n"),
-    );
-    seed
+/// The seed of a run's schedule, and how the run fails: naming the run and the seed
+/// that replays it.
+pub struct Seeded {
+    /// What runs (`chaos (sqlite)`).
+    pub what: String,
+    /// The seed.
+    pub seed: u64,
+    var: &'static str,
+    replay: &'static str,
+}
+
+impl Seeded {
+    /// `$var` when set (a replay), a fresh seed otherwise; printed to stderr as
+    /// `what: seed N (replay with var=N replay)`.
+    pub fn new(var: &'static str, what: String, replay: &'static str) -> Self {
+        use leasehold::entropy::Entropy;
+        let seed = match std::env::var(var) {
+            Ok(s) => s
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{var} must be a whole number")),
+            Err(_) => leasehold::entropy::OsEntropy.next_u64(),
+        };
+        let _ = std::io::Write::write_fmt(
+            &mut std::io::stderr(),
+            format_args!("{what}: seed {seed} (replay with {var}={seed} {replay})\n"),
+        );
+        Self {
+            what,
+            seed,
+            var,
+            replay,
+        }
+    }
+
+    /// Fails the test with `problems`, naming the run and the seed that replays it.
+    pub fn fail(&self, problems: &[String]) -> ! {
+        panic!(
+            "{} seed {} — replay with {}={} {}:\n{}",
+            self.what,
+            self.seed,
+            self.var,
+            self.seed,
+            self.replay,
+            problems.join("\n")
+        )
+    }
+
+    /// Fails the test if there are `problems`.
+    pub fn check_all(&self, problems: Vec<String>) {
+        if !problems.is_empty() {
+            self.fail(&problems);
+        }
+    }
+
+    /// Fails the test with `problem` unless `ok`.
+    pub fn check(&self, ok: bool, problem: impl FnOnce() -> String) {
+        if !ok {
+            self.fail(&[problem()]);
+        }
+    }
 }
 
 /// A seeded source of a chaos schedule's choices.
