@@ -88,9 +88,6 @@ pub(crate) trait MyClient: Send {
     /// Runs a statement; answers the rows it matched.
     fn count(&mut self, sql: &str, params: Params) -> impl Future<Output = Result<u64, TxError>> + Send;
 
-    /// Runs a statement without parameters (text protocol), answering nothing.
-    fn plain(&mut self, sql: &str) -> impl Future<Output = Result<(), TxError>> + Send;
-
     /// Runs a statement, answering the driver's own error (for a caller that looks at
     /// the server's error code).
     fn exec_raw(&mut self, sql: &str, params: Params) -> impl Future<Output = Result<(), mysql_async::Error>> + Send;
@@ -113,10 +110,6 @@ macro_rules! my_client {
                 Ok(self.affected_rows())
             }
 
-            async fn plain(&mut self, sql: &str) -> Result<(), TxError> {
-                self.query_drop(sql).await.db()
-            }
-
             async fn exec_raw(&mut self, sql: &str, params: Params) -> Result<(), mysql_async::Error> {
                 self.exec_drop(sql, params).await
             }
@@ -137,10 +130,6 @@ impl<C: MyClient> MyClient for &mut C {
 
     fn count(&mut self, sql: &str, params: Params) -> impl Future<Output = Result<u64, TxError>> + Send {
         (**self).count(sql, params)
-    }
-
-    fn plain(&mut self, sql: &str) -> impl Future<Output = Result<(), TxError>> + Send {
-        (**self).plain(sql)
     }
 
     fn exec_raw(&mut self, sql: &str, params: Params) -> impl Future<Output = Result<(), mysql_async::Error>> + Send {
@@ -172,13 +161,6 @@ impl MyClient for MyConn<'_> {
         match self {
             MyConn::Single(c) => c.count(sql, params).await,
             MyConn::Tx(t) => t.count(sql, params).await,
-        }
-    }
-
-    async fn plain(&mut self, sql: &str) -> Result<(), TxError> {
-        match self {
-            MyConn::Single(c) => c.plain(sql).await,
-            MyConn::Tx(t) => t.plain(sql).await,
         }
     }
 
@@ -219,10 +201,6 @@ impl<C: MyClient> Session for MySession<C> {
 
     async fn execute(&mut self, sql: &str, values: &[Value<'_>]) -> Result<u64, TxError> {
         self.0.count(sql, params(values)).await
-    }
-
-    async fn simple(&mut self, sql: &str) -> Result<(), TxError> {
-        self.0.plain(sql).await
     }
 
     /// One statement after the other; an existing command met by an insert is the

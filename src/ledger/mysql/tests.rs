@@ -721,3 +721,18 @@ async fn an_open_attempt_is_counted_by_its_command() {
     .unwrap();
     crate::ledger::sql::tests::assert_damaged_pair_counted_by_command(&ledger).await;
 }
+
+#[tokio::test]
+async fn a_fused_write_stands_when_its_claim_is_refused() {
+    let Some(db) = scratch().await else { return };
+    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(T0)));
+    let ledger = manual(&db, &clock, 3).await;
+    assert!(server_has_skip_locked(&ledger).await, "the test server fuses claims");
+    let mut conn = ledger.pooled_connection().await.map_err(|_| ()).unwrap();
+    crate::ledger::sql::tests::assert_a_fused_write_stands_when_its_claim_is_refused(&ledger, |plan| async move {
+        let sql = "UPDATE plan SET steps_json = 'not json' WHERE id = ?";
+        conn.exec_drop(sql, (plan,)).await.unwrap();
+        assert_eq!(conn.affected_rows(), 1);
+    })
+    .await;
+}

@@ -112,10 +112,6 @@ impl PgClient for Caller<'_, '_> {
     ) -> Result<u64, tokio_postgres::Error> {
         self.note(self.tx.execute(statement, params).await)
     }
-
-    async fn batch(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        self.note(self.tx.batch_execute(sql).await)
-    }
 }
 
 /// What a call writes, for its messages.

@@ -43,9 +43,6 @@ pub(crate) trait PgClient: Send + Sync {
         statement: &Prepared,
         params: &[&(dyn ToSql + Sync)],
     ) -> impl Future<Output = Result<u64, tokio_postgres::Error>> + Send;
-
-    /// Runs statements without parameters (the simple query protocol).
-    fn batch(&self, sql: &str) -> impl Future<Output = Result<(), tokio_postgres::Error>> + Send;
 }
 
 impl<C: GenericClient + Send + Sync> PgClient for C {
@@ -67,10 +64,6 @@ impl<C: GenericClient + Send + Sync> PgClient for C {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, tokio_postgres::Error> {
         GenericClient::execute(self, statement, params).await
-    }
-
-    async fn batch(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        GenericClient::batch_execute(self, sql).await
     }
 }
 
@@ -109,13 +102,6 @@ impl PgClient for PgConn<'_> {
         match self {
             PgConn::Single(c) => c.execute_statement(statement, params).await,
             PgConn::Tx(t) => t.execute_statement(statement, params).await,
-        }
-    }
-
-    async fn batch(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        match self {
-            PgConn::Single(c) => c.batch(sql).await,
-            PgConn::Tx(t) => t.batch(sql).await,
         }
     }
 }
@@ -316,10 +302,6 @@ impl<C: PgClient> Session for PgSession<C> {
         let params = params(statement.params(), values)?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(Param::as_sql).collect();
         c.execute_statement(&statement, &refs).await.map_err(statement_error)
-    }
-
-    async fn simple(&mut self, sql: &str) -> Result<(), TxError> {
-        self.0.batch(sql).await.map_err(statement_error)
     }
 
     /// Pipelined: every statement is prepared, then all are sent at once; the server

@@ -320,3 +320,19 @@ async fn an_open_attempt_is_counted_by_its_command() {
     set("command", "PENDING", lease.command_id.to_string()).await;
     crate::ledger::sql::tests::assert_damaged_pair_counted_by_command(&ledger).await;
 }
+
+#[tokio::test]
+async fn a_fused_write_stands_when_its_claim_is_refused() {
+    let Some(db) = scratch().await else { return };
+    let ledger = ledger(&db);
+    ledger.migrate().await.unwrap();
+    let client = ledger.session().await.unwrap();
+    crate::ledger::sql::tests::assert_a_fused_write_stands_when_its_claim_is_refused(&ledger, |plan| {
+        let client = &client;
+        async move {
+            let sql = "UPDATE plan SET steps_json = 'not json' WHERE id = $1";
+            assert_eq!(client.execute(sql, &[&plan]).await.unwrap(), 1);
+        }
+    })
+    .await;
+}

@@ -394,29 +394,48 @@ impl<B: SqlBackend> SqlLedger<B> {
         in_tx!(self, TxKind::Write, |tx| self.worker_in(&mut tx, lease, request).await)
     }
 
-    /// A worker request, then a claim, in one transaction: the claim runs under a
-    /// savepoint, so a claim that the engine or an integrity check refuses is undone
-    /// alone and the request stands; a claim that fails in the server fails the whole
-    /// transaction, to be tried again as one.
+    /// A worker request, then a claim, in one transaction. A claim that the engine or
+    /// an integrity check refuses (a final answer, not a conflict) undoes the whole
+    /// transaction and answers `None`: the caller applies the request alone
+    /// ([`SqlLedger::worker_once`]) and claims nothing, so the request stands as if it
+    /// had come alone. Such a claim is rare (damaged rows); every other one saves the
+    /// savepoint that undoing the claim alone would take on every write. A claim that
+    /// fails in the server fails the whole transaction, to be tried again as one.
     async fn worker_then_claim_once(
         &self,
         lease: &Lease,
         request: &WorkerRequest,
         claim: &ClaimRequest,
+    ) -> Result<Option<(Reply, Vec<Claimed>)>, TxError> {
+        let backend = &*self.backend;
+        let mut conn = backend.connect().await?;
+        let mut tx = backend.begin(&mut conn, TxKind::Claim).await?;
+        let reply = match self.worker_in(&mut tx, lease, request).await {
+            Ok(reply) => reply,
+            Err(e) => return end(backend, tx, Err(e), TxKind::Claim).await,
+        };
+        match backend.claim_in(&self.ctx, &mut tx, claim).await {
+            Ok(claimed) => end(backend, tx, Ok(Some((reply, Claimed::leases(claimed)))), TxKind::Claim).await,
+            Err(TxError::Ledger(_)) => {
+                backend.rollback(tx).await;
+                Ok(None)
+            }
+            Err(e) => end(backend, tx, Err(e), TxKind::Claim).await,
+        }
+    }
+
+    /// [`SqlLedger::worker_then_claim_once`], with the request applied alone when
+    /// the claim was refused.
+    async fn worker_then_claim_or_alone(
+        &self,
+        lease: &Lease,
+        request: &WorkerRequest,
+        claim: &ClaimRequest,
     ) -> Result<(Reply, Vec<Claimed>), TxError> {
-        in_tx!(self, TxKind::Claim, |tx| {
-            let reply = self.worker_in(&mut tx, lease, request).await?;
-            tx.simple("SAVEPOINT leasehold_claim").await?;
-            let claimed = match self.backend.claim_in(&self.ctx, &mut tx, claim).await {
-                Ok(claimed) => claimed,
-                Err(TxError::Ledger(_)) => {
-                    tx.simple("ROLLBACK TO SAVEPOINT leasehold_claim").await?;
-                    Vec::new()
-                }
-                Err(e) => return Err(e),
-            };
-            Ok((reply, Claimed::leases(claimed)))
-        })
+        match self.worker_then_claim_once(lease, request, claim).await? {
+            Some(fused) => Ok(fused),
+            None => Ok((self.worker_once(lease, request).await?, Vec::new())),
+        }
     }
 
     /// The request of a lease holder inside `tx`: lock the record, decide, write.
@@ -709,7 +728,7 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
             if claim.batch == 0 || !self.backend.fuses(&self.ctx).await? {
                 return crate::ledger::worker_then_claim_apart(self, lease, request, claim).await;
             }
-            self.retry(|| self.worker_then_claim_once(lease, &request, &claim))
+            self.retry(|| self.worker_then_claim_or_alone(lease, &request, &claim))
                 .await
         }
     }

@@ -47,9 +47,6 @@ pub(crate) trait Session {
     /// Runs a statement; answers the rows it matched (not only those it changed).
     fn execute(&mut self, sql: &str, values: &[Value<'_>]) -> impl Future<Output = Result<u64, TxError>> + Send;
 
-    /// Runs a statement without parameters and answers nothing (`SAVEPOINT …`).
-    fn simple(&mut self, sql: &str) -> impl Future<Output = Result<(), TxError>> + Send;
-
     /// Runs a transition's statements, in order, checking each ([`check`]; a backend
     /// may send them at once). The answer is the first failure in
     /// statement order; the caller then rolls the whole transaction back.

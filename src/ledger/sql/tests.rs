@@ -287,3 +287,58 @@ pub(crate) async fn assert_damaged_pair_counted_by_command(ledger: &impl crate::
         "an ended status is the attempt's own"
     );
 }
+
+/// A write that ends an attempt stands when the claim fused with it is refused: the
+/// next command's plan is damaged by `damage` (given its id), so the claim fails its
+/// integrity check; the write is applied alone, nothing is claimed, and the damaged
+/// attempt stays queued.
+pub(crate) async fn assert_a_fused_write_stands_when_its_claim_is_refused<L, F, Fut>(ledger: &L, damage: F)
+where
+    L: crate::ledger::Ledger,
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use leasehold_engine::{Action, AttemptStatus, ClaimRequest, CommandStatus, PlanSpec, Reply, WorkerRequest};
+    let plan = |name: &str| -> PlanSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "recovery": "resume",
+            "steps": [{"code": "s", "executor": "dry-run:v1", "payload": {}}],
+        }))
+        .unwrap()
+    };
+    let first = ledger
+        .register_plan(plan("fused-first"), &["dry-run:v1"])
+        .await
+        .unwrap();
+    let second = ledger
+        .register_plan(plan("fused-second"), &["dry-run:v1"])
+        .await
+        .unwrap();
+    let ended = ledger.enqueue(&first.id, Action::Execute).await.unwrap();
+    let lease = ledger.claim("w", 1, 30_000).await.unwrap().remove(0).lease;
+    assert_eq!(lease.attempt_id, ended.attempt.id);
+    let queued = ledger.enqueue(&second.id, Action::Execute).await.unwrap();
+    damage(second.id.to_string()).await;
+    let fail = WorkerRequest::Fail {
+        ordinal: None,
+        error: "ends here".into(),
+    };
+    let claim = ClaimRequest {
+        owner: "w".into(),
+        batch: 1,
+        lease_ms: 30_000,
+        begin: true,
+        capabilities: None,
+    };
+    let (reply, claimed) = ledger.worker_then_claim(&lease, fail, claim).await.unwrap();
+    assert_eq!(reply, Reply::Applied);
+    assert!(claimed.is_empty(), "{claimed:?}");
+    let record = ledger.attempt(&ended.attempt.id).await.unwrap();
+    assert_eq!(
+        (record.attempt.status, record.command.status),
+        (AttemptStatus::Failed, CommandStatus::Failed),
+        "the write stands"
+    );
+    let waiting = ledger.attempt(&queued.attempt.id).await.unwrap();
+    assert_eq!(waiting.command.status, CommandStatus::Pending, "nothing was claimed");
+}

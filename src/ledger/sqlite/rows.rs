@@ -159,10 +159,6 @@ impl Session for SqliteSession<'_> {
         done(execute(self.conn, sql, values).map(|n| n as u64).map_err(TxError::from))
     }
 
-    fn simple(&mut self, sql: &str) -> impl Future<Output = Result<(), TxError>> + Send {
-        done(self.conn.execute_batch(sql).sql().map_err(TxError::from))
-    }
-
     fn run(&mut self, statements: &[Statement<'_>]) -> impl Future<Output = Result<(), TxError>> + Send {
         done(run(self.conn, statements).map_err(TxError::from))
     }
