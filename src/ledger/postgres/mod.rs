@@ -69,6 +69,14 @@ pub struct PostgresStats {
     pub lost_claim_races: u64,
     /// Transactions tried again after a conflict or a lost connection.
     pub retries: u64,
+    /// Groups of more than one lease holder's request written in one transaction
+    /// (`group_writes`).
+    pub groups: u64,
+    /// Requests written in those groups.
+    pub grouped_requests: u64,
+    /// Groups undone because a request had an answer of its own (a refusal, not
+    /// found), their requests then written one by one.
+    pub split_groups: u64,
 }
 
 #[derive(Debug, Default)]
@@ -149,6 +157,21 @@ impl SqlBackend for PgBackend {
         claim::claim_in(self, ctx, tx, request).await
     }
 
+    async fn claim_many_in(
+        &self,
+        ctx: &SqlContext,
+        tx: &mut Self::Tx<'_>,
+        requests: &[&ClaimRequest],
+    ) -> Result<Vec<Vec<Claimed>>, TxError> {
+        claim::claim_many(self, ctx, tx, requests).await
+    }
+
+    /// Yes: statements are pipelined, so a group of requests costs a transaction
+    /// and a few round trips more than one request, and one claim for all of them.
+    fn groups_writes(&self) -> bool {
+        self.url.options.group_writes
+    }
+
     async fn migrate(&self, _ctx: &SqlContext) -> Result<Vec<u32>, TxError> {
         let mut client = self.connect().await?;
         schema::migrate(&mut client).await
@@ -203,10 +226,14 @@ impl SqlLedger<PgBackend> {
     /// The counters so far (this ledger and its clones).
     pub fn stats(&self) -> PostgresStats {
         let c = &self.backend.stats;
+        let g = &self.ctx.groups;
         PostgresStats {
             claims: c.claims.load(Ordering::Relaxed),
             lost_claim_races: c.lost_claim_races.load(Ordering::Relaxed),
             retries: self.retries(),
+            groups: g.grouped.load(Ordering::Relaxed),
+            grouped_requests: g.grouped_requests.load(Ordering::Relaxed),
+            split_groups: g.split.load(Ordering::Relaxed),
         }
     }
 

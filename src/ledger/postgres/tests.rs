@@ -336,3 +336,108 @@ async fn a_fused_write_stands_when_its_claim_is_refused() {
     })
     .await;
 }
+
+/// What each of many concurrent lease holders' requests got, and the claims the
+/// ending ones made: grouped or not, each request is decided on its own lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_are_grouped_and_each_is_fenced_on_its_own() {
+    use crate::ledger::Ledger;
+    use leasehold_engine::{ClaimRequest, CommandStatus, LeaseToken, Refusal, Reply, WorkerRequest};
+    let Some(db) = scratch().await else { return };
+    let ledger = ledger(&db);
+    ledger.migrate().await.unwrap();
+    for n in 0..60 {
+        let mut spec = one_step_plan();
+        spec.name = format!("group-{n}");
+        let plan = ledger.register_plan(spec, &["dry-run:v1"]).await.unwrap();
+        ledger
+            .enqueue(&plan.id, leasehold_engine::Action::Execute)
+            .await
+            .unwrap();
+    }
+    let leases: Vec<_> = ledger
+        .claim("w", 40, 30_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.lease)
+        .collect();
+    assert_eq!(leases.len(), 40);
+    // Renewals of live leases, all at once: written in groups, none split.
+    let renewals: Vec<_> = leases
+        .iter()
+        .map(|lease| {
+            let (l, lease) = (ledger.clone(), lease.clone());
+            tokio::spawn(async move { l.heartbeat(&lease, 30_000).await })
+        })
+        .collect();
+    for renewal in renewals {
+        renewal.await.unwrap().unwrap();
+    }
+    let stats = ledger.stats();
+    assert!(
+        stats.groups >= 1 && stats.grouped_requests >= 2 * stats.groups,
+        "{stats:?}"
+    );
+    assert_eq!(stats.split_groups, 0, "{stats:?}");
+    // Every fourth lease is forged; every fifth is only renewed; the rest end their
+    // attempts and claim the next.
+    let calls: Vec<_> = leases
+        .iter()
+        .enumerate()
+        .map(|(i, lease)| {
+            let (l, mut lease) = (ledger.clone(), lease.clone());
+            let forged = i % 4 == 0;
+            if forged {
+                lease.token = LeaseToken::new("forged");
+            }
+            tokio::spawn(async move {
+                if i % 5 == 0 && !forged {
+                    let renewed = l.worker(&lease, WorkerRequest::Heartbeat { lease_ms: 30_000 }).await;
+                    return (i, forged, renewed.map(|r| (r, Vec::new())));
+                }
+                let fail = WorkerRequest::Fail {
+                    ordinal: None,
+                    error: "ends".into(),
+                };
+                let claim = ClaimRequest {
+                    owner: format!("w{i}"),
+                    batch: 1,
+                    lease_ms: 30_000,
+                    begin: true,
+                    capabilities: None,
+                };
+                (i, forged, l.worker_then_claim(&lease, fail, claim).await)
+            })
+        })
+        .collect();
+    let mut next = std::collections::BTreeSet::new();
+    for call in calls {
+        let (i, forged, answer) = call.await.unwrap();
+        let lease = &leases[i];
+        let record = ledger.attempt(&lease.attempt_id).await.unwrap();
+        match answer {
+            Err(LedgerError::Refused(Refusal::StaleToken { command })) if forged => {
+                assert_eq!(command, lease.command_id);
+                assert_eq!(record.command.status, CommandStatus::Processing, "#{i}: untouched");
+            }
+            Ok((Reply::Renewed { .. }, claimed)) if !forged && i % 5 == 0 => {
+                assert!(claimed.is_empty());
+                assert_eq!(record.command.status, CommandStatus::Processing, "#{i}: renewed");
+            }
+            Ok((Reply::Applied, claimed)) if !forged => {
+                assert_eq!(record.command.status, CommandStatus::Failed, "#{i}: ended");
+                for c in claimed {
+                    assert_eq!(c.record.command.lease_owner.as_deref(), Some(format!("w{i}").as_str()));
+                    assert!(next.insert(c.lease.attempt_id), "a command claimed twice");
+                }
+            }
+            other => panic!("#{i} (forged: {forged}): {other:?}"),
+        }
+    }
+    // 40 leases: 10 forged, 6 renewed, 24 ended, each claiming one of the 20 queued.
+    assert_eq!(next.len(), 20, "every queued command claimed once");
+    assert!(next.iter().all(|id| !leases.iter().any(|l| &l.attempt_id == id)));
+    // A forged request met in a group is taken out and answered alone.
+    assert!(ledger.stats().split_groups >= 1, "{:?}", ledger.stats());
+}

@@ -57,6 +57,10 @@ pub struct PostgresOptions {
     /// if its server accepts writes (a primary, not a standby), trying the URL's hosts
     /// in order; `any` keeps the first server that answers.
     pub read_write: bool,
+    /// `group_writes`: `1` (the default) writes the requests of this process's lease
+    /// holders in groups, several in one transaction with one claim for all of them;
+    /// `0` writes each in a transaction of its own.
+    pub group_writes: bool,
 }
 
 /// The `sslmode` of a URL.
@@ -104,6 +108,7 @@ impl Default for PostgresOptions {
             ssl: Ssl::Prefer,
             notify: true,
             read_write: true,
+            group_writes: true,
         }
     }
 }
@@ -125,6 +130,7 @@ impl PostgresOptions {
             "sslmode",
             "notify",
             "target_session_attrs",
+            "group_writes",
         ];
         crate::ledger::url::known_parameter("postgres", name, KNOWN)?;
         if name == "sslmode" {
@@ -154,16 +160,20 @@ impl PostgresOptions {
             };
             return Ok(());
         }
-        if name == "notify" {
-            self.notify = match value {
+        if name == "notify" || name == "group_writes" {
+            let on = match value {
                 "1" => true,
                 "0" => false,
                 _ => {
-                    return Err(LedgerError::BadInput(
-                        "--db: postgres URL parameter \"notify\" must be 0 or 1".into(),
-                    ))
+                    return Err(LedgerError::BadInput(format!(
+                        "--db: postgres URL parameter \"{name}\" must be 0 or 1"
+                    )))
                 }
             };
+            match name {
+                "notify" => self.notify = on,
+                _ => self.group_writes = on,
+            }
             return Ok(());
         }
         let number = crate::ledger::url::whole_number("postgres", name, value)?;
@@ -412,7 +422,7 @@ impl PostgresUrl {
         let o = &self.options;
         out.push_str(&format!(
             "{}/{}?pool_max={}&connect_timeout_ms={}&statement_timeout_ms={}&lock_timeout_ms={}\
-             &idle_timeout_s={}&retry_max={}&sslmode={}&notify={}&target_session_attrs={}",
+             &idle_timeout_s={}&retry_max={}&sslmode={}&notify={}&target_session_attrs={}&group_writes={}",
             self.authority(),
             percent_encode(self.database().as_bytes()),
             o.pool_max,
@@ -423,7 +433,8 @@ impl PostgresUrl {
             o.retry_max,
             o.ssl.name(),
             u8::from(o.notify),
-            if o.read_write { "read-write" } else { "any" }
+            if o.read_write { "read-write" } else { "any" },
+            u8::from(o.group_writes)
         ));
         out
     }
@@ -493,6 +504,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("\"notify\" must be 0 or 1") && !e.contains("pw"), "{e}");
+        assert!(o.group_writes);
+        let quiet = PostgresUrl::parse("postgres://u@h/d?group_writes=0").unwrap();
+        assert!(!quiet.options.group_writes);
+        let e = PostgresUrl::parse("postgres://u:pw@h/d?group_writes=2")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"group_writes\" must be 0 or 1") && !e.contains("pw"),
+            "{e}"
+        );
         assert_eq!(o.pool_max, 256);
         assert_eq!(
             (o.connect_timeout_ms, o.statement_timeout_ms, o.lock_timeout_ms),

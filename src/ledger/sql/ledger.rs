@@ -74,6 +74,8 @@ pub(crate) struct SqlContext {
     pub(crate) retries: AtomicU64,
     /// How many times a transaction is tried in all (the URL's `retry_max`).
     pub(crate) tries: u32,
+    /// The queue of group writes ([`super::group`]).
+    pub(crate) groups: super::group::Groups,
 }
 
 impl SqlContext {
@@ -84,6 +86,7 @@ impl SqlContext {
             entropy,
             retries: AtomicU64::new(0),
             tries,
+            groups: Default::default(),
         }
     }
 
@@ -162,6 +165,30 @@ pub(crate) trait SqlBackend: Sized + Send + Sync + 'static {
         tx: &mut Self::Tx<'_>,
         request: &ClaimRequest,
     ) -> impl Future<Output = Result<Vec<Claimed>, TxError>> + Send;
+
+    /// Claims inside `tx` for several requests that share their capabilities;
+    /// answers each request's claims, in order. By default each request claims in
+    /// turn; a backend may claim for all of them in one pass.
+    fn claim_many_in(
+        &self,
+        ctx: &SqlContext,
+        tx: &mut Self::Tx<'_>,
+        requests: &[&ClaimRequest],
+    ) -> impl Future<Output = Result<Vec<Vec<Claimed>>, TxError>> + Send {
+        async move {
+            let mut all = Vec::with_capacity(requests.len());
+            for request in requests {
+                all.push(self.claim_in(ctx, tx, request).await?);
+            }
+            Ok(all)
+        }
+    }
+
+    /// Whether the requests of a ledger's lease holders are written in groups, several
+    /// callers' in one transaction ([`super::group`]).
+    fn groups_writes(&self) -> bool {
+        false
+    }
 
     /// A claim batch, whole: by default one [`TxKind::Claim`] transaction around
     /// [`SqlBackend::claim_in`], tried again on conflicts.
@@ -390,7 +417,7 @@ impl<B: SqlBackend> SqlLedger<B> {
         .await)
     }
 
-    async fn worker_once(&self, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
+    pub(super) async fn worker_once(&self, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
         in_tx!(self, TxKind::Write, |tx| self.worker_in(&mut tx, lease, request).await)
     }
 
@@ -426,7 +453,7 @@ impl<B: SqlBackend> SqlLedger<B> {
 
     /// [`SqlLedger::worker_then_claim_once`], with the request applied alone when
     /// the claim was refused.
-    async fn worker_then_claim_or_alone(
+    pub(super) async fn worker_then_claim_or_alone(
         &self,
         lease: &Lease,
         request: &WorkerRequest,
@@ -439,8 +466,26 @@ impl<B: SqlBackend> SqlLedger<B> {
     }
 
     /// The request of a lease holder inside `tx`: lock the record, decide, write.
-    async fn worker_in(&self, tx: &mut B::Tx<'_>, lease: &Lease, request: &WorkerRequest) -> Result<Reply, TxError> {
+    pub(super) async fn worker_in(
+        &self,
+        tx: &mut B::Tx<'_>,
+        lease: &Lease,
+        request: &WorkerRequest,
+    ) -> Result<Reply, TxError> {
         let (record, db_now) = locked_record(tx, &lease.attempt_id, self.ctx.clock.is_none()).await?;
+        self.worker_on(tx, lease, request, record, db_now).await
+    }
+
+    /// The request of a lease holder inside `tx`, on its record as locked (and the
+    /// database's now, read once it was held): decide, write.
+    pub(super) async fn worker_on(
+        &self,
+        tx: &mut B::Tx<'_>,
+        lease: &Lease,
+        request: &WorkerRequest,
+        record: AttemptRecord,
+        db_now: Option<Timestamp>,
+    ) -> Result<Reply, TxError> {
         if record.command.id != lease.command_id {
             return Err(not_found("command", &lease.command_id).into());
         }
@@ -715,7 +760,12 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
     }
 
     fn worker(&self, lease: &Lease, request: WorkerRequest) -> impl Future<Output = Result<Reply, LedgerError>> + Send {
-        async move { self.retry(|| self.worker_once(lease, &request)).await }
+        async move {
+            if self.backend.groups_writes() {
+                return self.grouped(lease, request, None).await.map(|(reply, _)| reply);
+            }
+            self.retry(|| self.worker_once(lease, &request)).await
+        }
     }
 
     fn worker_then_claim(
@@ -727,6 +777,9 @@ impl<B: SqlBackend> Ledger for SqlLedger<B> {
         async move {
             if claim.batch == 0 || !self.backend.fuses(&self.ctx).await? {
                 return crate::ledger::worker_then_claim_apart(self, lease, request, claim).await;
+            }
+            if self.backend.groups_writes() {
+                return self.grouped(lease, request, Some(claim)).await;
             }
             self.retry(|| self.worker_then_claim_or_alone(lease, &request, &claim))
                 .await

@@ -25,6 +25,7 @@
 pub(crate) mod batch;
 pub(crate) mod decode;
 pub(crate) mod fleet;
+pub(crate) mod group;
 pub(crate) mod ledger;
 pub(crate) mod limits;
 pub(crate) mod listing;

@@ -17,7 +17,7 @@
 
 use super::decode::{self, ColumnReader};
 use super::query::queries;
-use super::table::{plan_json, plan_values, PLAN, RECEIPT};
+use super::table::{plan_json, plan_values, ATTEMPT, COMMAND, PLAN, RECEIPT};
 use super::write::{self, Expect, Statement};
 use super::{placeholders, Dialect, TxError, Value};
 use crate::ledger::listing::{all_read, placed, PlanRow};
@@ -301,6 +301,57 @@ pub(crate) async fn lock_receipts_of<S: Session>(
         out.entry(r.attempt_id.clone()).or_default().push(r);
     }
     Ok(out)
+}
+
+/// The records of `ids`' attempts (distinct ids, in id order), locked in lock
+/// order where rows lock: every attempt, then every command, then every receipt,
+/// each in attempt order, three statements for all of them. An id without an
+/// attempt is not in the answer; an attempt without a command is
+/// [`LedgerError::Integrity`].
+pub(crate) async fn lock_records<S: Session>(
+    s: &mut S,
+    ids: &[&AttemptId],
+) -> Result<BTreeMap<AttemptId, AttemptRecord>, TxError> {
+    if ids.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let d = s.dialect();
+    let marks = placeholders(d, 1, ids.len());
+    let values: Vec<Value<'_>> = ids.iter().map(|id| Value::Text(id.as_str())).collect();
+    let attempts = format!(
+        "SELECT {} FROM attempt WHERE id IN ({marks}) ORDER BY id{}",
+        ATTEMPT.column_list(None),
+        d.for_update()
+    );
+    let commands = format!(
+        "SELECT {} FROM command WHERE attempt_id IN ({marks}) ORDER BY attempt_id{}",
+        COMMAND.column_list(None),
+        d.for_update()
+    );
+    let attempts = s.query(&attempts, &values, |r| decode::attempt(r, 0)).await?;
+    let mut commands: BTreeMap<AttemptId, _> = s
+        .query(&commands, &values, |r| decode::command(r, 0))
+        .await?
+        .into_iter()
+        .map(|c| (c.attempt_id.clone(), c))
+        .collect();
+    let mut receipts = lock_receipts_of(s, ids).await?;
+    let mut records = BTreeMap::new();
+    for attempt in attempts {
+        let command = commands
+            .remove(&attempt.id)
+            .ok_or_else(|| decode::no_command(&attempt.id))?;
+        let receipts = receipts.remove(&attempt.id).unwrap_or_default();
+        records.insert(
+            attempt.id.clone(),
+            AttemptRecord {
+                attempt,
+                command,
+                receipts,
+            },
+        );
+    }
+    Ok(records)
 }
 
 /// How many attempts are open (QUEUED or RUNNING): the count of their PENDING and
