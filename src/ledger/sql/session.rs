@@ -17,7 +17,7 @@
 
 use super::decode::{self, ColumnReader};
 use super::query::queries;
-use super::table::{plan_json, plan_values, ATTEMPT, COMMAND, PLAN, RECEIPT};
+use super::table::{plan_json, plan_values, Table, ATTEMPT, COMMAND, PLAN, RECEIPT};
 use super::write::{self, Expect, Statement};
 use super::{placeholders, Dialect, TxError, Value};
 use crate::ledger::listing::{all_read, placed, PlanRow};
@@ -289,18 +289,28 @@ pub(crate) async fn lock_receipts_of<S: Session>(
     if ids.is_empty() {
         return Ok(out);
     }
-    let d = s.dialect();
-    let marks = placeholders(d, 1, ids.len());
-    let values: Vec<Value<'_>> = ids.iter().map(|id| Value::Text(id.as_str())).collect();
-    let sql = format!(
-        "SELECT {} FROM receipt WHERE attempt_id IN ({marks}) ORDER BY attempt_id, ordinal{}",
-        RECEIPT.column_list(None),
-        d.for_update()
-    );
-    for r in s.query(&sql, &values, |r| decode::receipt(r, 0)).await? {
+    let sql = locking_read(s.dialect(), &RECEIPT, "attempt_id", "attempt_id, ordinal", ids.len());
+    for r in s.query(&sql, &id_values(ids), |r| decode::receipt(r, 0)).await? {
         out.entry(r.attempt_id.clone()).or_default().push(r);
     }
     Ok(out)
+}
+
+/// `SELECT` of `table`'s rows whose `key` is one of `n` values, ordered by `order`,
+/// locked where rows lock.
+fn locking_read(d: &Dialect, table: &Table, key: &str, order: &str, n: usize) -> String {
+    format!(
+        "SELECT {} FROM {} WHERE {key} IN ({}) ORDER BY {order}{}",
+        table.column_list(None),
+        table.name,
+        placeholders(d, 1, n),
+        d.for_update()
+    )
+}
+
+/// Attempt ids as the values of [`locking_read`]'s placeholders.
+fn id_values<'a>(ids: &[&'a AttemptId]) -> Vec<Value<'a>> {
+    ids.iter().map(|id| Value::Text(id.as_str())).collect()
 }
 
 /// The records of `ids`' attempts (distinct ids, in id order), locked in lock
@@ -316,18 +326,9 @@ pub(crate) async fn lock_records<S: Session>(
         return Ok(BTreeMap::new());
     }
     let d = s.dialect();
-    let marks = placeholders(d, 1, ids.len());
-    let values: Vec<Value<'_>> = ids.iter().map(|id| Value::Text(id.as_str())).collect();
-    let attempts = format!(
-        "SELECT {} FROM attempt WHERE id IN ({marks}) ORDER BY id{}",
-        ATTEMPT.column_list(None),
-        d.for_update()
-    );
-    let commands = format!(
-        "SELECT {} FROM command WHERE attempt_id IN ({marks}) ORDER BY attempt_id{}",
-        COMMAND.column_list(None),
-        d.for_update()
-    );
+    let values = id_values(ids);
+    let attempts = locking_read(d, &ATTEMPT, "id", "id", ids.len());
+    let commands = locking_read(d, &COMMAND, "attempt_id", "attempt_id", ids.len());
     let attempts = s.query(&attempts, &values, |r| decode::attempt(r, 0)).await?;
     let mut commands: BTreeMap<AttemptId, _> = s
         .query(&commands, &values, |r| decode::command(r, 0))
