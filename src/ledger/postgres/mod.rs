@@ -74,8 +74,9 @@ pub struct PostgresStats {
     pub groups: u64,
     /// Requests written in those groups.
     pub grouped_requests: u64,
-    /// Groups undone because a request had an answer of its own (a refusal, not
-    /// found), their requests then written one by one.
+    /// Groups undone: for a request with an answer of its own (a refusal, not
+    /// found), written alone while the rest were grouped again, or for a claim
+    /// refused on damaged rows, every request then written alone.
     pub split_groups: u64,
 }
 
@@ -166,8 +167,8 @@ impl SqlBackend for PgBackend {
         claim::claim_many(self, ctx, tx, requests).await
     }
 
-    /// Yes: statements are pipelined, so a group of requests costs a transaction
-    /// and a few round trips more than one request, and one claim for all of them.
+    /// As the URL's `group_writes` says (yes by default): a group of requests costs
+    /// one transaction, one pass of locking reads and one claim for all of them.
     fn groups_writes(&self) -> bool {
         self.url.options.group_writes
     }

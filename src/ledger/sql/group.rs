@@ -56,7 +56,9 @@ pub(crate) struct Groups {
     pub(crate) grouped: AtomicU64,
     /// Requests in those groups.
     pub(crate) grouped_requests: AtomicU64,
-    /// Groups undone for a request's own answer and written one by one.
+    /// Groups undone: for a request with an answer of its own (that request then
+    /// written alone, the rest grouped again), or for a refused claim (every
+    /// request then written alone).
     pub(crate) split: AtomicU64,
 }
 
